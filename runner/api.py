@@ -1,0 +1,309 @@
+"""``Runner``: the Python API, and the call path in the SPEC's order of checks.
+
+request shape -> tool exists -> policy -> params -> circuit breaker -> execution with
+retries -> output parsing. Every path ends in the same answer shell and one
+``call.finished`` audit event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from sandboxes import LaunchSpec, Sandbox
+
+from runner.answers import AnswerMetadata, CallResult, answer
+from runner.audit import AuditLog, iso_now, redact_params
+from runner.breaker import CircuitBreaker
+from runner.clock import Clock, SystemClock
+from runner.errors import CallError, ConfigError, ErrorCode
+from runner.executor import CallContext, Execution, Executor
+from runner.manifest import Tool
+from runner.models import CallOptions, CallRequest, DiscoverRequest, parse_request, peek
+from runner.plan import resolve_plan
+from runner.policy import Policy
+from runner.registry import Registry, matches_filter
+from runner.schemas import first_error
+
+SandboxFactory = Callable[[str], Sandbox]
+_NO_OPTIONS = CallOptions()
+
+
+def _paths(value: str | Path | Iterable[str | Path] | None, env: str, default: str) -> list[Path]:
+    if value is None:
+        value = os.environ.get(env) or default
+    if isinstance(value, str):
+        return [Path(part) for part in value.split(":") if part]
+    if isinstance(value, Path):
+        return [value]
+    return [Path(part) for part in value]
+
+
+class Runner:
+    """Serves tool calls. Thread-safe; one instance may serve many concurrent calls."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        policy: Policy,
+        audit: AuditLog,
+        sandbox_factory: SandboxFactory,
+        clock: Clock | None = None,
+    ) -> None:
+        self.registry = registry
+        self.policy = policy
+        self.audit = audit
+        self._sandbox_factory = sandbox_factory
+        self._clock = clock or SystemClock()
+        self._executor = Executor(self._clock, audit)
+        self._breakers: dict[str, CircuitBreaker] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(
+        cls,
+        tools: str | Path | Iterable[str | Path] | None = None,
+        policies: str | Path | None = None,
+        audit_log: str | Path | None = None,
+        *,
+        clock: Clock | None = None,
+        sandbox_factory: SandboxFactory | None = None,
+    ) -> Runner:
+        """Load tools and policy (arguments, then ``RUNNER_*`` variables, then defaults).
+
+        Raises:
+            ConfigError: the policy file cannot be used.
+        """
+        policy_path = Path(policies or os.environ.get("RUNNER_POLICIES") or "policies.yaml")
+        policy = Policy.load(policy_path)
+        registry = Registry.load(_paths(tools, "RUNNER_TOOLS", "tools"))
+        audit_value = audit_log or os.environ.get("RUNNER_AUDIT_LOG")
+        audit_path = Path(audit_value) if audit_value else policy.audit_path
+        try:
+            audit = AuditLog(audit_path)
+        except OSError as exc:
+            raise ConfigError(str(audit_path), f"cannot open audit log: {exc.strerror}") from exc
+        if sandbox_factory is None:
+            from runner.backends import DefaultSandboxes
+
+            sandbox_factory = DefaultSandboxes(policy)
+        return cls(registry, policy, audit, sandbox_factory, clock)
+
+    # -- the Python API -------------------------------------------------------------
+
+    def handle(self, request: object) -> dict[str, Any]:
+        """A wire request in, a wire answer out. Never raises for what the request holds."""
+        return asyncio.run(self.ahandle(request))
+
+    def call(self, tool_name: str, params: Mapping[str, Any] | None = None, **options: Any) -> CallResult:
+        """Call a tool; options are ``role``, ``timeout``, ``retries``, ``retry_delay``,
+        ``deadline``, ``format``, ``request_id``, ``step_id`` and ``metadata``."""
+        return CallResult.from_wire(self.handle(_request(tool_name, params, options)))
+
+    async def acall(
+        self, tool_name: str, params: Mapping[str, Any] | None = None, **options: Any
+    ) -> CallResult:
+        return CallResult.from_wire(await self.ahandle(_request(tool_name, params, options)))
+
+    def discover(self, filter: str | None = None, role: str | None = None) -> list[dict[str, Any]]:  # noqa: A002 - the SPEC's name
+        """The tools ``role`` may call whose name, description or tags contain ``filter``.
+
+        Raises:
+            CallError: PERMISSION_DENIED when the role is unknown or missing.
+        """
+        return self._discover(filter, role)
+
+    # -- the call path ----------------------------------------------------------------
+
+    async def ahandle(self, raw: object) -> dict[str, Any]:
+        received = self._clock.monotonic()
+        trace_id = uuid.uuid4().hex
+        request_id = peek(raw, "requestId", "request_id") or _new_request_id()
+        tool_name = peek(raw, "toolName", "tool_name")
+        role = peek(raw, "role")
+        attempts = 0
+        extra: dict[str, Any] = {}
+        result: Any = None
+        error: CallError | None = None
+        ctx = CallContext(request_id, trace_id, role, None, None)
+        try:
+            request = parse_request(raw)
+            if isinstance(request, DiscoverRequest):
+                tools = self._discover(request.options.filter, request.role)
+                result = {"tools": tools}
+                extra["total"] = len(tools)
+                tool_name = None
+            else:
+                ctx = _context(request, request_id, trace_id, self.policy)
+                execution = await self._call(request, ctx)
+                result, error, attempts = execution.result, execution.error, execution.attempts
+                if execution.degraded:
+                    extra["degraded"] = True
+        except CallError as exc:
+            error = exc
+        except Exception as exc:  # noqa: BLE001 - handle() never raises; keep the answer shell
+            error = CallError(
+                ErrorCode.EXECUTION_ERROR,
+                f"internal error in the runner: {type(exc).__name__}",
+                {"reason": "internal"},
+            )
+        duration = round((self._clock.monotonic() - received) * 1000)
+        self.audit.emit(
+            "call.finished",
+            toolName=tool_name,
+            **ctx.audit_fields(),
+            success=error is None,
+            code=error.code.value if error else None,
+            reason=error.reason if error else None,
+            attempts=attempts,
+            duration=duration,
+        )
+        metadata = AnswerMetadata(duration, attempts, tool_name, iso_now(), request_id, trace_id, extra)
+        return answer(result, error, metadata)
+
+    async def _call(self, request: CallRequest, ctx: CallContext) -> Execution:
+        tool = self.registry.get(request.tool_name)
+        if tool is None:
+            raise CallError(
+                ErrorCode.TOOL_NOT_FOUND,
+                f"no tool named {request.tool_name!r} is registered",
+                {"toolName": request.tool_name},
+            )
+        decision = self.policy.decide(tool, request.role)
+        self.audit.emit(
+            "policy.decision",
+            toolName=tool.name,
+            **ctx.audit_fields(),
+            decision="allow" if decision.allowed else "deny",
+            reason=decision.reason,
+            rule=decision.rule,
+            params=redact_params(request.params, tool.sensitive_params),
+        )
+        if not decision.allowed:
+            raise CallError(
+                ErrorCode.PERMISSION_DENIED,
+                f"role {decision.role!r} may not call {tool.name}: {decision.reason}",
+                {"reason": decision.reason, "role": decision.role, "rule": decision.rule},
+            )
+        problem = first_error(tool.params_validator, request.params)
+        if problem is not None:
+            raise CallError(
+                ErrorCode.INVALID_PARAMS,
+                f"invalid params for {tool.name}: {problem['field']}: {problem['problem']}",
+                problem,
+            )
+        plan = resolve_plan(tool, self.policy, request.options)
+        breaker = self._breaker(tool.name)
+        if not breaker.acquire():
+            raise CallError(
+                ErrorCode.CIRCUIT_OPEN,
+                f"{tool.name} is failing; its circuit breaker is open",
+                {"retryAfterMs": breaker.retry_after_ms(), "state": breaker.state.value},
+            )
+        ok = False
+        try:
+            sandbox = self._sandbox_factory(plan.sandbox)
+            spec = _launch_spec(tool, ctx, self.policy, plan.runtime)
+            execution = await self._executor.execute(
+                tool, plan, sandbox, spec, request.params, ctx
+            )
+            ok = execution.error is None
+            return execution
+        finally:
+            breaker.record(ok)
+
+    def _breaker(self, name: str) -> CircuitBreaker:
+        with self._lock:
+            breaker = self._breakers.get(name)
+            if breaker is None:
+                config = self.policy.model.circuit_breaker
+                breaker = CircuitBreaker(
+                    config.failure_threshold, config.reset_timeout_ms / 1000, self._clock
+                )
+                self._breakers[name] = breaker
+            return breaker
+
+    def _discover(self, filter_text: str | None, role: str | None) -> list[dict[str, Any]]:
+        resolved = self.policy.resolve_role(role)
+        if resolved is None or resolved not in self.policy.model.roles:
+            reason = "no_role" if resolved is None else "unknown_role"
+            raise CallError(
+                ErrorCode.PERMISSION_DENIED,
+                f"role {resolved!r} may not discover tools: {reason}",
+                {"reason": reason, "role": resolved},
+            )
+        return [
+            _describe(tool, self.policy)
+            for tool in self.registry
+            if matches_filter(tool, filter_text) and self.policy.decide(tool, resolved).allowed
+        ]
+
+
+def _new_request_id() -> str:
+    return f"req_{uuid.uuid4().hex}"
+
+
+def _request(tool_name: str, params: Mapping[str, Any] | None, options: dict[str, Any]) -> dict[str, Any]:
+    request: dict[str, Any] = {"toolName": tool_name, "params": dict(params or {})}
+    wire_options = {k: options.pop(k) for k in ("timeout", "retries", "retry_delay", "deadline", "format") if k in options}
+    if wire_options:
+        request["options"] = wire_options
+    request.update(options)
+    return request
+
+
+def _context(request: CallRequest, request_id: str, trace_id: str, policy: Policy) -> CallContext:
+    user_id = request.metadata.get("userId")
+    return CallContext(
+        request_id=request_id,
+        trace_id=trace_id,
+        role=policy.resolve_role(request.role),
+        step_id=request.step_id,
+        user_id=str(user_id) if user_id is not None else None,
+    )
+
+
+def _launch_spec(tool: Tool, ctx: CallContext, policy: Policy, runtime: str | None) -> LaunchSpec:
+    manifest = tool.manifest
+    env = {**manifest.env, "TOOL_NAME": tool.name, "REQUEST_ID": ctx.request_id}
+    return LaunchSpec(
+        tool_name=tool.name,
+        request_id=ctx.request_id,
+        command=tuple(manifest.command),
+        tool_dir=tool.directory,
+        env=env,
+        workspace=policy.workspace if manifest.workspace != "none" else None,
+        workspace_mode=manifest.workspace,
+        image=manifest.image,
+        runtime=runtime,
+    )
+
+
+def _describe(tool: Tool, policy: Policy) -> dict[str, Any]:
+    manifest = tool.manifest
+    limits = resolve_plan(tool, policy, _NO_OPTIONS).limits
+    return {
+        "name": manifest.name,
+        "description": manifest.description,
+        "paramsSchema": manifest.parameters,
+        "metadata": {
+            "tags": manifest.tags,
+            "version": manifest.version,
+            "sandbox": manifest.sandbox,
+            "limits": {
+                "timeoutMs": limits.timeout_ms,
+                "memoryMb": limits.memory_mb,
+                "cpuSeconds": limits.cpu_seconds,
+                "maxPids": limits.max_pids,
+                "maxOutputBytes": limits.max_output_bytes,
+                "diskMb": limits.disk_mb,
+                "network": limits.network,
+            },
+        },
+    }
+

@@ -1,0 +1,184 @@
+"""The command line (SPEC 6). Exit codes: 0 success, 1 the call failed, 2 misuse.
+
+Nothing a user can cause prints a traceback: configuration problems become one line on
+stderr and exit 2; call failures are answers on stdout and exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from runner.errors import ConfigError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _fail_usage(message: str) -> NoReturn:
+    click.echo(f"runner: {message}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+def _load(ctx: click.Context) -> Any:
+    from runner.api import Runner
+
+    options = ctx.obj
+    try:
+        return Runner.load(
+            tools=options["tools"], policies=options["policies"], audit_log=options["audit_log"]
+        )
+    except ConfigError as exc:
+        _fail_usage(" ".join(str(exc).split()))
+
+
+def _print_json(document: object) -> None:
+    click.echo(json.dumps(document, ensure_ascii=False))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--tools", envvar="RUNNER_TOOLS", default=None, help="Tool directories, joined with ':'.")
+@click.option("--policies", envvar="RUNNER_POLICIES", default=None, type=click.Path(path_type=Path))
+@click.option("--audit-log", envvar="RUNNER_AUDIT_LOG", default=None, type=click.Path(path_type=Path))
+@click.pass_context
+def cli(ctx: click.Context, tools: str | None, policies: Path | None, audit_log: Path | None) -> None:
+    """A sandboxed tool runner for LLM agents."""
+    ctx.obj = {"tools": tools, "policies": policies, "audit_log": audit_log}
+
+
+@cli.command("list")
+@click.option("--filter", "filter_text", default=None)
+@click.option("--role", default=None)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def list_command(ctx: click.Context, filter_text: str | None, role: str | None, as_json: bool) -> None:
+    """The tools a role may call."""
+    from runner.errors import CallError
+
+    runner = _load(ctx)
+    try:
+        tools = runner.discover(filter=filter_text, role=role)
+    except CallError as exc:
+        _fail_usage(exc.message)
+    if as_json:
+        _print_json({"tools": tools, "total": len(tools)})
+        return
+    for tool in tools:
+        tags = ",".join(tool["metadata"]["tags"])
+        click.echo(f"{tool['name']:<20} {tool['metadata']['sandbox']:<10} [{tags}] {tool['description']}")
+
+
+def _params(value: str | None) -> object:
+    if value is None:
+        return {}
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            _fail_usage(f"cannot read params file {value[1:]}: {exc.strerror}")
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        _fail_usage(f"--params is not valid JSON: {exc}")
+
+
+@cli.command("exec")
+@click.argument("tool")
+@click.option("--params", default=None, help="JSON object, or @FILE.")
+@click.option("--role", default=None)
+@click.option("--timeout", type=click.IntRange(min=1), default=None)
+@click.option("--retries", type=click.IntRange(min=0), default=None)
+@click.option("--retry-delay", type=click.IntRange(min=0), default=None)
+@click.option("--deadline", type=click.IntRange(min=1), default=None)
+@click.option("--format", "output_format", type=click.Choice(["json", "raw"]), default=None)
+@click.option("--request-id", default=None)
+@click.option("--step-id", default=None)
+@click.pass_context
+def exec_command(
+    ctx: click.Context,
+    tool: str,
+    params: str | None,
+    role: str | None,
+    timeout: int | None,
+    retries: int | None,
+    retry_delay: int | None,
+    deadline: int | None,
+    output_format: str | None,
+    request_id: str | None,
+    step_id: str | None,
+) -> None:
+    """Call TOOL, or read one whole request from stdin when TOOL is '-'."""
+    request: object
+    if tool == "-":
+        try:
+            request = json.loads(sys.stdin.read())
+        except ValueError as exc:
+            _fail_usage(f"stdin is not a JSON request: {exc}")
+    else:
+        options = {
+            "timeout": timeout,
+            "retries": retries,
+            "retryDelay": retry_delay,
+            "deadline": deadline,
+            "format": output_format,
+        }
+        request = {
+            "toolName": tool,
+            "params": _params(params),
+            "options": {k: v for k, v in options.items() if v is not None},
+        }
+        for key, value in (("role", role), ("requestId", request_id), ("stepId", step_id)):
+            if value is not None:
+                request[key] = value  # type: ignore[index]
+    runner = _load(ctx)
+    answer = runner.handle(request)
+    _print_json(answer)
+    sys.exit(EXIT_OK if answer["success"] else EXIT_FAILED)
+
+
+@cli.command("validate")
+@click.pass_context
+def validate_command(ctx: click.Context) -> None:
+    """Load tools and policies, report every problem, list the registry."""
+    runner = _load(ctx)
+    for problem in runner.registry.problems:
+        click.echo(f"invalid: {problem.path}: {problem.reason}")
+    for tool in runner.registry:
+        click.echo(f"ok: {tool.name} ({tool.directory})")
+    click.echo(f"{len(runner.registry)} tools, {len(runner.registry.problems)} problems")
+    sys.exit(EXIT_FAILED if runner.registry.problems else EXIT_OK)
+
+
+@cli.command("doctor")
+@click.option("--json", "as_json", is_flag=True)
+def doctor_command(as_json: bool) -> None:
+    """Which isolation layers work on this machine, and what is missing."""
+    from runner.doctor import check_layers
+
+    layers = check_layers()
+    if as_json:
+        _print_json([layer.__dict__ for layer in layers])
+    else:
+        for layer in layers:
+            mark = "ok     " if layer.ok else "MISSING"
+            hint = "" if layer.ok else f"  -> {layer.hint}"
+            click.echo(f"{mark} {layer.name:<22} {layer.detail}{hint}")
+    sys.exit(EXIT_OK if all(layer.ok for layer in layers) else EXIT_FAILED)
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        click.echo(f"runner: {' '.join(exc.format_message().split())}", err=True)
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Abort:
+        sys.exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        sys.exit(130)

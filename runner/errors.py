@@ -1,0 +1,98 @@
+"""Errors of the runner, and the one table of wire error codes.
+
+    RunnerError                 root; carries ``code`` and structured ``details``
+    ├── ConfigError             a policy file or tool directory that cannot be used (CLI exit 2)
+    └── CallError               a call that failed; becomes the wire ``error`` object
+        ├── code TOOL_NOT_FOUND, PERMISSION_DENIED, INVALID_PARAMS, CIRCUIT_OPEN
+        └── code TIMEOUT, EXECUTION_ERROR, PARSE_ERROR, RETRY_EXHAUSTED
+
+Lower-level failures (sandbox outcomes, pydantic and jsonschema errors) are translated
+into a ``CallError`` at one boundary each, never by matching message text.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+
+class ErrorCode(enum.StrEnum):
+    TOOL_NOT_FOUND = "TOOL_NOT_FOUND"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    INVALID_PARAMS = "INVALID_PARAMS"
+    CIRCUIT_OPEN = "CIRCUIT_OPEN"
+    TIMEOUT = "TIMEOUT"
+    EXECUTION_ERROR = "EXECUTION_ERROR"
+    PARSE_ERROR = "PARSE_ERROR"
+    RETRY_EXHAUSTED = "RETRY_EXHAUSTED"
+
+
+@dataclass(frozen=True)
+class CodeRule:
+    retried: bool  # does the executor try again after an attempt failed this way
+    retryable: bool  # what the wire tells the caller about coming back later
+
+
+CODE_RULES: dict[ErrorCode, CodeRule] = {
+    ErrorCode.TOOL_NOT_FOUND: CodeRule(retried=False, retryable=False),
+    ErrorCode.PERMISSION_DENIED: CodeRule(retried=False, retryable=False),
+    ErrorCode.INVALID_PARAMS: CodeRule(retried=False, retryable=False),
+    ErrorCode.CIRCUIT_OPEN: CodeRule(retried=False, retryable=True),
+    ErrorCode.TIMEOUT: CodeRule(retried=True, retryable=True),
+    ErrorCode.EXECUTION_ERROR: CodeRule(retried=True, retryable=True),
+    ErrorCode.PARSE_ERROR: CodeRule(retried=False, retryable=False),
+    ErrorCode.RETRY_EXHAUSTED: CodeRule(retried=False, retryable=True),
+}
+
+# EXECUTION_ERROR reasons that another attempt cannot fix: the sandbox is missing, not
+# flaky, so retrying only burns the deadline.
+NOT_RETRIED_REASONS = frozenset({"sandbox_unavailable"})
+
+
+class RunnerError(Exception):
+    """Root of every error the runner raises on purpose."""
+
+
+class ConfigError(RunnerError):
+    """A configuration that cannot be used; ``source`` names the file."""
+
+    def __init__(self, source: str, problem: str) -> None:
+        super().__init__(f"{source}: {problem}")
+        self.source = source
+        self.problem = problem
+
+
+class CallError(RunnerError):
+    """A failed call, with everything the wire error object needs."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        details: dict[str, Any] | None = None,
+        *,
+        retryable: bool | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = " ".join(message.split())  # messages are single-line by contract
+        self.details = details or {}
+        self.retryable = CODE_RULES[code].retryable if retryable is None else retryable
+
+    @property
+    def reason(self) -> str | None:
+        reason = self.details.get("reason")
+        return reason if isinstance(reason, str) else None
+
+    @property
+    def retried(self) -> bool:
+        return CODE_RULES[self.code].retried and self.reason not in NOT_RETRIED_REASONS
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "code": self.code.value,
+            "message": self.message,
+            "details": self.details,
+            "retryable": self.retryable,
+        }

@@ -1,0 +1,174 @@
+"""Running one call's attempts: retries with delay inside a deadline.
+
+The executor knows nothing of which backend it drives: it gets a ``Sandbox`` and asks it
+to prepare, run and close, once per attempt.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sandboxes import LaunchSpec, Sandbox, SandboxOutcome, SandboxUnavailable, StopReason
+
+from runner.audit import AuditLog
+from runner.clock import Clock
+from runner.errors import CallError, ErrorCode
+from runner.manifest import Tool
+from runner.outcomes import failure_error, parse_result
+from runner.plan import CallPlan
+
+# An attempt with less time than this left before the deadline is not worth starting:
+# it could not even spawn a process.
+MIN_ATTEMPT_MS = 10
+
+
+@dataclass(frozen=True)
+class CallContext:
+    request_id: str
+    trace_id: str
+    role: str | None
+    step_id: str | None
+    user_id: str | None
+
+    def audit_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "requestId": self.request_id,
+            "traceId": self.trace_id,
+            "role": self.role,
+        }
+        if self.step_id is not None:
+            fields["stepId"] = self.step_id
+        if self.user_id is not None:
+            fields["userId"] = self.user_id
+        return fields
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How a call's execution ended: a result, or the final error; attempts started."""
+
+    result: Any
+    error: CallError | None
+    attempts: int
+    degraded: bool = False
+
+
+def final_error(errors: list[CallError]) -> CallError:
+    """The SPEC's rule: one attempt keeps its code; several give TIMEOUT or RETRY_EXHAUSTED."""
+    last = errors[-1]
+    if len(errors) == 1 or last.code is ErrorCode.TIMEOUT:
+        return last
+    return CallError(
+        ErrorCode.RETRY_EXHAUSTED,
+        f"all {len(errors)} attempts failed; last: {last.message}",
+        {"lastError": last.to_wire(), "attempts": len(errors)},
+    )
+
+
+class Executor:
+    def __init__(self, clock: Clock, audit: AuditLog) -> None:
+        self._clock = clock
+        self._audit = audit
+
+    async def execute(
+        self,
+        tool: Tool,
+        plan: CallPlan,
+        sandbox: Sandbox,
+        spec: LaunchSpec,
+        params: dict[str, Any],
+        ctx: CallContext,
+    ) -> Execution:
+        clock = self._clock
+        deadline_at = clock.monotonic() + plan.deadline_ms / 1000
+        errors: list[CallError] = []
+        degraded = False
+        for attempt in range(1, plan.retries + 2):
+            left_ms = (deadline_at - clock.monotonic()) * 1000
+            if attempt > 1 and left_ms < MIN_ATTEMPT_MS:
+                break
+            timeout_ms = max(1, int(min(plan.limits.timeout_ms, left_ms)))
+            by_deadline = timeout_ms < plan.limits.timeout_ms
+            payload = _payload(params, spec, attempt)
+            started = clock.monotonic()
+            outcome = await _run_attempt(sandbox, spec, replace(plan.limits, timeout_ms=timeout_ms), payload)
+            degraded = degraded or outcome.degraded
+            try:
+                if not outcome.ok:
+                    raise failure_error(tool, outcome, timeout_ms, by_deadline)
+                result = parse_result(tool, outcome.stdout, plan.format)
+            except CallError as error:
+                errors.append(error)
+                self._attempt_event(tool, ctx, attempt, sandbox, outcome, started, error)
+            else:
+                self._attempt_event(tool, ctx, attempt, sandbox, outcome, started, None)
+                return Execution(result, None, attempt, degraded)
+            if not errors[-1].retried or attempt == plan.retries + 1:
+                break
+            delay_s = plan.retry_delay_ms / 1000
+            # No retry starts that the deadline would cut before it could run at all.
+            if clock.monotonic() + delay_s + MIN_ATTEMPT_MS / 1000 >= deadline_at:
+                break
+            await clock.sleep(delay_s)
+        return Execution(None, final_error(errors), len(errors), degraded)
+
+    def _attempt_event(
+        self,
+        tool: Tool,
+        ctx: CallContext,
+        attempt: int,
+        sandbox: Sandbox,
+        outcome: SandboxOutcome,
+        started: float,
+        error: CallError | None,
+    ) -> None:
+        self._audit.emit(
+            "call.attempt",
+            toolName=tool.name,
+            **ctx.audit_fields(),
+            attempt=attempt,
+            sandbox=sandbox.name,
+            duration=round((self._clock.monotonic() - started) * 1000),
+            exitCode=outcome.exit_code,
+            signal=outcome.signal,
+            reason=outcome.reason.value if outcome.reason else None,
+            code=error.code.value if error else None,
+            degraded=outcome.degraded,
+            stderr=outcome.stderr_tail[-500:],
+        )
+
+
+def _payload(params: dict[str, Any], spec: LaunchSpec, attempt: int) -> bytes:
+    document = {
+        "params": params,
+        "context": {"requestId": spec.request_id, "toolName": spec.tool_name, "attempt": attempt},
+    }
+    return json.dumps(document, ensure_ascii=False).encode("utf-8")
+
+
+async def _run_attempt(sandbox: Sandbox, spec: LaunchSpec, limits: Any, payload: bytes) -> SandboxOutcome:
+    """One attempt in a fresh sandbox, closed on every path (cancellation included)."""
+    try:
+        prepared = await sandbox.prepare(spec, limits)
+    except SandboxUnavailable as exc:
+        return _unavailable(exc)
+    try:
+        return await prepared.run(payload)
+    except SandboxUnavailable as exc:
+        return _unavailable(exc)
+    finally:
+        await prepared.close()
+
+
+def _unavailable(exc: SandboxUnavailable) -> SandboxOutcome:
+    return SandboxOutcome(
+        exit_code=None,
+        signal=None,
+        stdout=b"",
+        stderr_tail="",
+        duration_ms=0.0,
+        reason=StopReason.SANDBOX_UNAVAILABLE,
+        message=exc.message,
+    )

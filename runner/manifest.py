@@ -1,0 +1,152 @@
+"""The ``tool.yaml`` manifest: an untrusted file, validated strictly at load time."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from jsonschema import Draft202012Validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from runner.schemas import SchemaProblem, compile_schema, sensitive_keys
+
+MANIFEST_FILE = "tool.yaml"
+NAME_PATTERN = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Variables the runner sets itself; a manifest may not override them.
+RESERVED_ENV = frozenset({"HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "WORKSPACE"})
+
+
+class ManifestLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout_ms: int | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    cpu_seconds: int | None = Field(default=None, gt=0)
+    max_pids: int | None = Field(default=None, gt=0)
+    max_output_bytes: int | None = Field(default=None, gt=0)
+    disk_mb: int | None = Field(default=None, gt=0)
+    retries: int | None = Field(default=None, ge=0, le=10)
+    retry_delay_ms: int | None = Field(default=None, ge=0)
+    deadline_ms: int | None = Field(default=None, gt=0)
+
+
+class ManifestModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str = Field(min_length=1, max_length=1000)
+    version: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    command: list[str] = Field(min_length=1)
+    sandbox: Literal["subprocess", "docker"] = "subprocess"
+    image: str | None = None
+    parameters: dict[str, Any]
+    output_schema: dict[str, Any] | bool | None = None
+    limits: ManifestLimits = Field(default_factory=ManifestLimits)
+    network: bool = False
+    workspace: Literal["none", "read", "write"] = "none"
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME_PATTERN.fullmatch(value):
+            raise ValueError("must match [a-z][a-z0-9_.-]{0,63}")
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str]) -> list[str]:
+        if not value[0] or any("\0" in part for part in value):
+            raise ValueError("command[0] must be a program name and no part may hold NUL")
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value.get("type") != "object":
+            raise ValueError("must be a JSON Schema with type: object")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not ENV_NAME.fullmatch(key):
+                raise ValueError(f"{key!r} is not a variable name")
+            if key in RESERVED_ENV:
+                raise ValueError(f"{key} is set by the runner and cannot be overridden")
+        return value
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A registered tool: its manifest, its folder and its compiled validators."""
+
+    manifest: ManifestModel
+    directory: Path
+    params_validator: Draft202012Validator
+    output_validator: Draft202012Validator | None
+    sensitive_params: frozenset[str]
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be registered; ``path`` and ``reason`` say where and why."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:3]:
+        where = ".".join(str(p) for p in error["loc"]) or "(root)"
+        parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts)
+
+
+def load_tool(directory: Path) -> Tool:
+    """Read and validate ``directory/tool.yaml``.
+
+    Raises:
+        ManifestError: the manifest is missing, unreadable or invalid.
+    """
+    path = directory / MANIFEST_FILE
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ManifestError(path, f"cannot read: {exc.strerror}") from exc
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ManifestError(path, f"bad YAML: {' '.join(str(exc).split())}") from exc
+    if not isinstance(raw, dict):
+        raise ManifestError(path, "must be a mapping")
+    try:
+        manifest = ManifestModel.model_validate(raw)
+    except ValidationError as exc:
+        raise ManifestError(path, _describe(exc)) from exc
+    if manifest.sandbox == "docker" and not manifest.image:
+        raise ManifestError(path, "image: required when sandbox is docker")
+    try:
+        params_validator = compile_schema(manifest.parameters)
+        output_validator = (
+            None if manifest.output_schema is None else compile_schema(manifest.output_schema)
+        )
+    except SchemaProblem as exc:
+        raise ManifestError(path, str(exc)) from exc
+    return Tool(
+        manifest=manifest,
+        directory=directory.resolve(),
+        params_validator=params_validator,
+        output_validator=output_validator,
+        sensitive_params=sensitive_keys(manifest.parameters),
+    )

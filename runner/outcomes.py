@@ -1,0 +1,113 @@
+"""The one boundary where a sandbox outcome becomes a result or a ``CallError``."""
+
+from __future__ import annotations
+
+import json
+import signal as signals
+from typing import Any, Literal
+
+from sandboxes import SandboxOutcome, StopReason
+
+from runner.errors import CallError, ErrorCode
+from runner.manifest import Tool
+from runner.schemas import first_error
+
+MAX_TOOL_MESSAGE = 300
+MAX_STDERR_TAIL = 2000
+
+_REASON_TEXT = {
+    StopReason.EXIT_CODE: "exited with status {exit_code}",
+    StopReason.SIGNAL: "was killed by signal {signal_name}",
+    StopReason.MEMORY_LIMIT: "was killed for exceeding its memory limit",
+    StopReason.CPU_LIMIT: "was killed for exceeding its CPU time limit",
+    StopReason.PIDS_LIMIT: "hit its process limit",
+    StopReason.OUTPUT_LIMIT: "was killed for writing more than its output limit",
+    StopReason.SANDBOX_UNAVAILABLE: "could not be started: {message}",
+}
+
+
+def _single_line(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _tool_message(stdout: bytes) -> str | None:
+    """The readable message a failing tool may print as ``{"error": {"message": ...}}``."""
+    try:
+        document = json.loads(stdout)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if isinstance(document, dict):
+        error = document.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return _single_line(error["message"], MAX_TOOL_MESSAGE)
+    return None
+
+
+def _signal_name(number: int | None) -> str:
+    if number is None:
+        return "?"
+    try:
+        return signals.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def failure_error(tool: Tool, outcome: SandboxOutcome, timeout_ms: int, by_deadline: bool) -> CallError:
+    """The error of an attempt that did not end with a clean exit."""
+    reason = outcome.reason
+    assert reason is not None
+    if reason is StopReason.TIMEOUT:
+        what = "the call's deadline ran out" if by_deadline else f"timed out after {timeout_ms} ms"
+        return CallError(
+            ErrorCode.TIMEOUT,
+            f"{tool.name} {what}; it was killed",
+            {"timeoutMs": timeout_ms, "deadline": by_deadline, "stderr": outcome.stderr_tail[-MAX_STDERR_TAIL:]},
+        )
+    text = _REASON_TEXT[reason].format(
+        exit_code=outcome.exit_code,
+        signal_name=_signal_name(outcome.signal),
+        message=outcome.message,
+    )
+    message = f"{tool.name} {text}"
+    told = _tool_message(outcome.stdout) if reason is StopReason.EXIT_CODE else None
+    if told:
+        message = f"{message}: {told}"
+    return CallError(
+        ErrorCode.EXECUTION_ERROR,
+        message,
+        {
+            "exitCode": outcome.exit_code,
+            "signal": _signal_name(outcome.signal) if outcome.signal else None,
+            "reason": reason.value,
+            "stderr": outcome.stderr_tail[-MAX_STDERR_TAIL:],
+        },
+    )
+
+
+def parse_result(tool: Tool, stdout: bytes, output_format: Literal["json", "raw"]) -> Any:
+    """The result of a clean exit.
+
+    Raises:
+        CallError: PARSE_ERROR when stdout is not one JSON document or fails ``output_schema``.
+    """
+    if output_format == "raw":
+        return stdout.decode("utf-8", errors="replace")
+    try:
+        result = json.loads(stdout)
+    except (ValueError, UnicodeDecodeError) as exc:
+        preview = stdout[:120].decode("utf-8", errors="replace")
+        raise CallError(
+            ErrorCode.PARSE_ERROR,
+            f"{tool.name} did not print one JSON document on stdout",
+            {"problem": _single_line(str(exc), 200), "stdoutPreview": preview},
+        ) from exc
+    if tool.output_validator is not None:
+        problem = first_error(tool.output_validator, result)
+        if problem is not None:
+            raise CallError(
+                ErrorCode.PARSE_ERROR,
+                f"{tool.name} returned a result that does not match its output_schema",
+                problem,
+            )
+    return result

@@ -1,0 +1,212 @@
+"""``policies.yaml``: whitelist, roles, defaults and ceilings, and the decision engine.
+
+Deny is the default: a tool is callable only when it is whitelisted, not disabled, and
+allowed (and not denied) by the role of the call, inherited rules included. A policy
+file that fails to load stops the runner; there is no fallback that allows.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from runner.errors import ConfigError
+from runner.manifest import Tool
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RoleModel(_Strict):
+    inherits: list[str] = Field(default_factory=list)
+    allow: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+
+
+class DefaultsModel(_Strict):
+    timeout_ms: int | None = Field(default=None, gt=0)
+    retries: int | None = Field(default=None, ge=0, le=10)
+    retry_delay_ms: int | None = Field(default=None, ge=0)
+    deadline_ms: int | None = Field(default=None, gt=0)
+
+
+class CeilingsModel(_Strict):
+    network: bool = False
+    disk_mb: int | None = Field(default=None, gt=0)
+    timeout_ms: int | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    cpu_seconds: int | None = Field(default=None, gt=0)
+    max_pids: int | None = Field(default=None, gt=0)
+    max_output_bytes: int | None = Field(default=None, gt=0)
+
+
+class ToolOverrideModel(_Strict):
+    timeout_ms: int | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    cpu_seconds: int | None = Field(default=None, gt=0)
+    max_pids: int | None = Field(default=None, gt=0)
+    max_output_bytes: int | None = Field(default=None, gt=0)
+    disk_mb: int | None = Field(default=None, gt=0)
+    retries: int | None = Field(default=None, ge=0, le=10)
+    retry_delay_ms: int | None = Field(default=None, ge=0)
+    deadline_ms: int | None = Field(default=None, gt=0)
+    sandbox: Literal["subprocess", "docker"] | None = None
+    runtime: str | None = None  # OCI runtime for docker tools, e.g. runsc
+
+
+class BreakerModel(_Strict):
+    failure_threshold: int = Field(default=5, gt=0)
+    reset_timeout_ms: int = Field(default=30000, ge=0)
+
+
+class AuditModel(_Strict):
+    path: str | None = None
+
+
+class SandboxModel(_Strict):
+    # Running with less isolation than the hardened sandbox must be asked for by name;
+    # every such call is marked degraded in its answer and in the audit trail.
+    allow_degraded: bool = False
+    docker_runtime: str | None = None
+
+
+class PolicyModel(_Strict):
+    version: Literal[1]
+    default_role: str | None = None
+    whitelist: list[str] = Field(default_factory=list)
+    disabled: list[str] = Field(default_factory=list)
+    roles: dict[str, RoleModel] = Field(default_factory=dict)
+    defaults: DefaultsModel = Field(default_factory=DefaultsModel)
+    limits: CeilingsModel = Field(default_factory=CeilingsModel)
+    tools: dict[str, ToolOverrideModel] = Field(default_factory=dict)
+    circuit_breaker: BreakerModel = Field(default_factory=BreakerModel)
+    workspace: str | None = None
+    audit: AuditModel = Field(default_factory=AuditModel)
+    sandbox: SandboxModel = Field(default_factory=SandboxModel)
+
+    @model_validator(mode="after")
+    def _roles_resolve(self) -> PolicyModel:
+        for name in self.roles:
+            _expand_role(self.roles, name, ())
+        if self.default_role is not None and self.default_role not in self.roles:
+            raise ValueError(f"default_role {self.default_role!r} is not a defined role")
+        return self
+
+
+def _expand_role(
+    roles: dict[str, RoleModel], name: str, chain: tuple[str, ...]
+) -> tuple[list[str], list[str]]:
+    """All allow and deny rules of ``name``, its ancestors' included."""
+    if name in chain:
+        raise ValueError(f"role inheritance cycle: {' -> '.join((*chain, name))}")
+    if name not in roles:
+        raise ValueError(f"role {chain[-1]!r} inherits unknown role {name!r}")
+    role = roles[name]
+    allow, deny = list(role.allow), list(role.deny)
+    for parent in role.inherits:
+        parent_allow, parent_deny = _expand_role(roles, parent, (*chain, name))
+        allow += parent_allow
+        deny += parent_deny
+    return allow, deny
+
+
+@dataclass(frozen=True)
+class PolicyDecision:
+    """The outcome of the policy check; ``rule`` is the pattern that decided, if any."""
+
+    allowed: bool
+    reason: str
+    role: str | None
+    rule: str | None = None
+
+
+def matching_rule(patterns: list[str], tool: Tool) -> str | None:
+    """The first pattern (name, glob or ``tag:TAG``) that matches ``tool``."""
+    for pattern in patterns:
+        if pattern.startswith("tag:"):
+            if pattern[4:] in tool.manifest.tags:
+                return pattern
+        elif fnmatch.fnmatchcase(tool.name, pattern):
+            return pattern
+    return None
+
+
+class Policy:
+    """A loaded policy file and the decisions it makes."""
+
+    def __init__(self, model: PolicyModel, base_dir: Path) -> None:
+        self.model = model
+        self.base_dir = base_dir
+        self._roles = {name: _expand_role(model.roles, name, ()) for name in model.roles}
+
+    @classmethod
+    def load(cls, path: Path) -> Policy:
+        """Load and validate a policy file.
+
+        Raises:
+            ConfigError: the file is missing, unreadable or invalid.
+        """
+        source = str(path)
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(source, f"cannot read policy file: {exc.strerror}") from exc
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise ConfigError(source, f"bad YAML: {' '.join(str(exc).split())}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(source, "a policy file must be a mapping")
+        try:
+            model = PolicyModel.model_validate(raw)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(p) for p in error["loc"]) or "(root)"
+            raise ConfigError(source, f"{where}: {error['msg']}") from exc
+        return cls(model, path.resolve().parent)
+
+    @property
+    def workspace(self) -> Path | None:
+        if self.model.workspace is None:
+            return None
+        return (self.base_dir / self.model.workspace).resolve()
+
+    @property
+    def audit_path(self) -> Path | None:
+        if self.model.audit.path is None:
+            return None
+        return self.base_dir / self.model.audit.path
+
+    def resolve_role(self, role: str | None) -> str | None:
+        return role if role is not None else self.model.default_role
+
+    def decide(self, tool: Tool, role: str | None) -> PolicyDecision:
+        """May ``role`` call ``tool``? Deny wins; anything not allowed is denied."""
+        model = self.model
+        role = self.resolve_role(role)
+        rule = matching_rule(model.whitelist, tool)
+        if rule is None:
+            return PolicyDecision(False, "not_whitelisted", role)
+        rule = matching_rule(model.disabled, tool)
+        if rule is not None:
+            return PolicyDecision(False, "disabled", role, rule)
+        if role is None:
+            return PolicyDecision(False, "no_role", role)
+        if role not in self._roles:
+            return PolicyDecision(False, "unknown_role", role)
+        allow, deny = self._roles[role]
+        rule = matching_rule(deny, tool)
+        if rule is not None:
+            return PolicyDecision(False, "denied_by_role", role, rule)
+        allow_rule = matching_rule(allow, tool)
+        if allow_rule is None:
+            return PolicyDecision(False, "not_allowed", role)
+        if tool.manifest.network and not model.limits.network:
+            return PolicyDecision(False, "network", role, "limits.network")
+        if tool.manifest.workspace != "none" and self.workspace is None:
+            return PolicyDecision(False, "no_workspace", role, "workspace")
+        return PolicyDecision(True, "allowed", role, allow_rule)

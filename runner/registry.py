@@ -1,0 +1,71 @@
+"""The registry: every valid tool found in the tool directories, by name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from runner.manifest import MANIFEST_FILE, ManifestError, Tool, load_tool
+
+
+@dataclass(frozen=True)
+class LoadProblem:
+    """A tool folder left out of the registry, and why."""
+
+    path: Path
+    reason: str
+
+
+class Registry:
+    """Tools by name, plus the problems met while loading them."""
+
+    def __init__(self, tools: Iterable[Tool] = (), problems: Iterable[LoadProblem] = ()) -> None:
+        self._tools = {tool.name: tool for tool in tools}
+        self.problems = list(problems)
+
+    @classmethod
+    def load(cls, directories: Iterable[Path]) -> Registry:
+        """Load every ``*/tool.yaml`` under ``directories``; bad ones become problems."""
+        tools: dict[str, Tool] = {}
+        problems: list[LoadProblem] = []
+        for root in directories:
+            if not root.is_dir():
+                problems.append(LoadProblem(root, "tool directory does not exist"))
+                continue
+            for folder in sorted(p for p in root.iterdir() if (p / MANIFEST_FILE).is_file()):
+                try:
+                    tool = load_tool(folder)
+                except ManifestError as exc:
+                    problems.append(LoadProblem(exc.path, exc.reason))
+                    continue
+                if tool.name in tools:
+                    first = tools[tool.name].directory / MANIFEST_FILE
+                    problems.append(
+                        LoadProblem(
+                            folder / MANIFEST_FILE,
+                            f"duplicate tool name {tool.name!r} (first defined in {first})",
+                        )
+                    )
+                    continue
+                tools[tool.name] = tool
+        return cls(tools.values(), problems)
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(sorted(self._tools.values(), key=lambda t: t.name))
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+
+def matches_filter(tool: Tool, text: str | None) -> bool:
+    """Case-insensitive substring match on name, description and tags."""
+    if not text:
+        return True
+    needle = text.lower()
+    manifest = tool.manifest
+    haystack = [manifest.name, manifest.description, *manifest.tags]
+    return any(needle in part.lower() for part in haystack)

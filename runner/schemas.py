@@ -1,0 +1,64 @@
+"""JSON Schema handling: Draft 2020-12, compiled once, never fetching a remote ``$ref``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from referencing import Registry, Resource
+from referencing.exceptions import NoSuchResource
+
+
+def _refuse_retrieval(uri: str) -> Resource[Any]:
+    # A manifest is untrusted: resolving ``$ref`` over the network would let it make the
+    # host fetch arbitrary URLs (and would make validation depend on the network).
+    raise NoSuchResource(ref=uri)
+
+
+_OFFLINE = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
+
+
+class SchemaProblem(ValueError):
+    """The schema itself is not a valid Draft 2020-12 schema."""
+
+
+def compile_schema(schema: dict[str, Any] | bool) -> Draft202012Validator:
+    """A reusable validator for ``schema``.
+
+    Raises:
+        SchemaProblem: the schema is invalid.
+    """
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise SchemaProblem(f"invalid JSON Schema at {where}: {exc.message}") from exc
+    return Draft202012Validator(
+        schema, registry=_OFFLINE, format_checker=Draft202012Validator.FORMAT_CHECKER
+    )
+
+
+def first_error(validator: Draft202012Validator, instance: Any) -> dict[str, str] | None:
+    """The most relevant validation error as ``{"field", "problem"}``, or None when valid."""
+    errors = sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))
+    if not errors:
+        return None
+    error = errors[0]
+    field = "/".join(str(p) for p in error.absolute_path) or "(root)"
+    message = error.message
+    if len(message) > 200:
+        message = message[:200] + "..."
+    return {"field": field, "problem": message, "validator": str(error.validator)}
+
+
+def sensitive_keys(schema: dict[str, Any]) -> frozenset[str]:
+    """Top-level parameter names whose schema says ``"x-sensitive": true``."""
+    properties = schema.get("properties", {})
+    if not isinstance(properties, dict):
+        return frozenset()
+    return frozenset(
+        name
+        for name, sub in properties.items()
+        if isinstance(sub, dict) and sub.get("x-sensitive") is True
+    )

@@ -1,0 +1,26 @@
+"""Isolation backends.
+
+A backend gets a launch spec, limits and a payload and returns an outcome. It knows
+nothing of registries, policies or the wire format: ``runner`` imports ``sandboxes``,
+never the reverse.
+"""
+
+from sandboxes.base import (
+    LaunchSpec,
+    Limits,
+    PreparedSandbox,
+    Sandbox,
+    SandboxOutcome,
+    SandboxUnavailable,
+    StopReason,
+)
+
+__all__ = [
+    "LaunchSpec",
+    "Limits",
+    "PreparedSandbox",
+    "Sandbox",
+    "SandboxOutcome",
+    "SandboxUnavailable",
+    "StopReason",
+]

@@ -1,0 +1,46 @@
+"""Byte sinks with hard bounds, shared by the backends.
+
+A tool's output is untrusted and may be endless; nothing here grows past its bound.
+"""
+
+from __future__ import annotations
+
+
+class OutputOverflow(Exception):  # noqa: N818 - names the condition
+    """More bytes arrived than the cap allows."""
+
+
+class CappedBuffer:
+    """Collects at most ``cap`` bytes; one more byte raises ``OutputOverflow``."""
+
+    def __init__(self, cap: int) -> None:
+        self._cap = cap
+        self._chunks: list[bytes] = []
+        self._size = 0
+
+    def feed(self, data: bytes) -> None:
+        self._size += len(data)
+        if self._size > self._cap:
+            raise OutputOverflow
+        self._chunks.append(data)
+
+    def getvalue(self) -> bytes:
+        return b"".join(self._chunks)
+
+
+class TailBuffer:
+    """Keeps only the last ``cap`` bytes of a stream (stderr is kept as a tail)."""
+
+    def __init__(self, cap: int) -> None:
+        self._cap = cap
+        self._data = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        self._data += data
+        if len(self._data) > self._cap:
+            del self._data[: len(self._data) - self._cap]
+
+    def text(self) -> str:
+        return self._data.decode("utf-8", errors="replace")

@@ -1,0 +1,114 @@
+"""The one interface every isolation backend implements.
+
+The life of a sandbox is: ``prepare`` (everything that does not need the payload:
+scratch space, cgroups, later a pre-spawned process), ``run`` (feed the payload, wait
+under the limits, collect the outcome) and ``close`` (tear everything down). A prepared
+sandbox serves exactly one run and is never reused.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+WorkspaceMode = Literal["none", "read", "write"]
+
+
+class StopReason(enum.StrEnum):
+    """Why a run ended other than by a clean exit 0. Values are the wire's ``reason``."""
+
+    EXIT_CODE = "exit_code"
+    SIGNAL = "signal"
+    TIMEOUT = "timeout"
+    MEMORY_LIMIT = "memory_limit"
+    CPU_LIMIT = "cpu_limit"
+    PIDS_LIMIT = "pids_limit"
+    OUTPUT_LIMIT = "output_limit"
+    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one attempt, already resolved against the policy's ceilings."""
+
+    timeout_ms: int = 5000
+    memory_mb: int = 256
+    cpu_seconds: int = 10
+    max_pids: int = 64
+    max_output_bytes: int = 1024 * 1024
+    disk_mb: int = 64
+    network: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to run and what it may see. Paths are host paths; the backend maps them."""
+
+    tool_name: str
+    request_id: str
+    command: tuple[str, ...]
+    tool_dir: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    workspace: Path | None = None
+    workspace_mode: WorkspaceMode = "none"
+    image: str | None = None
+    runtime: str | None = None
+
+
+@dataclass(frozen=True)
+class SandboxOutcome:
+    """What one run produced. ``reason`` is ``None`` exactly when the tool exited 0."""
+
+    exit_code: int | None
+    signal: int | None
+    stdout: bytes
+    stderr_tail: str
+    duration_ms: float
+    reason: StopReason | None = None
+    message: str = ""
+    degraded: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+class SandboxUnavailable(Exception):  # noqa: N818 - reads as the condition it reports
+    """The backend cannot give the isolation asked for; the tool was not started."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class PreparedSandbox(Protocol):
+    """A sandbox made ready for one call."""
+
+    async def run(self, payload: bytes) -> SandboxOutcome:
+        """Feed ``payload`` on stdin and wait for the outcome under the limits.
+
+        Raises:
+            SandboxUnavailable: the tool could not be started in the required isolation.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Kill whatever is left and release every resource. Safe to call twice."""
+        ...
+
+
+class Sandbox(Protocol):
+    """An isolation backend."""
+
+    name: str
+
+    async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSandbox:
+        """Make a sandbox ready for one run.
+
+        Raises:
+            SandboxUnavailable: this machine cannot give the isolation required.
+        """
+        ...

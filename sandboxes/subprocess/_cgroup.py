@@ -1,0 +1,267 @@
+"""One cgroup per attempt, on cgroup v1 or v2.
+
+The cgroup is what makes the limits hold for the tool *as a whole*: memory and pids are
+counted over every process the tool starts, and teardown kills every member, including
+daemons that left the process group. On v1 (what our CI machines have) each controller
+is its own hierarchy; on v2 there is one tree and the runner must own a delegated
+subtree (the "no internal processes" rule means the runner cannot hand out children of
+a cgroup it sits in itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# v1 controllers we need: memory and pids are limits; cpuacct tells CPU-limit kills apart.
+V1_CONTROLLERS = ("memory", "pids", "cpuacct")
+V2_CONTROLLERS = ("memory", "pids", "cpu")
+CALLS_DIR = "runner-calls"
+# Teardown retries: a killed process leaves its cgroup a moment after SIGKILL.
+KILL_ROUNDS = 200
+KILL_PAUSE_S = 0.005
+
+
+class CgroupUnavailable(Exception):  # noqa: N818 - names the condition
+    """No usable cgroup hierarchy; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class CgroupCounters:
+    """What the kernel counted for a finished attempt."""
+
+    oom_kills: int
+    memory_failures: int
+    pids_refused: int
+    cpu_seconds: float
+
+
+def _own_path(controller: str | None) -> str:
+    """Our own cgroup path in the hierarchy of ``controller`` (None: the v2 tree)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        if controller is None and names == "":
+            return path
+        if controller is not None and controller in names.split(","):
+            return path
+    raise CgroupUnavailable(f"this process is in no {controller or 'v2'} cgroup")
+
+
+def detect_version() -> int:
+    """2 for a pure v2 host, 1 when the v1 controllers are mounted."""
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        return 2
+    if all((CGROUP_ROOT / c / "cgroup.procs").exists() for c in V1_CONTROLLERS):
+        return 1
+    raise CgroupUnavailable(
+        "no cgroup hierarchy with the memory, pids and cpuacct controllers is mounted"
+    )
+
+
+def _write(path: Path, value: str) -> None:
+    path.write_text(value)
+
+
+def _read_int(path: Path, default: int = 0) -> int:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+def _read_keyed(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+class CallCgroup:
+    """The cgroup(s) of one attempt. ``procs_files`` are what the launcher joins."""
+
+    def __init__(self, version: int, dirs: list[Path]) -> None:
+        self.version = version
+        self.dirs = dirs
+
+    @property
+    def procs_files(self) -> list[Path]:
+        return [d / "cgroup.procs" for d in self.dirs]
+
+    def counters(self) -> CgroupCounters:
+        if self.version == 1:
+            memory, pids, cpuacct = self.dirs
+            return CgroupCounters(
+                oom_kills=_read_keyed(memory / "memory.oom_control", "oom_kill"),
+                memory_failures=_read_int(memory / "memory.failcnt"),
+                pids_refused=_read_keyed(pids / "pids.events", "max"),
+                cpu_seconds=_read_int(cpuacct / "cpuacct.usage") / 1e9,
+            )
+        (unified,) = self.dirs
+        return CgroupCounters(
+            oom_kills=_read_keyed(unified / "memory.events", "oom_kill"),
+            memory_failures=_read_keyed(unified / "memory.events", "max"),
+            pids_refused=_read_keyed(unified / "pids.events", "max"),
+            cpu_seconds=_read_keyed(unified / "cpu.stat", "usage_usec") / 1e6,
+        )
+
+    def cpu_seconds(self) -> float:
+        """CPU time used by every process of the attempt so far."""
+        if self.version == 1:
+            return _read_int(self.dirs[2] / "cpuacct.usage") / 1e9
+        return _read_keyed(self.dirs[0] / "cpu.stat", "usage_usec") / 1e6
+
+    def members(self) -> set[int]:
+        pids: set[int] = set()
+        for procs in self.procs_files:
+            with contextlib.suppress(OSError):
+                pids.update(int(p) for p in procs.read_text().split())
+        return pids
+
+    def kill_all(self) -> None:
+        """SIGKILL every member until none is left (or give up after a bounded wait)."""
+        if self.version == 2:
+            kill_file = self.dirs[0] / "cgroup.kill"
+            if kill_file.exists():
+                with contextlib.suppress(OSError):
+                    _write(kill_file, "1")
+        for _ in range(KILL_ROUNDS):
+            members = self.members()
+            if not members:
+                return
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(KILL_PAUSE_S)
+
+    def remove(self) -> None:
+        """Kill what is left and remove the directories. Safe to call twice."""
+        self.kill_all()
+        for d in self.dirs:
+            for _ in range(KILL_ROUNDS):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY:
+                        break
+                    time.sleep(KILL_PAUSE_S)
+
+
+class CgroupFactory:
+    """Creates per-attempt cgroups under ``<our cgroup>/runner-calls``.
+
+    Each call cgroup is named ``<runner pid>-<sequence>`` so a runner that starts can tell
+    which leftovers belong to a runner that is gone.
+    """
+
+    def __init__(self) -> None:
+        self.version = detect_version()
+        self._parents = self._make_parents()
+        self._sequence = 0
+
+    def _make_parents(self) -> list[Path]:
+        if self.version == 1:
+            parents = [
+                CGROUP_ROOT / c / _own_path(c).lstrip("/") / CALLS_DIR for c in V1_CONTROLLERS
+            ]
+        else:
+            parents = [self._v2_parent()]
+        for parent in parents:
+            try:
+                parent.mkdir(exist_ok=True)
+            except OSError as exc:
+                raise CgroupUnavailable(
+                    f"cannot create cgroup {parent}: {exc.strerror}"
+                ) from exc
+        return parents
+
+    def _v2_parent(self) -> Path:
+        override = os.environ.get("RUNNER_CGROUP_ROOT")
+        base = Path(override) if override else CGROUP_ROOT / _own_path(None).lstrip("/")
+        parent = base / CALLS_DIR
+        parent.mkdir(exist_ok=True)
+        wanted = " ".join(f"+{c}" for c in V2_CONTROLLERS)
+        try:
+            _write(parent / "cgroup.subtree_control", wanted)
+        except OSError as exc:
+            # Enabling controllers for our children needs them enabled in ``base`` too,
+            # which the kernel refuses while ``base`` holds processes (ours).
+            try:
+                _write(base / "cgroup.subtree_control", wanted)
+                _write(parent / "cgroup.subtree_control", wanted)
+            except OSError:
+                raise CgroupUnavailable(
+                    f"cgroup v2 controllers {wanted} cannot be delegated under {base}; "
+                    "run the runner in a delegated cgroup (systemd-run --user -p Delegate=yes) "
+                    "or set RUNNER_CGROUP_ROOT"
+                ) from exc
+        return parent
+
+    def create(self, memory_mb: int, max_pids: int) -> CallCgroup:
+        """A fresh cgroup with the memory (swap included) and pids limits set.
+
+        Raises:
+            CgroupUnavailable: the cgroup could not be created or limited.
+        """
+        self._sequence += 1
+        name = f"{os.getpid()}-{self._sequence}-{time.monotonic_ns()}"
+        dirs = [parent / name for parent in self._parents]
+        group = CallCgroup(self.version, dirs)
+        limit = str(memory_mb * 1024 * 1024)
+        try:
+            for d in dirs:
+                d.mkdir()
+            if self.version == 1:
+                memory, pids, _ = dirs
+                _write(memory / "memory.limit_in_bytes", limit)
+                swap = memory / "memory.memsw.limit_in_bytes"
+                if swap.exists():
+                    _write(swap, limit)
+                _write(pids / "pids.max", str(max_pids))
+            else:
+                (unified,) = dirs
+                _write(unified / "memory.max", limit)
+                with contextlib.suppress(FileNotFoundError):
+                    _write(unified / "memory.swap.max", "0")
+                _write(unified / "pids.max", str(max_pids))
+        except OSError as exc:
+            group.remove()
+            raise CgroupUnavailable(f"cannot set up cgroup: {exc.strerror}") from exc
+        return group
+
+    def remove_stale(self) -> int:
+        """Remove call cgroups left by runners that are no longer alive. Returns how many."""
+        stale: dict[str, list[Path]] = {}
+        for parent in self._parents:
+            with contextlib.suppress(OSError):
+                for child in parent.iterdir():
+                    if child.is_dir() and not _owner_alive(child.name):
+                        stale.setdefault(child.name, []).append(child)
+        for dirs in stale.values():
+            CallCgroup(self.version, dirs).remove()
+        return len(stale)
+
+
+def _owner_alive(name: str) -> bool:
+    owner = name.split("-", 1)[0]
+    if not owner.isdigit():
+        return True  # not ours to judge
+    try:
+        os.kill(int(owner), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,91 @@
+"""What the hardened tool sees, as a bubblewrap argv.
+
+The view: the system directories read-only, a handful of ``/etc`` files, the tool's own
+folder read-only at ``/tool``, a size-limited tmpfs at ``/tmp`` (HOME and TMPDIR), its own
+``/proc`` and a minimal ``/dev``, and ``/workspace`` only when granted. New user, mount,
+PID, IPC, UTS and (unless network is allowed) network namespaces; no capabilities;
+``no_new_privs`` (bubblewrap always sets it); a new session, so no terminal to inject into.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandboxes.base import LaunchSpec, Limits
+
+SANDBOX_UID = 65534  # "nobody": never root, also when the runner is root
+TOOL_MOUNT = "/tool"
+SCRATCH_MOUNT = "/tmp"
+WORKSPACE_MOUNT = "/workspace"
+SYSTEM_DIRS = ("/usr", "/opt/runner-system")  # the second is a hook for vendored runtimes
+MERGED_USR_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# The few /etc files ordinary programs read; nothing with secrets or host identity.
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "localtime", "alternatives", "mime.types")
+NETWORK_ETC_FILES = ("resolv.conf", "hosts", "nsswitch.conf", "ssl", "ca-certificates")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+PASSWD = f"nobody:x:{SANDBOX_UID}:{SANDBOX_UID}:nobody:{SCRATCH_MOUNT}:/usr/sbin/nologin\n"
+GROUP = f"nogroup:x:{SANDBOX_UID}:\n"
+
+
+@dataclass(frozen=True)
+class HostFds:
+    """Directory descriptors the runner opened for bubblewrap to mount by descriptor.
+
+    Mounting by descriptor means the unprivileged sandbox user needs no search right on
+    the path to the tool's folder (it may live under ``/root``).
+    """
+
+    tool_dir: int
+    workspace: int | None
+    etc_dir: int
+
+
+def tool_env(spec: LaunchSpec, home: str, workspace: str | None) -> dict[str, str]:
+    """The whole environment of the tool: the SPEC's minimal set and the manifest's env."""
+    env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", **spec.env, "HOME": home, "TMPDIR": home}
+    if workspace is not None:
+        env["WORKSPACE"] = workspace
+    return env
+
+
+def bwrap_argv(
+    bwrap: str, spec: LaunchSpec, limits: Limits, fds: HostFds, env: Mapping[str, str]
+) -> list[str]:
+    argv = [
+        bwrap,
+        "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+        "--hostname", "sandbox",
+        "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        "--clearenv",
+    ]  # fmt: skip
+    if not limits.network:
+        argv.append("--unshare-net")
+    for directory in SYSTEM_DIRS:
+        argv += ["--ro-bind-try", directory, directory]
+    for link in MERGED_USR_LINKS:
+        if Path(f"/{link}").is_symlink():
+            argv += ["--symlink", f"usr/{link}", f"/{link}"]
+        else:
+            argv += ["--ro-bind-try", f"/{link}", f"/{link}"]
+    etc = ETC_FILES + (NETWORK_ETC_FILES if limits.network else ())
+    for name in etc:
+        argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    argv += ["--ro-bind-fd", str(fds.etc_dir), "/run/runner-etc"]
+    argv += ["--symlink", "/run/runner-etc/passwd", "/etc/passwd"]
+    argv += ["--symlink", "/run/runner-etc/group", "/etc/group"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(limits.disk_mb * 1024 * 1024), "--perms", "1777", "--tmpfs", SCRATCH_MOUNT]
+    argv += ["--ro-bind-fd", str(fds.tool_dir), TOOL_MOUNT]
+    if fds.workspace is not None:
+        flag = "--bind-fd" if spec.workspace_mode == "write" else "--ro-bind-fd"
+        argv += [flag, str(fds.workspace), WORKSPACE_MOUNT]
+    argv += ["--remount-ro", "/"]
+    for key, value in env.items():
+        argv += ["--setenv", key, value]
+    argv += ["--chdir", TOOL_MOUNT, "--", *spec.command]
+    return argv

@@ -1,0 +1,369 @@
+"""The ``subprocess`` backend: bubblewrap namespaces plus one cgroup per attempt.
+
+Guarantee: every process of the tool lives in the attempt's PID namespace and cgroup.
+When the tool's main process exits, times out or breaks a limit, bubblewrap's namespace
+init dies and the kernel kills everything left in the namespace; the runner then kills
+whatever is still listed in the cgroup and removes it. If the runner itself is killed,
+``--die-with-parent`` takes the namespace down with it.
+
+Less isolation than that (no bubblewrap, no cgroups) is refused with
+``SandboxUnavailable`` unless the policy sets ``sandbox.allow_degraded``; degraded runs
+are marked as such in every outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
+from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory, CgroupUnavailable
+from sandboxes.subprocess._launch import (
+    LAUNCH_FAILED,
+    LAUNCH_FAILED_MARK,
+    drop_privileges_argv,
+    launcher_argv,
+)
+from sandboxes.subprocess._layout import (
+    GROUP,
+    PASSWD,
+    SANDBOX_UID,
+    SCRATCH_MOUNT,
+    WORKSPACE_MOUNT,
+    HostFds,
+    bwrap_argv,
+    tool_env,
+)
+from sandboxes.subprocess._process import Ending, ProcessResult, drive
+
+SHELL = "/bin/sh"
+
+
+def default_state_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/run/runner")
+    return Path(tempfile.gettempdir()) / f"runner-{os.geteuid()}"
+
+
+@dataclass(frozen=True)
+class SubprocessConfig:
+    bwrap: str | None = None  # None: look for ``bwrap`` on PATH
+    allow_degraded: bool = False
+    state_dir: Path | None = None
+
+
+class SubprocessSandbox:
+    """Creates one hardened sandbox per attempt. Construction only looks around."""
+
+    name = "subprocess"
+
+    def __init__(self, config: SubprocessConfig | None = None) -> None:
+        self.config = config or SubprocessConfig()
+        self.bwrap = self.config.bwrap or shutil.which("bwrap")
+        if self.bwrap is not None and not os.access(self.bwrap, os.X_OK):
+            self.bwrap = None
+        self.setpriv = shutil.which("setpriv") if os.geteuid() == 0 else None
+        self.state_dir = self.config.state_dir or default_state_dir()
+        self._sequence = itertools.count(1)
+        self.cgroups: CgroupFactory | None = None
+        self.cgroup_problem: str | None = None
+        try:
+            self.cgroups = CgroupFactory()
+            self.cgroups.remove_stale()
+        except (CgroupUnavailable, OSError) as exc:
+            self.cgroup_problem = str(exc)
+        self._etc_dir = self._write_etc()
+        self._remove_stale_scratch()
+
+    # -- what this machine can give ---------------------------------------------------
+
+    def missing_layers(self) -> list[str]:
+        """What the hardened sandbox lacks here, each with what to do about it."""
+        missing = []
+        if self.bwrap is None:
+            missing.append("bubblewrap is not installed (apt-get install bubblewrap)")
+        if os.geteuid() == 0 and self.setpriv is None:
+            missing.append("setpriv is not installed (apt-get install util-linux)")
+        if self.cgroups is None:
+            missing.append(f"cgroups unavailable: {self.cgroup_problem}")
+        return missing
+
+    async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
+        missing = self.missing_layers()
+        if missing and not self.config.allow_degraded:
+            raise SandboxUnavailable("hardened sandbox unavailable: " + "; ".join(missing))
+        hardened = not missing
+        cgroup = None
+        if self.cgroups is not None:
+            try:
+                cgroup = self.cgroups.create(limits.memory_mb, limits.max_pids)
+            except CgroupUnavailable as exc:
+                if not self.config.allow_degraded:
+                    raise SandboxUnavailable(str(exc)) from exc
+                hardened = False
+        return PreparedSubprocess(self, spec, limits, cgroup, hardened)
+
+    # -- housekeeping -------------------------------------------------------------------
+
+    def _write_etc(self) -> Path:
+        etc = self.state_dir / "etc"
+        etc.mkdir(parents=True, exist_ok=True)
+        for name, text in (("passwd", PASSWD), ("group", GROUP)):
+            path = etc / name
+            if not path.exists() or path.read_text() != text:
+                path.write_text(text)
+                path.chmod(0o644)
+        self.state_dir.chmod(0o755)
+        etc.chmod(0o755)
+        return etc
+
+    @property
+    def scratch_root(self) -> Path:
+        return self.state_dir / "scratch"
+
+    def _remove_stale_scratch(self) -> None:
+        if not self.scratch_root.is_dir():
+            return
+        for child in self.scratch_root.iterdir():
+            owner = child.name.split("-", 1)[0]
+            if owner.isdigit() and not _alive(int(owner)):
+                shutil.rmtree(child, ignore_errors=True)
+
+    def next_name(self) -> str:
+        return f"{os.getpid()}-{next(self._sequence)}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class PreparedSubprocess:
+    """One attempt's sandbox: its cgroup exists; the process starts in ``run``."""
+
+    def __init__(
+        self,
+        owner: SubprocessSandbox,
+        spec: LaunchSpec,
+        limits: Limits,
+        cgroup: CallCgroup | None,
+        hardened: bool,
+    ) -> None:
+        self._owner = owner
+        self._spec = spec
+        self._limits = limits
+        self._cgroup = cgroup
+        self._hardened = hardened
+        self._fds: list[int] = []
+        self._scratch: Path | None = None
+        self._pgid: int | None = None
+
+    async def run(self, payload: bytes) -> SandboxOutcome:
+        started = time.monotonic()
+        status_read: int | None = None
+        if self._hardened:
+            argv, env, cwd, status_read = self._hardened_command()
+        else:
+            argv, env, cwd = self._degraded_command()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *launcher_argv(SHELL, argv),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                cwd=cwd,
+                pass_fds=tuple(self._fds),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise SandboxUnavailable(f"cannot start the sandbox launcher: {exc.strerror}") from exc
+        finally:
+            self._close_fds()
+        self._pgid = proc.pid
+        cpu_limit = self._limits.cpu_seconds
+        cgroup = self._cgroup
+        over_budget = (lambda: cgroup.cpu_seconds() > cpu_limit) if cgroup else None
+        result = await drive(
+            proc,
+            payload,
+            self._limits.timeout_ms / 1000,
+            self._limits.max_output_bytes,
+            self._kill_all,
+            over_budget,
+        )
+        started_ok = _child_started(status_read) if status_read is not None else True
+        return self._outcome(result, started_ok, (time.monotonic() - started) * 1000)
+
+    def _hardened_command(self) -> tuple[list[str], dict[str, str], str, int]:
+        spec = self._spec
+        tool_fd = _open_dir(spec.tool_dir)
+        etc_fd = _open_dir(self._owner.state_dir / "etc")
+        self._fds += [tool_fd, etc_fd]
+        workspace_fd = None
+        if spec.workspace is not None and spec.workspace_mode != "none":
+            spec.workspace.mkdir(parents=True, exist_ok=True)
+            if spec.workspace_mode == "write" and os.geteuid() == 0:
+                # The sandbox user must be able to write the folder it is granted.
+                os.chown(spec.workspace, SANDBOX_UID, SANDBOX_UID)
+            workspace_fd = _open_dir(spec.workspace)
+            self._fds.append(workspace_fd)
+        status_read, status_write = os.pipe()
+        os.set_blocking(status_read, False)
+        self._fds.append(status_write)
+        self._status_read = status_read
+        workspace = WORKSPACE_MOUNT if workspace_fd is not None else None
+        env = tool_env(spec, SCRATCH_MOUNT, workspace)
+        fds = HostFds(tool_dir=tool_fd, workspace=workspace_fd, etc_dir=etc_fd)
+        bwrap = self._owner.bwrap
+        assert bwrap is not None
+        argv = bwrap_argv(bwrap, spec, self._limits, fds, env)
+        argv[1:1] = ["--json-status-fd", str(status_write)]
+        if self._owner.setpriv is not None:
+            argv = drop_privileges_argv(self._owner.setpriv, SANDBOX_UID) + argv
+        return argv, self._launcher_env({"PATH": "/usr/bin:/bin"}), "/", status_read
+
+    def _degraded_command(self) -> tuple[list[str], dict[str, str], str]:
+        spec = self._spec
+        self._owner.scratch_root.mkdir(parents=True, exist_ok=True)
+        self._scratch = self._owner.scratch_root / self._owner.next_name()
+        self._scratch.mkdir(mode=0o700)
+        workspace = str(spec.workspace) if spec.workspace is not None else None
+        env = tool_env(spec, str(self._scratch), workspace)
+        vmem = {} if self._cgroup else {"RUNNER_VMEM_KB": str(self._limits.memory_mb * 1024)}
+        return list(spec.command), self._launcher_env(env | vmem), str(spec.tool_dir)
+
+    def _launcher_env(self, env: dict[str, str]) -> dict[str, str]:
+        env = dict(env)
+        env["RUNNER_CPU"] = str(self._limits.cpu_seconds)
+        if self._cgroup is not None:
+            env["RUNNER_CGROUPS"] = " ".join(str(p) for p in self._cgroup.procs_files)
+        return env
+
+    def _kill_all(self) -> None:
+        if self._cgroup is not None:
+            self._cgroup.kill_all()
+        if self._pgid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._pgid, signal.SIGKILL)
+
+    def _outcome(self, result: ProcessResult, started_ok: bool, duration_ms: float) -> SandboxOutcome:
+        rc = result.returncode
+        sig: int | None = None
+        if rc is not None and rc < 0:
+            sig, rc = -rc, None
+        elif self._hardened and rc is not None and 128 < rc < 128 + 65 and started_ok:
+            # bubblewrap reports a child killed by signal N as exit status 128 + N.
+            sig, rc = rc - 128, None
+        reason = self._reason(result, rc, sig, started_ok)
+        message = ""
+        if reason is StopReason.SANDBOX_UNAVAILABLE:
+            message = _setup_message(result.stderr_tail)
+        return SandboxOutcome(
+            exit_code=rc,
+            signal=sig,
+            stdout=result.stdout,
+            stderr_tail=result.stderr_tail,
+            duration_ms=duration_ms,
+            reason=reason,
+            message=message,
+            degraded=not self._hardened,
+        )
+
+    def _reason(
+        self, result: ProcessResult, rc: int | None, sig: int | None, started_ok: bool
+    ) -> StopReason | None:
+        ending = result.ending
+        if ending is Ending.TIMEOUT:
+            return StopReason.TIMEOUT
+        if ending is Ending.OUTPUT_LIMIT:
+            return StopReason.OUTPUT_LIMIT
+        if ending is Ending.CPU_BUDGET:
+            return StopReason.CPU_LIMIT
+        if rc == LAUNCH_FAILED and LAUNCH_FAILED_MARK in result.stderr_tail:
+            return StopReason.SANDBOX_UNAVAILABLE
+        if not started_ok:
+            return StopReason.SANDBOX_UNAVAILABLE
+        if rc == 0:
+            return None
+        counters = self._cgroup.counters() if self._cgroup else None
+        if counters and counters.oom_kills > 0:
+            return StopReason.MEMORY_LIMIT
+        if sig == signal.SIGXCPU or (
+            sig == signal.SIGKILL and counters and counters.cpu_seconds >= self._limits.cpu_seconds
+        ):
+            return StopReason.CPU_LIMIT
+        if counters and counters.pids_refused > 0:
+            return StopReason.PIDS_LIMIT
+        if sig is not None:
+            return StopReason.SIGNAL
+        return StopReason.EXIT_CODE
+
+    def _close_fds(self) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+
+    async def close(self) -> None:
+        self._kill_all()
+        self._close_fds()
+        status_read = getattr(self, "_status_read", None)
+        if status_read is not None:
+            with contextlib.suppress(OSError):
+                os.close(status_read)
+            self._status_read = None
+        if self._cgroup is not None:
+            await asyncio.to_thread(self._cgroup.remove)
+            self._cgroup = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+
+
+def _open_dir(path: Path) -> int:
+    try:
+        return os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SandboxUnavailable(f"cannot open a folder to mount: {exc.strerror}") from exc
+
+
+def _child_started(status_fd: int) -> bool:
+    """Did bubblewrap get as far as starting the tool? (It reports ``child-pid`` then.)"""
+    data = b""
+    with contextlib.suppress(BlockingIOError, OSError):
+        while chunk := os.read(status_fd, 4096):
+            data += chunk
+    for line in data.splitlines():
+        with contextlib.suppress(ValueError):
+            if "child-pid" in json.loads(line):
+                return True
+    return False
+
+
+_HOST_PATH = re.compile(r"/[^\s:'\"]+")
+
+
+def _setup_message(stderr_tail: str) -> str:
+    """The launcher's own complaint, with host paths masked (messages never show them)."""
+    for line in reversed(stderr_tail.splitlines()):
+        if line.startswith(("bwrap:", "runner-launch:", "setpriv:")):
+            return _HOST_PATH.sub("<path>", line)[:200]
+    return "the sandbox could not be set up"
+
+
