@@ -1,35 +1,64 @@
 """The launcher: a fixed ``/bin/sh`` script between the runner and the tool.
 
 Setting limits from Python (``preexec_fn``) would disable vfork and cost ~20 ms per spawn
-from a large parent, so the child sets them itself: it joins the attempt's cgroups,
-sets the CPU rlimit, drops to the sandbox user when the runner is root, and execs
-bubblewrap (or, degraded, the tool). The script is a constant; everything variable is
-passed as argv or as ``RUNNER_*`` variables that it unsets before the exec, so no value
-from a call is ever parsed by a shell.
+from a large parent, so the child sets them itself. In order, as the runner's user:
+
+1. join the attempt's cgroups and set the CPU rlimit (inherited by everything after);
+2. open fd 3 on the runner's "started" pipe (through ``/proc/$PPID/fd``, so no extra
+   descriptor is inherited by the tool);
+3. when the runner is root, inside a private mount namespace made by ``unshare``:
+   bind the tool's folder and workspace onto fixed staging points under the state
+   directory, so the unprivileged sandbox user needs no search right on their real
+   paths (a tool may live under ``/root``);
+4. exec ``setpriv`` (drop to the sandbox user) and bubblewrap, or, degraded, the tool.
+
+Inside the sandbox a second constant script writes one byte on fd 3, closes it and
+execs the tool: that byte is how the runner tells "the sandbox could not be set up"
+from "the tool failed". No value from a call is ever parsed by a shell: the scripts are
+constants and variable parts arrive as argv or ``RUNNER_*`` variables.
 """
 
 from __future__ import annotations
 
 LAUNCH_SCRIPT = r"""
+fail() { echo "runner-launch: $1" >&2; exit 125; }
 for f in $RUNNER_CGROUPS; do
-  echo $$ > "$f" || { echo "runner-launch: cannot join cgroup" >&2; exit 125; }
+  echo $$ > "$f" || fail "cannot join cgroup"
 done
 if [ -n "$RUNNER_CPU" ]; then
-  ulimit -S -t "$RUNNER_CPU" && ulimit -H -t $((RUNNER_CPU + 1)) ||
-    { echo "runner-launch: cannot set CPU limit" >&2; exit 125; }
+  ulimit -S -t "$RUNNER_CPU" && ulimit -H -t $((RUNNER_CPU + 1)) || fail "cannot set CPU limit"
 fi
 if [ -n "$RUNNER_VMEM_KB" ]; then
-  ulimit -v "$RUNNER_VMEM_KB" || { echo "runner-launch: cannot set memory limit" >&2; exit 125; }
+  ulimit -v "$RUNNER_VMEM_KB" || fail "cannot set memory limit"
 fi
-unset RUNNER_CGROUPS RUNNER_CPU RUNNER_VMEM_KB
+if [ -n "$RUNNER_STARTED_FD" ]; then
+  exec 3>"/proc/$PPID/fd/$RUNNER_STARTED_FD" || fail "cannot open the started pipe"
+fi
+if [ -n "$RUNNER_STAGE" ]; then
+  mount --bind "$RUNNER_TOOL_DIR" "$RUNNER_STAGE/tool" || fail "cannot stage the tool folder"
+  if [ -n "$RUNNER_WORKSPACE_DIR" ]; then
+    mount --bind "$RUNNER_WORKSPACE_DIR" "$RUNNER_STAGE/workspace" || fail "cannot stage the workspace"
+  fi
+fi
+unset RUNNER_CGROUPS RUNNER_CPU RUNNER_VMEM_KB RUNNER_STARTED_FD RUNNER_STAGE \
+  RUNNER_TOOL_DIR RUNNER_WORKSPACE_DIR
 exec "$@"
 """
+# Runs inside the sandbox, as the tool's own first instructions.
+STARTED_SHIM = 'printf s >&3; exec 3>&-; exec "$@"'
 LAUNCH_FAILED = 125
 LAUNCH_FAILED_MARK = "runner-launch:"
 
 
-def launcher_argv(shell: str, argv: list[str]) -> list[str]:
-    return [shell, "-c", LAUNCH_SCRIPT, "runner-launch", *argv]
+def launcher_argv(shell: str, argv: list[str], unshare: str | None) -> list[str]:
+    launch = [shell, "-c", LAUNCH_SCRIPT, "runner-launch", *argv]
+    if unshare is None:
+        return launch
+    return [unshare, "--mount", "--propagation", "private", "--", *launch]
+
+
+def started_shim_argv(shell: str, command: list[str]) -> list[str]:
+    return [shell, "-c", STARTED_SHIM, "runner-exec", *command]
 
 
 def drop_privileges_argv(setpriv: str, uid: int) -> list[str]:

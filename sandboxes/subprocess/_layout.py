@@ -31,16 +31,12 @@ GROUP = f"nogroup:x:{SANDBOX_UID}:\n"
 
 
 @dataclass(frozen=True)
-class HostFds:
-    """Directory descriptors the runner opened for bubblewrap to mount by descriptor.
+class Sources:
+    """Host paths bubblewrap mounts: the tool's folder, the workspace, the fake /etc."""
 
-    Mounting by descriptor means the unprivileged sandbox user needs no search right on
-    the path to the tool's folder (it may live under ``/root``).
-    """
-
-    tool_dir: int
-    workspace: int | None
-    etc_dir: int
+    tool_dir: Path
+    workspace: Path | None
+    etc_dir: Path
 
 
 def tool_env(spec: LaunchSpec, home: str, workspace: str | None) -> dict[str, str]:
@@ -52,7 +48,8 @@ def tool_env(spec: LaunchSpec, home: str, workspace: str | None) -> dict[str, st
 
 
 def bwrap_argv(
-    bwrap: str, spec: LaunchSpec, limits: Limits, fds: HostFds, env: Mapping[str, str]
+    bwrap: str, spec: LaunchSpec, limits: Limits, src: Sources, env: Mapping[str, str],
+    command: list[str],
 ) -> list[str]:
     argv = [
         bwrap,
@@ -75,17 +72,17 @@ def bwrap_argv(
     etc = ETC_FILES + (NETWORK_ETC_FILES if limits.network else ())
     for name in etc:
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    argv += ["--ro-bind-fd", str(fds.etc_dir), "/run/runner-etc"]
+    argv += ["--ro-bind", str(src.etc_dir), "/run/runner-etc"]
     argv += ["--symlink", "/run/runner-etc/passwd", "/etc/passwd"]
     argv += ["--symlink", "/run/runner-etc/group", "/etc/group"]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--size", str(limits.disk_mb * 1024 * 1024), "--perms", "1777", "--tmpfs", SCRATCH_MOUNT]
-    argv += ["--ro-bind-fd", str(fds.tool_dir), TOOL_MOUNT]
-    if fds.workspace is not None:
-        flag = "--bind-fd" if spec.workspace_mode == "write" else "--ro-bind-fd"
-        argv += [flag, str(fds.workspace), WORKSPACE_MOUNT]
+    argv += ["--ro-bind", str(src.tool_dir), TOOL_MOUNT]
+    if src.workspace is not None:
+        flag = "--bind" if spec.workspace_mode == "write" else "--ro-bind"
+        argv += [flag, str(src.workspace), WORKSPACE_MOUNT]
     argv += ["--remount-ro", "/"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
-    argv += ["--chdir", TOOL_MOUNT, "--", *spec.command]
+    argv += ["--chdir", TOOL_MOUNT, "--", *command]
     return argv

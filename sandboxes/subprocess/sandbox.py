@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import os
 import re
 import shutil
@@ -33,6 +32,7 @@ from sandboxes.subprocess._launch import (
     LAUNCH_FAILED_MARK,
     drop_privileges_argv,
     launcher_argv,
+    started_shim_argv,
 )
 from sandboxes.subprocess._layout import (
     GROUP,
@@ -40,7 +40,7 @@ from sandboxes.subprocess._layout import (
     SANDBOX_UID,
     SCRATCH_MOUNT,
     WORKSPACE_MOUNT,
-    HostFds,
+    Sources,
     bwrap_argv,
     tool_env,
 )
@@ -72,7 +72,11 @@ class SubprocessSandbox:
         self.bwrap = self.config.bwrap or shutil.which("bwrap")
         if self.bwrap is not None and not os.access(self.bwrap, os.X_OK):
             self.bwrap = None
-        self.setpriv = shutil.which("setpriv") if os.geteuid() == 0 else None
+        # As root, drop to the sandbox user (setpriv) and stage mounts in a private
+        # mount namespace (unshare); an unprivileged runner already is its own user.
+        is_root = os.geteuid() == 0
+        self.setpriv = shutil.which("setpriv") if is_root else None
+        self.unshare = shutil.which("unshare") if is_root else None
         self.state_dir = self.config.state_dir or default_state_dir()
         self._sequence = itertools.count(1)
         self.cgroups: CgroupFactory | None = None
@@ -82,7 +86,8 @@ class SubprocessSandbox:
             self.cgroups.remove_stale()
         except (CgroupUnavailable, OSError) as exc:
             self.cgroup_problem = str(exc)
-        self._etc_dir = self._write_etc()
+        self.etc_dir = self._write_etc()
+        self.stage_dir = self._make_stage()
         self._remove_stale_scratch()
 
     # -- what this machine can give ---------------------------------------------------
@@ -92,8 +97,8 @@ class SubprocessSandbox:
         missing = []
         if self.bwrap is None:
             missing.append("bubblewrap is not installed (apt-get install bubblewrap)")
-        if os.geteuid() == 0 and self.setpriv is None:
-            missing.append("setpriv is not installed (apt-get install util-linux)")
+        if os.geteuid() == 0 and (self.setpriv is None or self.unshare is None):
+            missing.append("setpriv or unshare is not installed (apt-get install util-linux)")
         if self.cgroups is None:
             missing.append(f"cgroups unavailable: {self.cgroup_problem}")
         return missing
@@ -126,6 +131,14 @@ class SubprocessSandbox:
         self.state_dir.chmod(0o755)
         etc.chmod(0o755)
         return etc
+
+    def _make_stage(self) -> Path:
+        # Empty mount points; each launcher binds onto them in its own mount namespace.
+        stage = self.state_dir / "stage"
+        for name in ("tool", "workspace"):
+            (stage / name).mkdir(parents=True, exist_ok=True)
+        stage.chmod(0o755)
+        return stage
 
     @property
     def scratch_root(self) -> Path:
@@ -175,68 +188,70 @@ class PreparedSubprocess:
 
     async def run(self, payload: bytes) -> SandboxOutcome:
         started = time.monotonic()
-        status_read: int | None = None
+        started_read, started_write = os.pipe()
+        os.set_blocking(started_read, False)
+        self._fds += [started_read, started_write]
         if self._hardened:
-            argv, env, cwd, status_read = self._hardened_command()
+            argv, env, cwd = self._hardened_command()
         else:
             argv, env, cwd = self._degraded_command()
+        env["RUNNER_STARTED_FD"] = str(started_write)
+        unshare = self._owner.unshare if self._hardened else None
         try:
             proc = await asyncio.create_subprocess_exec(
-                *launcher_argv(SHELL, argv),
+                *launcher_argv(SHELL, argv, unshare),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=env,
                 cwd=cwd,
-                pass_fds=tuple(self._fds),
                 start_new_session=True,
             )
         except OSError as exc:
             raise SandboxUnavailable(f"cannot start the sandbox launcher: {exc.strerror}") from exc
-        finally:
-            self._close_fds()
         self._pgid = proc.pid
         cpu_limit = self._limits.cpu_seconds
         cgroup = self._cgroup
         over_budget = (lambda: cgroup.cpu_seconds() > cpu_limit) if cgroup else None
-        result = await drive(
-            proc,
-            payload,
-            self._limits.timeout_ms / 1000,
-            self._limits.max_output_bytes,
-            self._kill_all,
-            over_budget,
-        )
-        started_ok = _child_started(status_read) if status_read is not None else True
-        return self._outcome(result, started_ok, (time.monotonic() - started) * 1000)
+        try:
+            result = await drive(
+                proc,
+                payload,
+                self._limits.timeout_ms / 1000,
+                self._limits.max_output_bytes,
+                self._kill_all,
+                over_budget,
+            )
+        finally:
+            tool_started = _started(started_read)
+            self._close_fds()
+        return self._outcome(result, tool_started, (time.monotonic() - started) * 1000)
 
-    def _hardened_command(self) -> tuple[list[str], dict[str, str], str, int]:
-        spec = self._spec
-        tool_fd = _open_dir(spec.tool_dir)
-        etc_fd = _open_dir(self._owner.state_dir / "etc")
-        self._fds += [tool_fd, etc_fd]
-        workspace_fd = None
-        if spec.workspace is not None and spec.workspace_mode != "none":
-            spec.workspace.mkdir(parents=True, exist_ok=True)
+    def _hardened_command(self) -> tuple[list[str], dict[str, str], str]:
+        spec, owner = self._spec, self._owner
+        workspace = spec.workspace if spec.workspace_mode != "none" else None
+        if workspace is not None:
+            workspace.mkdir(parents=True, exist_ok=True)
             if spec.workspace_mode == "write" and os.geteuid() == 0:
                 # The sandbox user must be able to write the folder it is granted.
-                os.chown(spec.workspace, SANDBOX_UID, SANDBOX_UID)
-            workspace_fd = _open_dir(spec.workspace)
-            self._fds.append(workspace_fd)
-        status_read, status_write = os.pipe()
-        os.set_blocking(status_read, False)
-        self._fds.append(status_write)
-        self._status_read = status_read
-        workspace = WORKSPACE_MOUNT if workspace_fd is not None else None
-        env = tool_env(spec, SCRATCH_MOUNT, workspace)
-        fds = HostFds(tool_dir=tool_fd, workspace=workspace_fd, etc_dir=etc_fd)
-        bwrap = self._owner.bwrap
-        assert bwrap is not None
-        argv = bwrap_argv(bwrap, spec, self._limits, fds, env)
-        argv[1:1] = ["--json-status-fd", str(status_write)]
-        if self._owner.setpriv is not None:
-            argv = drop_privileges_argv(self._owner.setpriv, SANDBOX_UID) + argv
-        return argv, self._launcher_env({"PATH": "/usr/bin:/bin"}), "/", status_read
+                os.chown(workspace, SANDBOX_UID, SANDBOX_UID)
+        launcher_env = self._launcher_env({"PATH": "/usr/bin:/bin"})
+        if owner.unshare is not None:
+            stage = owner.stage_dir
+            launcher_env["RUNNER_STAGE"] = str(stage)
+            launcher_env["RUNNER_TOOL_DIR"] = str(spec.tool_dir)
+            if workspace is not None:
+                launcher_env["RUNNER_WORKSPACE_DIR"] = str(workspace)
+            sources = Sources(stage / "tool", stage / "workspace" if workspace else None, owner.etc_dir)
+        else:
+            sources = Sources(spec.tool_dir, workspace, owner.etc_dir)
+        env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace else None)
+        command = started_shim_argv(SHELL, list(spec.command))
+        assert owner.bwrap is not None
+        argv = bwrap_argv(owner.bwrap, spec, self._limits, sources, env, command)
+        if owner.setpriv is not None:
+            argv = drop_privileges_argv(owner.setpriv, SANDBOX_UID) + argv
+        return argv, launcher_env, "/"
 
     def _degraded_command(self) -> tuple[list[str], dict[str, str], str]:
         spec = self._spec
@@ -246,7 +261,8 @@ class PreparedSubprocess:
         workspace = str(spec.workspace) if spec.workspace is not None else None
         env = tool_env(spec, str(self._scratch), workspace)
         vmem = {} if self._cgroup else {"RUNNER_VMEM_KB": str(self._limits.memory_mb * 1024)}
-        return list(spec.command), self._launcher_env(env | vmem), str(spec.tool_dir)
+        command = started_shim_argv(SHELL, list(spec.command))
+        return command, self._launcher_env(env | vmem), str(spec.tool_dir)
 
     def _launcher_env(self, env: dict[str, str]) -> dict[str, str]:
         env = dict(env)
@@ -323,11 +339,6 @@ class PreparedSubprocess:
     async def close(self) -> None:
         self._kill_all()
         self._close_fds()
-        status_read = getattr(self, "_status_read", None)
-        if status_read is not None:
-            with contextlib.suppress(OSError):
-                os.close(status_read)
-            self._status_read = None
         if self._cgroup is not None:
             await asyncio.to_thread(self._cgroup.remove)
             self._cgroup = None
@@ -336,24 +347,12 @@ class PreparedSubprocess:
             self._scratch = None
 
 
-def _open_dir(path: Path) -> int:
+def _started(started_fd: int) -> bool:
+    """Did the sandbox get as far as exec'ing the tool? (The shim then wrote one byte.)"""
     try:
-        return os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise SandboxUnavailable(f"cannot open a folder to mount: {exc.strerror}") from exc
-
-
-def _child_started(status_fd: int) -> bool:
-    """Did bubblewrap get as far as starting the tool? (It reports ``child-pid`` then.)"""
-    data = b""
-    with contextlib.suppress(BlockingIOError, OSError):
-        while chunk := os.read(status_fd, 4096):
-            data += chunk
-    for line in data.splitlines():
-        with contextlib.suppress(ValueError):
-            if "child-pid" in json.loads(line):
-                return True
-    return False
+        return os.read(started_fd, 1) == b"s"
+    except (BlockingIOError, OSError):
+        return False
 
 
 _HOST_PATH = re.compile(r"/[^\s:'\"]+")

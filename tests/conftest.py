@@ -1,0 +1,111 @@
+"""Fixtures: tool folders made on the fly, runners over them, and a /proc scan.
+
+Hostile tools are real programs run through the real sandbox; ``make_tool`` writes one
+folder per tool (``tool.yaml`` + ``main.py``) so each test states its attack in full.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from runner import Runner
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_PARAMS: dict[str, Any] = {"type": "object", "additionalProperties": True}
+
+BASE_POLICY: dict[str, Any] = {
+    "version": 1,
+    "default_role": "user",
+    "whitelist": ["*"],
+    "roles": {"user": {"allow": ["*"]}},
+    "defaults": {"timeout_ms": 5000, "retries": 0, "retry_delay_ms": 10, "deadline_ms": 10000},
+    "limits": {"timeout_ms": 30000, "memory_mb": 512, "cpu_seconds": 10, "max_pids": 64},
+    "circuit_breaker": {"failure_threshold": 1000, "reset_timeout_ms": 1000},
+}
+
+
+def write_tool(root: Path, name: str, code: str, **manifest: Any) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "main.py").write_text(textwrap.dedent(code))
+    document = {
+        "name": name,
+        "description": manifest.pop("description", f"test tool {name}"),
+        "command": manifest.pop("command", ["python3", "main.py"]),
+        "parameters": manifest.pop("parameters", DEFAULT_PARAMS),
+        **manifest,
+    }
+    (folder / "tool.yaml").write_text(yaml.safe_dump(document))
+    return folder
+
+
+class ToolBench:
+    """A tool directory and policy of one test, and runners built over them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.tools = root / "tools"
+        self.tools.mkdir()
+        self.policy: dict[str, Any] = yaml.safe_load(yaml.safe_dump(BASE_POLICY))
+        self.audit_log = root / "audit.log"
+
+    def tool(self, name: str, code: str, **manifest: Any) -> Path:
+        return write_tool(self.tools, name, code, **manifest)
+
+    def runner(self, **kwargs: Any) -> Runner:
+        policy_path = self.root / "policies.yaml"
+        policy_path.write_text(yaml.safe_dump(self.policy))
+        return Runner.load(
+            tools=self.tools, policies=policy_path, audit_log=self.audit_log, **kwargs
+        )
+
+
+@pytest.fixture
+def bench(tmp_path: Path) -> ToolBench:
+    return ToolBench(tmp_path)
+
+
+@pytest.fixture
+def shipped() -> Iterator[Runner]:
+    """A runner over the shipped tools and policy, with a workspace of its own."""
+    runner = Runner.load(tools=REPO / "tools", policies=REPO / "policies.yaml", audit_log=os.devnull)
+    yield runner
+
+
+def processes_with_env(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds ``marker`` (e.g. REQUEST_ID=...)."""
+    needle = marker.encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def assert_nothing_survives(request_id: str, grace_s: float = 2.0) -> None:
+    """No process started for ``request_id`` is alive (after a short grace for reaping)."""
+    marker = f"REQUEST_ID={request_id}"
+    deadline = time.monotonic() + grace_s
+    while (alive := processes_with_env(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive == [], f"processes of {request_id} survived: {alive}"
+
+
+@pytest.fixture
+def no_survivors() -> Callable[[str], None]:
+    return assert_nothing_survives
