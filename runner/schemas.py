@@ -7,7 +7,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from referencing import Registry, Resource
-from referencing.exceptions import NoSuchResource
+from referencing.exceptions import NoSuchResource, Unresolvable
 
 
 def _refuse_retrieval(uri: str) -> Resource[Any]:
@@ -41,7 +41,10 @@ def compile_schema(schema: dict[str, Any] | bool) -> Draft202012Validator:
 
 def first_error(validator: Draft202012Validator, instance: Any) -> dict[str, str] | None:
     """The most relevant validation error as ``{"field", "problem"}``, or None when valid."""
-    errors = sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))
+    try:
+        errors = sorted(validator.iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path])
+    except Unresolvable as exc:
+        return {"field": "(schema)", "problem": f"unresolvable $ref {exc}; remote refs are never fetched", "validator": "$ref"}
     if not errors:
         return None
     error = errors[0]

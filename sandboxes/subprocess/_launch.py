@@ -45,7 +45,7 @@ unset RUNNER_CGROUPS RUNNER_CPU RUNNER_VMEM_KB RUNNER_STARTED_FD RUNNER_STAGE \
 exec "$@"
 """
 # Runs inside the sandbox, as the tool's own first instructions.
-STARTED_SHIM = 'printf s >&3; exec 3>&-; exec "$@"'
+STARTED_SHIM = 'printf s >&3; exec 3>&-; unset PWD OLDPWD; exec "$@"'  # sh exports PWD itself
 LAUNCH_FAILED = 125
 LAUNCH_FAILED_MARK = "runner-launch:"
 

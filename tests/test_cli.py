@@ -1,0 +1,103 @@
+"""The command line, run as a real process: answers, exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO
+
+RUNNER = [sys.executable, "-m", "runner"]
+
+
+def run(*args: str, stdin: str | None = None, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "RUNNER_AUDIT_LOG": os.devnull, **(env or {})}
+    return subprocess.run(
+        [*RUNNER, *args], input=stdin, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=60
+    )
+
+
+def test_exec_prints_a_success_answer_and_exits_zero() -> None:
+    started = time.monotonic()
+    done = run("exec", "add_numbers", "--params", '{"a": 1, "b": 2}')
+    assert time.monotonic() - started < 5.0
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["success"] is True
+    assert answer["result"] == 3
+
+
+def test_exec_of_a_failing_call_exits_one_with_the_answer_on_stdout() -> None:
+    done = run("exec", "add_numbers", "--params", '{"a": "x"}')
+    assert done.returncode == 1
+    assert json.loads(done.stdout)["error"]["code"] == "INVALID_PARAMS"
+
+
+def test_exec_reads_a_whole_request_or_discovery_from_stdin() -> None:
+    request = {"tool_name": "echo", "params": {"message": "hi"}, "request_id": "req_stdin"}
+    done = run("exec", "-", stdin=json.dumps(request))
+    answer = json.loads(done.stdout)
+    assert answer["result"]["message"] == "hi"
+    assert answer["metadata"]["requestId"] == "req_stdin"
+    discovery = json.loads(run("exec", "-", stdin='{"action": "discover", "options": {"filter": "math"}}').stdout)
+    assert [t["name"] for t in discovery["result"]["tools"]] == ["add_numbers"]
+
+
+def test_params_can_come_from_a_file(tmp_path: Path) -> None:
+    params = tmp_path / "p.json"
+    params.write_text('{"a": 40, "b": 2}')
+    assert json.loads(run("exec", "add_numbers", "--params", f"@{params}").stdout)["result"] == 42
+
+
+def test_exec_options_reach_the_call() -> None:
+    done = run("exec", "echo", "--params", '{"message": "m"}', "--format", "raw", "--request-id", "req_opt", "--step-id", "s1", "--timeout", "3000", "--retries", "0")
+    answer = json.loads(done.stdout)
+    assert answer["result"] == '{"message": "m", "attempt": 1}'
+    assert answer["metadata"]["requestId"] == "req_opt"
+
+
+def test_misuse_exits_two_with_one_line_and_no_traceback(tmp_path: Path) -> None:
+    cases = [
+        run("exec", "add_numbers", "--no-such-flag"),
+        run("exec", "add_numbers", "--params", "{not json"),
+        run("exec", "add_numbers", "--params", "@/nonexistent/file.json"),
+        run("--policies", str(tmp_path / "missing.yaml"), "exec", "add_numbers"),
+        run("exec", "-", stdin="garbage"),
+        run("list", "--role", "ghost"),
+    ]
+    for done in cases:
+        assert done.returncode == 2, (done.args, done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_broken_policy_file_is_named_in_the_message(tmp_path: Path) -> None:
+    policy = tmp_path / "policies.yaml"
+    policy.write_text("version: 1\nroles: [\n")
+    done = run("--policies", str(policy), "list")
+    assert done.returncode == 2
+    assert str(policy) in done.stderr
+
+
+def test_list_shows_what_the_role_may_call() -> None:
+    user = json.loads(run("list", "--json").stdout)
+    admin = json.loads(run("list", "--json", "--role", "admin").stdout)
+    assert "write_file" not in {t["name"] for t in user["tools"]}
+    assert "write_file" in {t["name"] for t in admin["tools"]}
+    table = run("list", "--filter", "weather")
+    assert table.returncode == 0
+    assert table.stdout.startswith("get_weather")
+
+
+def test_validate_reports_every_bad_manifest_and_lists_the_good(tmp_path: Path) -> None:
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "tool.yaml").write_text("name: broken\n")
+    done = run("validate", env={"RUNNER_TOOLS": f"{REPO / 'tools'}:{tmp_path}"})
+    assert done.returncode == 1
+    assert f"invalid: {tmp_path / 'broken' / 'tool.yaml'}" in done.stdout
+    assert "ok: add_numbers" in done.stdout
+    assert run("validate").returncode == 0

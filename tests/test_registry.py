@@ -1,0 +1,53 @@
+"""Loading tool directories: bad manifests are reported and left out, good ones stay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import ToolBench, write_tool
+
+from runner.registry import Registry
+
+
+def test_bad_manifests_are_reported_with_path_and_reason_and_the_rest_load(bench: ToolBench) -> None:
+    bench.tool("good", "print(1)")
+    bad = bench.tools / "bad_yaml"
+    bad.mkdir()
+    (bad / "tool.yaml").write_text("name: [unclosed\n")
+    bench.tool("unknown_key", "", color="blue")
+    bench.tool("bad_schema", "", parameters={"type": "object", "properties": {"a": {"type": "nope"}}})
+    bench.tool("not_object", "", parameters={"type": "string"})
+    bench.tool("BadName", "")
+    bench.tool("no_command", "", command=[])
+    bench.tool("docker_no_image", "", sandbox="docker")
+    bench.tool("env_clash", "", env={"HOME": "/root"})
+    registry = Registry.load([bench.tools])
+    assert [tool.name for tool in registry] == ["good"]
+    reasons = {problem.path.parent.name: problem.reason for problem in registry.problems}
+    assert set(reasons) == {
+        "bad_yaml", "unknown_key", "bad_schema", "not_object", "BadName", "no_command",
+        "docker_no_image", "env_clash",
+    }
+    assert "color" in reasons["unknown_key"]
+    assert "image" in reasons["docker_no_image"]
+    assert all(str(problem.path).endswith("tool.yaml") for problem in registry.problems)
+
+
+def test_a_duplicate_name_across_directories_keeps_the_first(tmp_path: Path) -> None:
+    write_tool(tmp_path / "a", "dup", "print(1)")
+    write_tool(tmp_path / "b", "dup", "print(2)")
+    registry = Registry.load([tmp_path / "a", tmp_path / "b"])
+    assert len(registry) == 1
+    assert registry.get("dup").directory == (tmp_path / "a" / "dup").resolve()
+    assert "duplicate" in registry.problems[0].reason
+
+
+def test_remote_refs_are_never_fetched(bench: ToolBench) -> None:
+    bench.tool(
+        "remote_ref", "import sys\nsys.stdin.read()\nprint(1)\n",
+        parameters={"type": "object", "properties": {"a": {"$ref": "http://127.0.0.1:9/schema.json"}}},
+    )
+    answer = bench.runner().handle({"toolName": "remote_ref", "params": {"a": 1}})
+    assert answer["success"] is False
+    assert answer["error"]["code"] == "INVALID_PARAMS"
+    assert answer["metadata"]["attempts"] == 0
