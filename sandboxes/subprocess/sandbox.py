@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -193,10 +195,11 @@ class PreparedSubprocess:
         self._fds += [started_read, started_write]
         if self._hardened:
             argv, env, cwd = self._hardened_command()
+            unshare = self._owner.unshare if "RUNNER_STAGE" in env else None
         else:
+            unshare = None
             argv, env, cwd = self._degraded_command()
         env["RUNNER_STARTED_FD"] = str(started_write)
-        unshare = self._owner.unshare if self._hardened else None
         try:
             proc = await asyncio.create_subprocess_exec(
                 *launcher_argv(SHELL, argv, unshare),
@@ -236,7 +239,11 @@ class PreparedSubprocess:
                 # The sandbox user must be able to write the folder it is granted.
                 os.chown(workspace, SANDBOX_UID, SANDBOX_UID)
         launcher_env = self._launcher_env({"PATH": "/usr/bin:/bin"})
-        if owner.unshare is not None:
+        needs_stage = owner.unshare is not None and not (
+            _reachable_by_others(spec.tool_dir)
+            and (workspace is None or _reachable_by_others(workspace))
+        )
+        if needs_stage:
             stage = owner.stage_dir
             launcher_env["RUNNER_STAGE"] = str(stage)
             launcher_env["RUNNER_TOOL_DIR"] = str(spec.tool_dir)
@@ -340,11 +347,27 @@ class PreparedSubprocess:
         self._kill_all()
         self._close_fds()
         if self._cgroup is not None:
-            await asyncio.to_thread(self._cgroup.remove)
+            self._cgroup.remove()  # sub-millisecond: a thread hop would cost more
             self._cgroup = None
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
+
+
+@functools.lru_cache(maxsize=1024)
+def _reachable_by_others(path: Path) -> bool:
+    """Can any user reach ``path`` (search right on every ancestor, read on the folder)?
+
+    Then the sandbox user can mount it directly and the staging mount namespace, which
+    costs two more execs per call, is not needed. A wrong answer fails closed: bubblewrap
+    cannot mount what it cannot reach, and the call ends ``sandbox_unavailable``.
+    """
+    try:
+        if not path.stat().st_mode & stat.S_IROTH:
+            return False
+        return all(parent.stat().st_mode & stat.S_IXOTH for parent in [path, *path.parents])
+    except OSError:
+        return False
 
 
 def _started(started_fd: int) -> bool:

@@ -1,0 +1,92 @@
+"""End-to-end latency of one call, next to baselines measured in the same run.
+
+    python3 bench/run.py [--n 30]
+
+Baselines: a bare ``python3 main.py`` spawn of the same tool with the same payload, and
+a bare ``bwrap`` around it (what namespaces alone cost). Measured: ``Runner.call``
+(hardened sandbox: launcher, cgroup, namespaces, teardown) and the ``runner exec`` CLI
+(interpreter start-up and imports included). Docker figures come from bench/docker.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from runner import Runner  # noqa: E402
+
+TOOL = REPO / "tools" / "add_numbers"
+PARAMS = {"a": 1, "b": 2}
+PAYLOAD = json.dumps({"params": PARAMS, "context": {"requestId": "bench", "toolName": "add_numbers", "attempt": 1}}).encode()
+PYTHON = "/usr/bin/python3"  # the interpreter the sandbox itself runs
+
+
+def timed(fn: Callable[[], object], n: int) -> list[float]:
+    fn()  # warm caches
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def bare() -> None:
+    subprocess.run([PYTHON, "main.py"], input=PAYLOAD, capture_output=True, cwd=TOOL, check=True)
+
+
+def bare_bwrap() -> None:
+    bwrap = shutil.which("bwrap")
+    assert bwrap
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
+            "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+            "--proc", "/proc", "--dev", "/dev", "--ro-bind", str(TOOL), "/tool", "--chdir", "/tool",
+            "--", PYTHON, "main.py"]  # fmt: skip
+    subprocess.run(argv, input=PAYLOAD, capture_output=True, check=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=30)
+    args = parser.parse_args()
+    runner = Runner.load(tools=REPO / "tools", policies=REPO / "policies.yaml", audit_log=os.devnull)
+
+    def runner_call() -> None:
+        result = runner.call("add_numbers", PARAMS)
+        assert result.success, result.error
+
+    def runner_exec() -> None:
+        env = {**os.environ, "RUNNER_AUDIT_LOG": os.devnull}
+        done = subprocess.run(
+            [sys.executable, "-m", "runner", "exec", "add_numbers", "--params", json.dumps(PARAMS)],
+            capture_output=True, cwd=REPO, env=env,
+        )
+        assert done.returncode == 0, done.stderr
+
+    rows = [
+        ("bare python3 main.py", timed(bare, args.n)),
+        ("bare bwrap + python3", timed(bare_bwrap, args.n)),
+        ("Runner.call (hardened)", timed(runner_call, args.n)),
+        ("runner exec (CLI)", timed(runner_exec, max(5, args.n // 3))),
+    ]
+    base = statistics.median(rows[0][1])
+    print(f"{'what':<26}{'median ms':>10}{'p90 ms':>9}{'x bare':>8}{'+ms':>8}")
+    for name, samples in rows:
+        median = statistics.median(samples)
+        p90 = sorted(samples)[int(len(samples) * 0.9) - 1]
+        print(f"{name:<26}{median:>10.1f}{p90:>9.1f}{median / base:>8.2f}{median - base:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
