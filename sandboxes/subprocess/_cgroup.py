@@ -120,6 +120,11 @@ class CallCgroup:
             return _read_int(self.dirs[2] / "cpuacct.usage") / 1e9
         return _read_keyed(self.dirs[0] / "cpu.stat", "usage_usec") / 1e6
 
+    def oom_kills(self) -> int:
+        if self.version == 1:
+            return _read_keyed(self.dirs[0] / "memory.oom_control", "oom_kill")
+        return _read_keyed(self.dirs[0] / "memory.events", "oom_kill")
+
     def members(self) -> set[int]:
         pids: set[int] = set()
         for procs in self.procs_files:

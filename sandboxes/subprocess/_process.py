@@ -3,7 +3,8 @@
 stdin is written while stdout and stderr are read, so neither a tool that floods stderr
 nor one that never reads its input can block the runner. The call ends when the tool's
 main process exits (not when its pipes close: a leftover child may hold them open), when
-stdout passes its cap, when the whole tool used up its CPU time, or at the timeout.
+stdout passes its cap, when the whole tool used up its CPU time or had a process
+OOM-killed, or at the timeout.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
 
 READ_CHUNK = 64 * 1024
 STDERR_TAIL_BYTES = 8 * 1024
-# How often the CPU budget of the whole tool (all its processes) is checked.
-CPU_POLL_S = 0.05
+# How often the limits of the whole tool (CPU time, OOM kills, over all its processes)
+# are checked.
+LIMITS_POLL_S = 0.05
 # After the main process is gone and the rest killed, pipes reach EOF at once; this only
 # bounds the wait should something still hold them.
 DRAIN_GRACE_S = 0.5
@@ -30,6 +32,7 @@ class Ending(enum.Enum):
     TIMEOUT = "timeout"
     OUTPUT_LIMIT = "output_limit"
     CPU_BUDGET = "cpu_budget"
+    MEMORY_LIMIT = "memory_limit"  # the kernel OOM-killed some process of the tool
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ async def drive(
     timeout_s: float,
     max_output: int,
     kill_all: Callable[[], None],
-    over_cpu_budget: Callable[[], bool] | None = None,
+    breached: Callable[[], Ending | None] | None = None,
 ) -> ProcessResult:
     """Run ``proc`` to its end under the limits; everything it started is dead on return."""
     loop = asyncio.get_running_loop()
@@ -84,7 +87,7 @@ async def drive(
             if left <= 0:
                 ending = Ending.TIMEOUT
                 break
-            poll = min(left, CPU_POLL_S) if over_cpu_budget else left
+            poll = min(left, LIMITS_POLL_S) if breached else left
             done, _ = await asyncio.wait(watched, timeout=poll, return_when=asyncio.FIRST_COMPLETED)
             if out_reader in done:
                 watched.discard(out_reader)
@@ -92,8 +95,8 @@ async def drive(
                     ending = Ending.OUTPUT_LIMIT
             if waiter in done and ending is None:
                 ending = Ending.EXITED
-            if ending is None and over_cpu_budget is not None and over_cpu_budget():
-                ending = Ending.CPU_BUDGET
+            if ending is None and breached is not None:
+                ending = breached()
     finally:
         # Main process gone or the call is over: nothing of the tool may outlive it.
         kill_all()

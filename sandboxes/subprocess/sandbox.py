@@ -213,9 +213,6 @@ class PreparedSubprocess:
         except OSError as exc:
             raise SandboxUnavailable(f"cannot start the sandbox launcher: {exc.strerror}") from exc
         self._pgid = proc.pid
-        cpu_limit = self._limits.cpu_seconds
-        cgroup = self._cgroup
-        over_budget = (lambda: cgroup.cpu_seconds() > cpu_limit) if cgroup else None
         try:
             result = await drive(
                 proc,
@@ -223,12 +220,21 @@ class PreparedSubprocess:
                 self._limits.timeout_ms / 1000,
                 self._limits.max_output_bytes,
                 self._kill_all,
-                over_budget,
+                self._breached if self._cgroup else None,
             )
         finally:
             tool_started = _started(started_read)
             self._close_fds()
         return self._outcome(result, tool_started, (time.monotonic() - started) * 1000)
+
+    def _breached(self) -> Ending | None:
+        """A limit of the tool as a whole that is already broken (polled while it runs)."""
+        assert self._cgroup is not None
+        if self._cgroup.oom_kills() > 0:
+            return Ending.MEMORY_LIMIT
+        if self._cgroup.cpu_seconds() > self._limits.cpu_seconds:
+            return Ending.CPU_BUDGET
+        return None
 
     def _hardened_command(self) -> tuple[list[str], dict[str, str], str]:
         spec, owner = self._spec, self._owner
@@ -318,6 +324,8 @@ class PreparedSubprocess:
             return StopReason.OUTPUT_LIMIT
         if ending is Ending.CPU_BUDGET:
             return StopReason.CPU_LIMIT
+        if ending is Ending.MEMORY_LIMIT:
+            return StopReason.MEMORY_LIMIT
         if rc == LAUNCH_FAILED and LAUNCH_FAILED_MARK in result.stderr_tail:
             return StopReason.SANDBOX_UNAVAILABLE
         if not started_ok:

@@ -1,0 +1,324 @@
+"""Hostile tools against the hardened sandbox (SPEC 5): each attack must fail.
+
+Attacks on the filesystem, network and process view are also run on a plain
+subprocess (the degraded mode with no bubblewrap), marked ``xfail(strict=True)``: there
+they must succeed, which shows each test is able to fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, ToolBench, processes_with_env
+
+ATTACK = """
+import json, os, sys
+params = json.load(sys.stdin)["params"]
+result = {}
+exec(params["code"], {"params": params, "result": result, "os": os})
+json.dump(result, sys.stdout)
+"""
+
+PLAIN = pytest.param("plain", marks=pytest.mark.xfail(strict=True, reason="a plain subprocess is not isolated"))
+
+
+@pytest.fixture(params=["hardened", PLAIN])
+def mode(request: pytest.FixtureRequest, bench: ToolBench, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "plain":
+        monkeypatch.setenv("RUNNER_BWRAP", "/nonexistent/bwrap")
+        bench.policy["sandbox"] = {"allow_degraded": True}
+    return request.param
+
+
+def attack(bench: ToolBench, code: str, **params: object) -> dict:
+    bench.tool("attack", ATTACK, limits={"disk_mb": 8})
+    answer = bench.runner().handle(
+        {"toolName": "attack", "params": {"code": textwrap.dedent(code), **params}, "options": {"retries": 0}}
+    )
+    assert answer["success"], answer["error"]
+    return answer["result"]
+
+
+def test_the_host_loopback_is_unreachable(bench: ToolBench, mode: str) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(3)
+    port = server.getsockname()[1]
+    accepted: list[object] = []
+    thread = threading.Thread(target=lambda: accepted.append(_accept(server)), daemon=True)
+    thread.start()
+    result = attack(bench, """
+        import socket
+        try:
+            socket.create_connection(("127.0.0.1", params["port"]), timeout=2).close()
+            result["connected"] = True
+        except OSError as exc:
+            result["connected"] = False
+            result["error"] = type(exc).__name__
+    """, port=port)
+    thread.join(5)
+    server.close()
+    assert result["connected"] is False
+    assert accepted == [None]
+
+
+def _accept(server: socket.socket) -> object:
+    try:
+        conn, _ = server.accept()
+        conn.close()
+        return "connection"
+    except OSError:
+        return None
+
+
+@pytest.fixture
+def secrets(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    tmp_secret = Path("/tmp") / f"runner-secret-{os.getpid()}.txt"
+    home = Path.home() / f".runner-secret-{os.getpid()}.txt"
+    paths = [tmp_secret, home]
+    for path in paths:
+        path.write_text("TOP-SECRET")
+        path.chmod(0o644)
+    yield [*paths, REPO / "policies.yaml", Path("/etc/shadow")]
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def test_host_secrets_and_the_policy_file_are_unreadable(bench: ToolBench, mode: str, secrets: list[Path]) -> None:
+    policy_copy = bench.root / "policies.yaml"
+    result = attack(bench, """
+        for path in params["paths"]:
+            try:
+                with open(path) as f:
+                    result[path] = f.read(100)
+            except OSError as exc:
+                result[path] = type(exc).__name__
+    """, paths=[*map(str, secrets), str(policy_copy), str(bench.audit_log)])
+    for path, value in result.items():
+        assert value in {"FileNotFoundError", "PermissionError"}, (path, value)
+
+
+def test_the_tool_cannot_write_into_its_own_folder(bench: ToolBench, mode: str) -> None:
+    result = attack(bench, """
+        try:
+            open("planted.py", "w").write("evil")
+            result["wrote"] = True
+        except OSError as exc:
+            result["wrote"] = type(exc).__name__
+    """)
+    assert result["wrote"] in {"OSError", "PermissionError"}  # EROFS or EACCES
+    assert not (bench.tools / "attack" / "planted.py").exists()
+
+
+def test_filling_the_scratch_space_stops_at_disk_mb(bench: ToolBench, mode: str) -> None:
+    result = attack(bench, """
+        written = 0
+        block = b"x" * (1024 * 1024)
+        try:
+            with open(os.path.join(os.environ["TMPDIR"], "fill"), "wb") as f:
+                while written < 32 * 1024 * 1024:
+                    f.write(block)
+                    f.flush()
+                    written += len(block)
+            result["error"] = None
+        except OSError as exc:
+            result["error"] = exc.errno
+        result["written_mb"] = written // (1024 * 1024)
+    """)
+    assert result["error"] == 28  # ENOSPC
+    assert result["written_mb"] <= 8
+
+
+def test_the_tool_sees_only_its_own_processes(bench: ToolBench, mode: str) -> None:
+    result = attack(bench, """
+        result["pids"] = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        result["runner_visible"] = os.path.exists(f"/proc/{params['runner']}")
+    """, runner=os.getpid())
+    assert len(result["pids"]) <= 5
+    assert result["runner_visible"] is False
+
+
+def test_the_tool_cannot_signal_or_ptrace_the_runner(bench: ToolBench, mode: str) -> None:
+    victim = subprocess.Popen(["sleep", "30"])
+    result = attack(bench, """
+        import ctypes, signal
+        try:
+            os.kill(params["runner"], 0)  # 0: probe only; never harm the test process
+            result["signal"] = "reachable"
+        except OSError as exc:
+            result["signal"] = type(exc).__name__
+        libc = ctypes.CDLL(None, use_errno=True)
+        PTRACE_ATTACH = 16
+        # A host process standing in for the runner: attaching to the test process
+        # itself would stop it should the attack succeed.
+        result["ptrace"] = libc.ptrace(PTRACE_ATTACH, params["victim"], 0, 0)
+        result["uid"] = os.getuid()
+        status = open("/proc/self/status").read()
+        result["capeff"] = status.split("CapEff:")[1].split()[0]
+        result["nonewprivs"] = status.split("NoNewPrivs:")[1].split()[0]
+    """, runner=os.getpid(), victim=victim.pid)
+    victim.kill()
+    victim.wait()
+    assert result["signal"] == "ProcessLookupError"
+    assert result["ptrace"] == -1
+    assert result["uid"] != 0
+    assert result["capeff"] == "0000000000000000"
+    assert result["nonewprivs"] == "1"
+
+
+FORK_BOMB = """
+import json, os, sys, time
+sys.stdin.read()
+children = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        children += 1
+except OSError:
+    pass
+print(json.dumps({"children": children}), file=sys.stderr)
+sys.exit(3)
+"""
+
+
+def test_a_fork_bomb_hits_max_pids_and_the_host_can_still_fork(bench: ToolBench, no_survivors) -> None:
+    bench.tool("bomb", FORK_BOMB, limits={"max_pids": 32})
+    answer = bench.runner().handle({"toolName": "bomb", "requestId": "req_bomb", "options": {"retries": 0}})
+    assert answer["error"]["code"] == "EXECUTION_ERROR"
+    assert answer["error"]["details"]["reason"] == "pids_limit"
+    no_survivors("req_bomb")
+    assert subprocess.run(["true"], check=False).returncode == 0
+
+
+FOUR_CHILDREN = """
+import json, os, sys, time
+sys.stdin.read()
+for _ in range(4):
+    if os.fork() == 0:
+        block = bytearray(90 * 1024 * 1024)  # each under the limit, together far past it
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        time.sleep(10)
+        os._exit(0)
+for _ in range(4):
+    os.wait()
+print("{}")
+"""
+
+
+def test_the_memory_limit_holds_for_all_children_together(bench: ToolBench, no_survivors) -> None:
+    bench.tool("family", FOUR_CHILDREN, limits={"memory_mb": 128, "timeout_ms": 8000})
+    answer = bench.runner().handle({"toolName": "family", "requestId": "req_family", "options": {"retries": 0}})
+    assert answer["error"]["code"] == "EXECUTION_ERROR"
+    assert answer["error"]["details"]["reason"] == "memory_limit"
+    no_survivors("req_family")
+
+
+HOG = """
+import json, sys
+sys.stdin.read()
+blocks = [bytearray(8 * 1024 * 1024) for _ in range(64)]
+print("{}")
+"""
+
+
+def test_six_hogs_in_parallel_are_each_held_to_their_own_limit(bench: ToolBench) -> None:
+    import asyncio
+
+    bench.tool("hog", HOG, limits={"memory_mb": 64, "timeout_ms": 10000})
+    bench.tool("modest", "import sys\nsys.stdin.read()\nblock = bytearray(40 * 1024 * 1024)\nprint('{}')\n",
+               limits={"memory_mb": 64})
+    runner = bench.runner()
+
+    async def together() -> list:
+        calls = [runner.acall("hog", retries=0) for _ in range(6)]
+        calls.append(runner.acall("modest", retries=0))
+        return await asyncio.gather(*calls)
+
+    results = asyncio.run(together())
+    reasons = [r.error.details["reason"] for r in results[:6]]
+    assert reasons == ["memory_limit"] * 6
+    assert results[6].success is True
+
+
+KILLED_RUNNER = """
+import sys
+from runner import Runner
+runner = Runner.load(tools=sys.argv[1], policies=sys.argv[2], audit_log=sys.argv[3])
+runner.handle({"toolName": "sleeper", "requestId": "req_orphan", "options": {"timeout": 20000, "retries": 0}})
+"""
+
+
+def test_killing_the_runner_mid_call_takes_every_tool_process_with_it(bench: ToolBench) -> None:
+    bench.tool("sleeper", """
+        import os, sys, time
+        sys.stdin.read()
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(60)
+        time.sleep(60)
+    """)
+    bench.runner()  # writes the policy file
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUNNER, str(bench.tools), str(bench.root / "policies.yaml"), str(bench.audit_log)],
+        cwd=REPO,
+    )
+    marker = "REQUEST_ID=req_orphan"
+    deadline = time.monotonic() + 10
+    while len(processes_with_env(marker)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(processes_with_env(marker)) >= 2, "the tool never started"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 2.0
+    while processes_with_env(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with_env(marker) == []
+
+
+def test_a_missing_launcher_fails_closed_with_sandbox_unavailable(bench: ToolBench, monkeypatch) -> None:
+    monkeypatch.setenv("RUNNER_BWRAP", "/nonexistent/bwrap")
+    bench.tool("ok", "import sys\nsys.stdin.read()\nprint('{}')\n")
+    answer = bench.runner().handle({"toolName": "ok", "options": {"retries": 3}})
+    assert answer["error"]["code"] == "EXECUTION_ERROR"
+    assert answer["error"]["details"]["reason"] == "sandbox_unavailable"
+    assert "bubblewrap" in answer["error"]["message"]
+    assert answer["metadata"]["attempts"] == 1  # retrying cannot install bubblewrap
+
+
+def test_degraded_runs_need_the_policy_to_say_so_and_are_marked(bench: ToolBench, monkeypatch) -> None:
+    monkeypatch.setenv("RUNNER_BWRAP", "/nonexistent/bwrap")
+    bench.policy["sandbox"] = {"allow_degraded": True}
+    bench.tool("ok", "import sys\nsys.stdin.read()\nprint('{}')\n")
+    answer = bench.runner().handle({"toolName": "ok"})
+    assert answer["success"] is True
+    assert answer["metadata"]["degraded"] is True
+    events = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
+    assert [e["degraded"] for e in events if e["event"] == "call.attempt"] == [True]
+
+
+def test_leftovers_of_a_killed_runner_are_removed_on_start(tmp_path: Path) -> None:
+    from sandboxes.subprocess import SubprocessConfig, SubprocessSandbox
+    from sandboxes.subprocess._cgroup import CgroupFactory
+
+    dead_pid = 4_000_000  # above pid_max: never alive
+    factory = CgroupFactory()
+    stale = [parent / f"{dead_pid}-1-1" for parent in factory._parents]
+    for d in stale:
+        d.mkdir()
+    scratch = tmp_path / "state" / "scratch" / f"{dead_pid}-7"
+    scratch.mkdir(parents=True)
+    SubprocessSandbox(SubprocessConfig(state_dir=tmp_path / "state"))
+    assert not any(d.exists() for d in stale)
+    assert not scratch.exists()
