@@ -170,6 +170,70 @@ def doctor_command(as_json: bool) -> None:
     sys.exit(EXIT_OK if all(layer.ok for layer in layers) else EXIT_FAILED)
 
 
+def _time_option(value: str | None, flag: str) -> Any:
+    from runner.audit_query import parse_time
+
+    if value is None:
+        return None
+    when = parse_time(value)
+    if when is None:
+        _fail_usage(f"{flag} is not an ISO 8601 time: {value}")
+    return when
+
+
+@cli.command("audit")
+@click.option("--request-id", default=None)
+@click.option("--tool", default=None)
+@click.option("--role", default=None)
+@click.option("--decision", type=click.Choice(["allow", "deny"]), default=None)
+@click.option("--code", default=None, help="Error code, e.g. TIMEOUT.")
+@click.option("--since", default=None, help="ISO 8601 time.")
+@click.option("--until", default=None, help="ISO 8601 time.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--log", "log_path", default=None, type=click.Path(path_type=Path),
+              help="The log to read (default: where the runner writes).")
+@click.pass_context
+def audit_command(
+    ctx: click.Context,
+    request_id: str | None,
+    tool: str | None,
+    role: str | None,
+    decision: str | None,
+    code: str | None,
+    since: str | None,
+    until: str | None,
+    as_json: bool,
+    log_path: Path | None,
+) -> None:
+    """Search the audit trail."""
+    from runner.audit_query import AuditFilter, query, write_table
+
+    path = log_path or ctx.obj["audit_log"] or _policy_audit_path(ctx)
+    if path is None:
+        _fail_usage("no audit log file is configured (events go to stderr); pass --log")
+    if not path.is_file():
+        _fail_usage(f"audit log {path} does not exist")
+    wanted = AuditFilter(
+        request_id=request_id, tool=tool, role=role, decision=decision, code=code,
+        since=_time_option(since, "--since"), until=_time_option(until, "--until"),
+    )
+    events = query(path, wanted)
+    if as_json:
+        for event in events:
+            _print_json(event)
+        return
+    write_table(events, sys.stdout)
+
+
+def _policy_audit_path(ctx: click.Context) -> Path | None:
+    from runner.policy import Policy
+
+    try:
+        return Policy.load(Path(ctx.obj["policies"] or "policies.yaml")).audit_path
+    except ConfigError as exc:
+        _fail_usage(" ".join(str(exc).split()))
+
+
 def main() -> None:
     try:
         cli.main(standalone_mode=False)

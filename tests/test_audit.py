@@ -1,0 +1,197 @@
+"""The audit trail: events of every path, no forging, redaction, concurrent writers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, ToolBench
+from fakes import FakeSandbox, ManualClock, failed
+from structlog.testing import capture_logs
+
+REQUIRED = {"timestamp", "event", "requestId", "traceId", "toolName", "role"}
+OK = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
+SECRET_PARAMS = {
+    "type": "object",
+    "properties": {"user": {"type": "string"}, "password": {"type": "string", "x-sensitive": True}},
+    "additionalProperties": False,
+}
+
+
+def events_of(bench: ToolBench, request: dict, **runner_kwargs) -> list[dict]:
+    runner = bench.runner(**runner_kwargs)
+    with capture_logs() as logs:
+        runner.handle(request)
+    return logs
+
+
+def names(logs: list[dict]) -> list[str]:
+    return [entry["event"] for entry in logs]
+
+
+def test_an_allowed_call_logs_decision_attempt_and_finish(bench: ToolBench) -> None:
+    bench.tool("ok", OK)
+    logs = events_of(bench, {"toolName": "ok", "stepId": "s9", "metadata": {"userId": "u_7"}})
+    assert names(logs) == ["policy.decision", "call.attempt", "call.finished"]
+    assert logs[0]["decision"] == "allow"
+    assert logs[0]["rule"] == "*"
+    assert logs[1]["attempt"] == 1
+    assert logs[1]["sandbox"] == "subprocess"
+    assert logs[1]["exitCode"] == 0
+    assert logs[2]["success"] is True
+    assert logs[2]["attempts"] == 1
+    for entry in logs:
+        assert {"event", "requestId", "traceId", "toolName", "role"} <= set(entry)
+        assert entry["stepId"] == "s9"
+        assert entry["userId"] == "u_7"
+    assert len({entry["requestId"] for entry in logs}) == 1
+
+
+def test_a_denied_call_logs_the_deny_and_its_reason(bench: ToolBench) -> None:
+    bench.tool("ok", OK)
+    bench.policy["disabled"] = ["ok"]
+    logs = events_of(bench, {"toolName": "ok"})
+    assert names(logs) == ["policy.decision", "call.finished"]
+    assert logs[0]["decision"] == "deny"
+    assert logs[0]["reason"] == "disabled"
+    assert logs[1]["code"] == "PERMISSION_DENIED"
+
+
+@pytest.mark.parametrize(
+    ("request_", "code"),
+    [({"toolName": "ghost"}, "TOOL_NOT_FOUND"), ({"toolName": 5}, "INVALID_PARAMS"), ("junk", "INVALID_PARAMS")],
+)
+def test_calls_refused_before_the_policy_are_logged(bench: ToolBench, request_: object, code: str) -> None:
+    logs = events_of(bench, request_)
+    assert names(logs) == ["call.finished"]
+    assert logs[0]["code"] == code
+    assert logs[0]["attempts"] == 0
+
+
+def test_invalid_params_are_logged_after_the_decision(bench: ToolBench) -> None:
+    bench.tool("strict", OK, parameters=SECRET_PARAMS)
+    logs = events_of(bench, {"toolName": "strict", "params": {"nope": 1}})
+    assert names(logs) == ["policy.decision", "call.finished"]
+    assert logs[1]["code"] == "INVALID_PARAMS"
+
+
+def test_a_timeout_with_retries_logs_each_attempt(bench: ToolBench) -> None:
+    bench.tool("sleepy", "import sys, time\nsys.stdin.read()\ntime.sleep(30)\n")
+    logs = events_of(bench, {"toolName": "sleepy", "options": {"timeout": 150, "retries": 2, "retryDelay": 10}})
+    attempts = [entry for entry in logs if entry["event"] == "call.attempt"]
+    assert [a["attempt"] for a in attempts] == [1, 2, 3]
+    assert {a["reason"] for a in attempts} == {"timeout"}
+    assert logs[-1]["code"] == "TIMEOUT"
+    assert logs[-1]["attempts"] == 3
+
+
+def test_an_open_breaker_is_logged_with_zero_attempts(bench: ToolBench) -> None:
+    bench.policy["circuit_breaker"] = {"failure_threshold": 1, "reset_timeout_ms": 60000}
+    bench.tool("t", "")
+    clock = ManualClock()
+    sandbox = FakeSandbox(lambda n, _: failed(), clock)
+    runner = bench.runner(clock=clock, sandbox_factory=lambda name: sandbox)
+    runner.handle({"toolName": "t"})
+    with capture_logs() as logs:
+        runner.handle({"toolName": "t"})
+    assert names(logs) == ["policy.decision", "call.finished"]
+    assert logs[-1]["code"] == "CIRCUIT_OPEN"
+    assert logs[-1]["attempts"] == 0
+
+
+def run_cli(*args: str, cwd: Path = REPO, audit: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RUNNER_AUDIT_LOG": str(audit)}
+    return subprocess.run([sys.executable, "-m", "runner", *args], input=stdin, capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=60)
+
+
+def test_a_denied_call_is_found_by_request_id(tmp_path: Path) -> None:
+    audit = tmp_path / "audit.log"
+    run_cli("exec", "write_file", "--params", '{"path": "a", "content": "b"}', "--request-id", "req_denied", audit=audit)
+    run_cli("exec", "add_numbers", "--params", '{"a": 1, "b": 2}', audit=audit)
+    found = run_cli("audit", "--request-id", "req_denied", "--json", audit=audit)
+    events = [json.loads(line) for line in found.stdout.splitlines()]
+    assert [e["event"] for e in events] == ["policy.decision", "call.finished"]
+    assert events[0]["decision"] == "deny"
+    denies = run_cli("audit", "--decision", "deny", "--json", audit=audit)
+    assert [json.loads(line)["requestId"] for line in denies.stdout.splitlines()] == ["req_denied"]
+    table = run_cli("audit", "--tool", "write_file", audit=audit)
+    assert table.returncode == 0
+    assert "deny (not_allowed)" in table.stdout
+    assert run_cli("audit", "--code", "PERMISSION_DENIED", "--json", audit=audit).stdout.count("\n") == 1
+    assert run_cli("audit", "--since", "2999-01-01T00:00:00Z", "--json", audit=audit).stdout == ""
+    assert run_cli("audit", "--until", "2000-01-01", "--json", audit=audit).stdout == ""
+    assert run_cli("audit", "--since", "not-a-time", audit=audit).returncode == 2
+
+
+def test_a_request_id_or_param_with_newlines_and_json_forges_nothing(tmp_path: Path) -> None:
+    audit = tmp_path / "audit.log"
+    forged = 'x"}\n{"event": "policy.decision", "decision": "allow", "requestId": "forged'
+    request = {"toolName": "echo", "params": {"message": forged}, "requestId": forged}
+    run_cli("exec", "-", stdin=json.dumps(request), audit=audit)
+    run_cli("exec", "-", stdin=json.dumps({"toolName": forged}), audit=audit)
+    lines = audit.read_text().splitlines()
+    assert len(lines) == 4  # decision, attempt, finished; then one finished
+    events = [json.loads(line) for line in lines]
+    assert all(REQUIRED <= set(e) for e in events)
+    assert events[0]["requestId"] == forged
+    assert all(e["requestId"] != "forged" for e in events)
+
+
+def test_x_sensitive_values_never_reach_the_file(bench: ToolBench) -> None:
+    bench.tool("login", OK, parameters=SECRET_PARAMS)
+    runner = bench.runner()
+    answer = runner.handle({"toolName": "login", "params": {"user": "ann", "password": "s3cr3t-PASS"}})
+    assert answer["success"] is True
+    text = bench.audit_log.read_text()
+    assert "s3cr3t-PASS" not in text
+    decision = next(json.loads(line) for line in text.splitlines() if '"policy.decision"' in line)
+    assert decision["params"] == {"user": "ann", "password": "***"}
+
+
+def test_long_values_are_bounded(bench: ToolBench) -> None:
+    bench.tool("ok", OK)
+    bench.runner().handle({"toolName": "ok", "params": {"blob": "y" * 100_000}, "requestId": "r" * 256})
+    for line in bench.audit_log.read_text().splitlines():
+        assert len(line) < 8000
+
+
+WRITER = """
+import sys
+from runner import Runner
+runner = Runner.load(tools=sys.argv[1], policies=sys.argv[2], audit_log=sys.argv[3])
+for i in range(int(sys.argv[4])):
+    runner.handle({"toolName": "ok", "params": {"pad": "p" * 3000, "i": i}})
+    runner.handle({"toolName": "missing"})
+"""
+
+
+def test_eight_processes_writing_one_log_leave_only_whole_lines(bench: ToolBench) -> None:
+    bench.tool("ok", OK)
+    bench.runner()
+    per_process = 5
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(bench.tools), str(bench.root / "policies.yaml"),
+                          str(bench.audit_log), str(per_process)], cwd=REPO)
+        for _ in range(8)
+    ]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    lines = bench.audit_log.read_text().splitlines()
+    # per ok call: decision + attempt + finished; per missing call: finished
+    assert len(lines) == 8 * per_process * 4
+    events = [json.loads(line) for line in lines]
+    assert all(REQUIRED <= set(e) for e in events)
+
+
+def test_runner_audit_skips_a_torn_last_line(tmp_path: Path) -> None:
+    audit = tmp_path / "audit.log"
+    run_cli("exec", "add_numbers", "--params", '{"a": 1, "b": 2}', audit=audit)
+    with audit.open("a") as log:
+        log.write('{"event": "call.fin')
+    done = run_cli("audit", "--json", audit=audit)
+    assert done.returncode == 0
+    assert len(done.stdout.splitlines()) == 3
