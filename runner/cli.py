@@ -170,6 +170,32 @@ def doctor_command(as_json: bool) -> None:
     sys.exit(EXIT_OK if all(layer.ok for layer in layers) else EXIT_FAILED)
 
 
+@cli.group("images")
+def images_group() -> None:
+    """Docker images for docker-sandboxed tools."""
+
+
+@images_group.command("build")
+@click.option("--contexts", default="tool_images", type=click.Path(path_type=Path),
+              help="Folder of build contexts (each a Dockerfile FROM runner/base:latest).")
+def images_build_command(contexts: Path) -> None:
+    """Build runner/base:latest from Debian packages, then every tool image."""
+    from sandboxes import SandboxUnavailable
+    from sandboxes.docker._client import api_client
+    from sandboxes.docker.images import ImageBuildError, build_base, build_tool_images
+
+    def progress(message: str) -> None:
+        click.echo(f"images: {message}", err=True)
+
+    try:
+        client = api_client()
+        client.timeout = 600  # importing a root filesystem takes a while
+        build_base(client, progress)
+        build_tool_images(client, contexts, progress)
+    except (SandboxUnavailable, ImageBuildError) as exc:
+        _fail_usage(str(exc))
+
+
 def _time_option(value: str | None, flag: str) -> Any:
     from runner.audit_query import parse_time
 

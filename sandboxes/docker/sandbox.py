@@ -1,0 +1,248 @@
+"""One container per attempt, created in ``prepare`` and removed in ``close``.
+
+The container gets: the tool's folder read-only at ``/tool`` (working directory), a
+size-limited tmpfs ``/tmp``, a read-only root, no network unless allowed, no
+capabilities, ``no-new-privileges``, uid/gid 65534, an init process, and the memory
+(swap equal to memory), CPU and pids limits. Never a fallback to running outside a
+container: every failure to get one is ``SandboxUnavailable``.
+
+SDK pitfalls handled here: the attach socket is written through its underlying socket;
+end of input is a half-close (``stdin_once`` makes Docker pass it on); stdout and stderr
+arrive multiplexed in 8-byte-header frames (no TTY); reads run under our own deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
+from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
+from sandboxes.docker._client import (
+    LABEL_MANAGED,
+    LABEL_OWNER,
+    LABEL_REQUEST,
+    api_client,
+)
+from sandboxes.docker._frames import STDOUT, FrameDecoder
+
+SANDBOX_USER = "65534:65534"
+TOOL_MOUNT = "/tool"
+STDERR_TAIL_BYTES = 8 * 1024
+READ_CHUNK = 64 * 1024
+# After the output ends, the exit status is a moment away; bound the wait anyway.
+EXIT_GRACE_S = 5.0
+BUILD_HINT = "run `runner images build`"
+
+
+class DockerSandbox:
+    """Creates a fresh container per attempt. The daemon is contacted on first use."""
+
+    name = "docker"
+
+    def __init__(self) -> None:
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                client = api_client()
+                remove_leftovers(client)
+                self._client = client
+            return self._client
+
+    async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedContainer:
+        if not spec.image:
+            raise SandboxUnavailable("the docker sandbox needs an image")
+        client = await asyncio.to_thread(self.client)
+        container_id = await asyncio.to_thread(_create, client, spec, limits)
+        return PreparedContainer(client, container_id, limits)
+
+
+def remove_leftovers(client: Any) -> int:
+    """Remove containers of ours whose runner process is gone (a killed runner)."""
+    removed = 0
+    for container in client.containers(all=True, filters={"label": f"{LABEL_MANAGED}=true"}):
+        owner = container.get("Labels", {}).get(LABEL_OWNER, "")
+        if owner.isdigit() and _alive(int(owner)):
+            continue
+        with contextlib.suppress(Exception):
+            client.remove_container(container["Id"], force=True)
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _create(client: Any, spec: LaunchSpec, limits: Limits) -> str:
+    from docker.errors import APIError, DockerException, ImageNotFound
+    from docker.types import Ulimit
+
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **spec.env, "HOME": "/tmp", "TMPDIR": "/tmp"}
+    binds = {str(spec.tool_dir): {"bind": TOOL_MOUNT, "mode": "ro"}}
+    if spec.workspace is not None and spec.workspace_mode != "none":
+        binds[str(spec.workspace)] = {"bind": "/workspace", "mode": "rw" if spec.workspace_mode == "write" else "ro"}
+        env["WORKSPACE"] = "/workspace"
+    memory = f"{limits.memory_mb}m"
+    host_config = client.create_host_config(
+        binds=binds,
+        tmpfs={"/tmp": f"rw,nosuid,nodev,size={limits.disk_mb}m,mode=1777"},
+        read_only=True,
+        network_mode="bridge" if limits.network else "none",
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        init=True,
+        mem_limit=memory,
+        memswap_limit=memory,
+        pids_limit=limits.max_pids,
+        nano_cpus=1_000_000_000,  # one CPU at most: a spinner cannot starve the host
+        ulimits=[Ulimit(name="cpu", soft=limits.cpu_seconds, hard=limits.cpu_seconds + 1)],
+        runtime=spec.runtime,
+    )
+    try:
+        created = client.create_container(
+            spec.image,
+            command=list(spec.command),
+            stdin_open=True,
+            detach=False,  # with stdin_open: StdinOnce, so our half-close ends its input
+            tty=False,
+            user=SANDBOX_USER,
+            working_dir=TOOL_MOUNT,
+            environment=env,
+            labels={LABEL_MANAGED: "true", LABEL_REQUEST: spec.request_id, LABEL_OWNER: str(os.getpid())},
+            network_disabled=not limits.network,
+            host_config=host_config,
+        )
+    except ImageNotFound as exc:
+        raise SandboxUnavailable(f"image {spec.image} not found; {BUILD_HINT}") from exc
+    except APIError as exc:
+        explanation = " ".join(str(exc.explanation or exc).split())[:200]
+        raise SandboxUnavailable(f"docker refused the container: {explanation}") from exc
+    except DockerException as exc:
+        raise SandboxUnavailable(f"docker failed: {type(exc).__name__}") from exc
+    return str(created["Id"])
+
+
+class PreparedContainer:
+    def __init__(self, client: Any, container_id: str, limits: Limits) -> None:
+        self._client = client
+        self.container_id = container_id
+        self._limits = limits
+        self._closed = False
+
+    async def run(self, payload: bytes) -> SandboxOutcome:
+        started = time.monotonic()
+        client, cid = self._client, self.container_id
+        try:
+            sock = await asyncio.to_thread(
+                client.attach_socket, cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
+            await asyncio.to_thread(client.start, cid)
+        except Exception as exc:
+            raise SandboxUnavailable(f"docker could not start the container: {type(exc).__name__}") from exc
+        raw: socket.socket = getattr(sock, "_sock", sock)  # SocketIO is read-only as returned
+        stdout, stderr = CappedBuffer(self._limits.max_output_bytes), TailBuffer(STDERR_TAIL_BYTES)
+        reason: StopReason | None = None
+        try:
+            await asyncio.wait_for(
+                self._exchange(raw, payload, stdout, stderr), timeout=self._limits.timeout_ms / 1000
+            )
+        except TimeoutError:
+            reason = StopReason.TIMEOUT
+        except OutputOverflow:
+            reason = StopReason.OUTPUT_LIMIT
+        finally:
+            with contextlib.suppress(OSError):
+                raw.close()
+            with contextlib.suppress(Exception):
+                sock.close()
+        if reason is not None:
+            await asyncio.to_thread(self._kill)
+        state = await asyncio.to_thread(self._final_state)
+        return _outcome(state, reason, stdout, stderr, (time.monotonic() - started) * 1000)
+
+    async def _exchange(self, raw: socket.socket, payload: bytes, stdout: CappedBuffer, stderr: TailBuffer) -> None:
+        loop = asyncio.get_running_loop()
+        raw.setblocking(False)
+        decoder = FrameDecoder()
+
+        async def feed() -> None:
+            with contextlib.suppress(OSError):
+                await loop.sock_sendall(raw, payload)
+            with contextlib.suppress(OSError):
+                raw.shutdown(socket.SHUT_WR)  # end of input, passed on thanks to stdin_once
+
+        writer = asyncio.ensure_future(feed())
+        try:
+            while data := await loop.sock_recv(raw, READ_CHUNK):
+                for stream, chunk in decoder.feed(data):
+                    (stdout if stream == STDOUT else stderr).feed(chunk)
+        finally:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await writer
+
+    def _kill(self) -> None:
+        with contextlib.suppress(Exception):
+            self._client.kill(self.container_id)
+
+    def _final_state(self) -> dict[str, Any]:
+        with contextlib.suppress(Exception):
+            self._client.wait(self.container_id, timeout=EXIT_GRACE_S)
+        try:
+            return dict(self._client.inspect_container(self.container_id)["State"])
+        except Exception:
+            return {}
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(_remove, self._client, self.container_id)
+
+
+def _remove(client: Any, container_id: str) -> None:
+    with contextlib.suppress(Exception):
+        client.remove_container(container_id, force=True)
+
+
+def _outcome(
+    state: dict[str, Any], reason: StopReason | None, stdout: CappedBuffer, stderr: TailBuffer, duration_ms: float
+) -> SandboxOutcome:
+    exit_code: int | None = state.get("ExitCode")
+    sig: int | None = None
+    if reason is None:
+        if state.get("OOMKilled"):
+            reason = StopReason.MEMORY_LIMIT
+        elif exit_code is None or state.get("Running"):
+            reason = StopReason.SANDBOX_UNAVAILABLE
+        elif exit_code != 0:
+            reason = StopReason.EXIT_CODE
+            if 128 < exit_code < 128 + 65:
+                # The init process reports a child killed by signal N as status 128 + N.
+                sig, exit_code = exit_code - 128, None
+                reason = StopReason.CPU_LIMIT if sig == signal.SIGXCPU else StopReason.SIGNAL
+    return SandboxOutcome(
+        exit_code=exit_code,
+        signal=sig,
+        stdout=stdout.getvalue() if reason is not StopReason.OUTPUT_LIMIT else b"",
+        stderr_tail=stderr.text(),
+        duration_ms=duration_ms,
+        reason=reason,
+        message="the container did not report an exit status" if reason is StopReason.SANDBOX_UNAVAILABLE else "",
+    )
