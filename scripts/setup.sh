@@ -1,19 +1,62 @@
 #!/usr/bin/env bash
-# Everything a fresh Debian 12 machine needs to run the runner and its tests.
-# Idempotent: what is already there is skipped. Run as root (or with sudo available).
+# Everything a fresh Debian 12 machine needs to run the runner and its tests:
+# Debian packages, the Python package, a running dockerd with gVisor registered, and the
+# Docker images (built from Debian packages; no container registry is contacted).
+# Idempotent: what is already there is skipped. Run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+log() { echo "setup: $*"; }
 
 need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
 [ -x /usr/bin/python3 ] || need_apt+=(python3)
+[ -x /usr/sbin/dockerd ] || [ -x /usr/bin/dockerd ] || need_apt+=(docker.io)
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+[ -x /usr/bin/runsc ] || need_apt+=(runsc)
+[ -e /usr/bin/docker-init ] || need_apt+=(tini)
 if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "setup: installing ${need_apt[*]}"
+  log "installing ${need_apt[*]}"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-python3 -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v -e '^WARNING: Running pip as' -e 'is ignored: it is neither' || true
-python3 -c 'import runner, sandboxes' # the install worked
-echo "setup: done"
+log "installing the runner package"
+python3 -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 \
+  | grep -v -e '^WARNING: Running pip as' -e 'is ignored: it is neither' || true
+python3 -c 'import runner, sandboxes'
+
+# gVisor as an OCI runtime for docker tools whose policy asks for it. The ptrace platform
+# works without KVM; --network=none because gVisor's netstack is not needed (tools get no
+# network unless allowed, and then they run under runc).
+python3 - <<'PY'
+import json, pathlib
+path = pathlib.Path("/etc/docker/daemon.json")
+config = json.loads(path.read_text()) if path.exists() and path.read_text().strip() else {}
+wanted = {"path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace", "--network=none"]}
+if config.get("runtimes", {}).get("runsc") != wanted:
+    config.setdefault("runtimes", {})["runsc"] = wanted
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    print("setup: registered runsc in /etc/docker/daemon.json")
+PY
+
+if ! docker info >/dev/null 2>&1; then
+  log "starting dockerd"
+  dockerd_bin=$(command -v dockerd || echo /usr/sbin/dockerd)
+  setsid nohup "$dockerd_bin" >/var/log/runner-dockerd.log 2>&1 < /dev/null &
+  for _ in $(seq 1 120); do
+    docker info >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  docker info >/dev/null 2>&1 || { log "dockerd did not come up; see /var/log/runner-dockerd.log"; tail -20 /var/log/runner-dockerd.log; exit 1; }
+elif ! docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q runsc; then
+  log "reloading dockerd to pick up the runsc runtime"
+  kill -HUP "$(pidof dockerd)"
+  sleep 1
+fi
+
+log "building images"
+runner images build
+log "done"

@@ -109,3 +109,33 @@ def assert_nothing_survives(request_id: str, grace_s: float = 2.0) -> None:
 @pytest.fixture
 def no_survivors() -> Callable[[str], None]:
     return assert_nothing_survives
+
+
+def docker_ready() -> str | None:
+    """None when a daemon and the base image are there, else why not."""
+    try:
+        from sandboxes.docker._client import api_client
+
+        client = api_client()
+        client.inspect_image("runner/base:latest")
+    except Exception as exc:  # noqa: BLE001 - any failure means no Docker here
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """The Docker API client; in CI a missing daemon or image fails instead of skipping."""
+    problem = docker_ready()
+    if problem is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"Docker is required in CI: {problem}")
+        pytest.skip(f"no Docker here: {problem}")
+    from sandboxes.docker._client import api_client
+
+    client = api_client()
+    yield client
+    from sandboxes.docker._client import LABEL_MANAGED
+
+    leftovers = client.containers(all=True, filters={"label": f"{LABEL_MANAGED}=true"})
+    assert leftovers == [], f"containers of ours survived the tests: {leftovers}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from sandboxes.base import SandboxUnavailable
@@ -29,10 +30,33 @@ def api_client() -> Any:
     except ImportError as exc:
         raise SandboxUnavailable("the docker Python package is not installed") from exc
     base_url = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    client = None
     try:
         client = docker.APIClient(base_url=base_url, version="auto", timeout=CONNECT_TIMEOUT_S)
         client.ping()
     except (DockerException, OSError) as exc:
+        if client is not None:
+            client.close()
         raise SandboxUnavailable(f"cannot reach the Docker daemon; {START_DOCKER_HINT}") from exc
     client.timeout = API_TIMEOUT_S
     return client
+
+
+_shared: dict[str, Any] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_client() -> Any:
+    """One client per daemon address per process: its connection pool is reused by
+    every sandbox and every ``Runner``, and lives as long as the process.
+
+    Raises:
+        SandboxUnavailable: as ``api_client``.
+    """
+    key = os.environ.get("DOCKER_HOST") or ""
+    with _shared_lock:
+        client = _shared.get(key)
+        if client is None:
+            client = api_client()
+            _shared[key] = client
+        return client

@@ -28,7 +28,7 @@ from sandboxes.docker._client import (
     LABEL_MANAGED,
     LABEL_OWNER,
     LABEL_REQUEST,
-    api_client,
+    shared_client,
 )
 from sandboxes.docker._frames import STDOUT, FrameDecoder
 
@@ -47,16 +47,16 @@ class DockerSandbox:
     name = "docker"
 
     def __init__(self) -> None:
-        self._client: Any = None
+        self._swept = False
         self._lock = threading.Lock()
 
     def client(self) -> Any:
+        client = shared_client()
         with self._lock:
-            if self._client is None:
-                client = api_client()
+            if not self._swept:
                 remove_leftovers(client)
-                self._client = client
-            return self._client
+                self._swept = True
+        return client
 
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedContainer:
         if not spec.image:

@@ -1,0 +1,153 @@
+"""The docker backend against a real daemon: isolation, faults mapped, cleanup always."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, ToolBench
+
+from runner import Runner
+
+pytestmark = pytest.mark.docker
+
+PROBE = """
+import json, os, socket, sys
+params = json.load(sys.stdin)["params"]
+result = {"uid": os.getuid(), "interfaces": sorted(os.listdir("/sys/class/net"))}
+try:
+    socket.create_connection(("127.0.0.1", params["port"]), timeout=2).close()
+    result["connected"] = True
+except OSError:
+    result["connected"] = False
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+result["capeff"] = status.get("CapEff", "").strip()
+result["nonewprivs"] = status.get("NoNewPrivs", "").strip()  # gVisor does not report it
+result["kernel"] = open("/proc/version").read()
+json.dump(result, sys.stdout)
+"""
+
+
+def docker_tool(bench: ToolBench, name: str, code: str, **manifest: object) -> None:
+    bench.tool(name, code, sandbox="docker", image="runner/base:latest", **manifest)
+
+
+def ours(client, request_id: str) -> list:
+    return client.containers(all=True, filters={"label": f"io.runner.request-id={request_id}"})
+
+
+def test_a_shipped_docker_tool_answers(docker_client) -> None:
+    runner = Runner.load(tools=REPO / "tools", policies=REPO / "policies.yaml", audit_log=os.devnull)
+    answer = runner.handle({"toolName": "word_count", "params": {"text": "one two\nthree"}})
+    assert answer["result"] == {"lines": 2, "words": 3, "characters": 13}
+
+
+def test_the_container_has_no_network_no_capabilities_and_no_root(bench: ToolBench, docker_client) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(3)
+    accepted: list[bool] = []
+    thread = threading.Thread(target=lambda: accepted.append(_accepts(server)), daemon=True)
+    thread.start()
+    docker_tool(bench, "probe", PROBE)
+    answer = bench.runner().handle({"toolName": "probe", "params": {"port": server.getsockname()[1]}})
+    thread.join(5)
+    server.close()
+    result = answer["result"]
+    assert result["connected"] is False
+    assert accepted == [False]
+    assert result["interfaces"] == ["lo"]
+    assert result["uid"] == 65534
+    assert result["capeff"] == "0000000000000000"
+    assert result["nonewprivs"] == "1"
+
+
+def _accepts(server: socket.socket) -> bool:
+    try:
+        server.accept()[0].close()
+        return True
+    except OSError:
+        return False
+
+
+def test_a_timed_out_container_is_killed_and_removed(bench: ToolBench, docker_client) -> None:
+    docker_tool(bench, "sleepy", "import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
+    started = time.monotonic()
+    answer = bench.runner().handle(
+        {"toolName": "sleepy", "requestId": "req_docker_timeout", "options": {"timeout": 500, "retries": 1, "retryDelay": 10}}
+    )
+    assert answer["error"]["code"] == "TIMEOUT"
+    assert answer["metadata"]["attempts"] == 2
+    assert time.monotonic() - started < 6
+    assert ours(docker_client, "req_docker_timeout") == []
+
+
+def test_a_fork_bomb_is_held_by_the_pids_limit(bench: ToolBench, docker_client) -> None:
+    bomb = """
+import os, sys, time
+sys.stdin.read()
+n = 0
+try:
+    while n < 10000:
+        if os.fork() == 0:
+            time.sleep(20)
+            os._exit(0)
+        n += 1
+except OSError:
+    print(n, file=sys.stderr)
+    sys.exit(3)
+"""
+    docker_tool(bench, "bomb", bomb, limits={"max_pids": 32})
+    answer = bench.runner().handle({"toolName": "bomb", "requestId": "req_docker_bomb", "options": {"retries": 0}})
+    assert answer["error"]["code"] == "EXECUTION_ERROR"
+    assert int(answer["error"]["details"]["stderr"].strip()) < 32
+    assert subprocess.run(["true"], check=False).returncode == 0
+    assert ours(docker_client, "req_docker_bomb") == []
+
+
+def test_an_unreachable_daemon_is_sandbox_unavailable_quickly(bench: ToolBench, monkeypatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    docker_tool(bench, "any", "print(1)")
+    started = time.monotonic()
+    answer = bench.runner().handle({"toolName": "any", "options": {"retries": 3}})
+    assert time.monotonic() - started < 3
+    assert answer["error"]["code"] == "EXECUTION_ERROR"
+    assert answer["error"]["details"]["reason"] == "sandbox_unavailable"
+    assert "Docker daemon" in answer["error"]["message"]
+
+
+def test_a_missing_image_is_sandbox_unavailable_with_the_fix(bench: ToolBench, docker_client) -> None:
+    bench.tool("lost", "print(1)", sandbox="docker", image="runner/does-not-exist:latest")
+    answer = bench.runner().handle({"toolName": "lost"})
+    assert answer["error"]["details"]["reason"] == "sandbox_unavailable"
+    assert "runner images build" in answer["error"]["message"]
+    assert answer["metadata"]["attempts"] == 1
+
+
+def test_containers_left_by_a_killed_runner_are_removed_on_start(docker_client) -> None:
+    from sandboxes.docker import DockerSandbox
+    from sandboxes.docker._client import LABEL_MANAGED, LABEL_OWNER, LABEL_REQUEST
+
+    created = docker_client.create_container(
+        "runner/base:latest", command=["sleep", "60"],
+        labels={LABEL_MANAGED: "true", LABEL_OWNER: "4000000", LABEL_REQUEST: "req_leftover"},
+    )
+    docker_client.start(created["Id"])
+    DockerSandbox().client()
+    assert ours(docker_client, "req_leftover") == []
+
+
+def test_gvisor_runs_a_tool_when_the_policy_names_it(bench: ToolBench, docker_client) -> None:
+    if "runsc" not in docker_client.info().get("Runtimes", {}):
+        pytest.fail("runsc is not registered with dockerd (scripts/setup.sh registers it)")
+    docker_tool(bench, "probe", PROBE)
+    bench.policy["tools"] = {"probe": {"runtime": "runsc"}}
+    answer = bench.runner().handle({"toolName": "probe", "params": {"port": 9}, "options": {"timeout": 20000}})
+    assert answer["success"], answer["error"]
+    host_kernel = Path("/proc/version").read_text()
+    assert answer["result"]["kernel"] != host_kernel  # gVisor's own kernel answers
+    assert answer["result"]["connected"] is False
