@@ -28,7 +28,9 @@ from runner import Runner  # noqa: E402
 
 TOOL = REPO / "tools" / "add_numbers"
 PARAMS = {"a": 1, "b": 2}
-PAYLOAD = json.dumps({"params": PARAMS, "context": {"requestId": "bench", "toolName": "add_numbers", "attempt": 1}}).encode()
+PAYLOAD = json.dumps(
+    {"params": PARAMS, "context": {"requestId": "bench", "toolName": "add_numbers", "attempt": 1}}
+).encode()
 PYTHON = "/usr/bin/python3"  # the interpreter the sandbox itself runs
 
 
@@ -50,7 +52,8 @@ def bare_bwrap() -> None:
     bwrap = shutil.which("bwrap")
     assert bwrap
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
-            "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+            "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+            "--symlink", "usr/lib64", "/lib64",
             "--proc", "/proc", "--dev", "/dev", "--ro-bind", str(TOOL), "/tool", "--chdir", "/tool",
             "--", PYTHON, "main.py"]  # fmt: skip
     subprocess.run(argv, input=PAYLOAD, capture_output=True, check=True)
@@ -70,7 +73,10 @@ def main() -> None:
         env = {**os.environ, "RUNNER_AUDIT_LOG": os.devnull}
         done = subprocess.run(
             [sys.executable, "-m", "runner", "exec", "add_numbers", "--params", json.dumps(PARAMS)],
-            capture_output=True, cwd=REPO, env=env,
+            check=False,
+            capture_output=True,
+            cwd=REPO,
+            env=env,
         )
         assert done.returncode == 0, done.stderr
 

@@ -15,8 +15,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sandboxes import LaunchSpec, Sandbox
-
 from runner.answers import AnswerMetadata, CallResult, answer
 from runner.audit import AuditLog, iso_now, redact_params
 from runner.breaker import CircuitBreaker
@@ -29,6 +27,7 @@ from runner.plan import resolve_plan
 from runner.policy import Policy
 from runner.registry import Registry, matches_filter
 from runner.schemas import first_error
+from sandboxes import LaunchSpec, Sandbox
 
 SandboxFactory = Callable[[str], Sandbox]
 _NO_OPTIONS = CallOptions()
@@ -110,7 +109,7 @@ class Runner:
     ) -> CallResult:
         return CallResult.from_wire(await self.ahandle(_request(tool_name, params, options)))
 
-    def discover(self, filter: str | None = None, role: str | None = None) -> list[dict[str, Any]]:  # noqa: A002 - the SPEC's name
+    def discover(self, filter: str | None = None, role: str | None = None) -> list[dict[str, Any]]:
         """The tools ``role`` may call whose name, description or tags contain ``filter``.
 
         Raises:
@@ -146,7 +145,7 @@ class Runner:
                     extra["degraded"] = True
         except CallError as exc:
             error = exc
-        except Exception as exc:  # noqa: BLE001 - handle() never raises; keep the answer shell
+        except Exception as exc:
             error = CallError(
                 ErrorCode.EXECUTION_ERROR,
                 f"internal error in the runner: {type(exc).__name__}",
@@ -209,9 +208,7 @@ class Runner:
         try:
             sandbox = self._sandbox_factory(plan.sandbox)
             spec = _launch_spec(tool, ctx, self.policy, plan.runtime)
-            execution = await self._executor.execute(
-                tool, plan, sandbox, spec, request.params, ctx
-            )
+            execution = await self._executor.execute(tool, plan, sandbox, spec, request.params, ctx)
             ok = execution.error is None
             return execution
         finally:
@@ -250,7 +247,9 @@ def _new_request_id() -> str:
 
 def _request(tool_name: str, params: Mapping[str, Any] | None, options: dict[str, Any]) -> dict[str, Any]:
     request: dict[str, Any] = {"toolName": tool_name, "params": dict(params or {})}
-    wire_options = {k: options.pop(k) for k in ("timeout", "retries", "retry_delay", "deadline", "format") if k in options}
+    wire_options = {
+        k: options.pop(k) for k in ("timeout", "retries", "retry_delay", "deadline", "format") if k in options
+    }
     if wire_options:
         request["options"] = wire_options
     request.update(options)
@@ -306,4 +305,3 @@ def _describe(tool: Tool, policy: Policy) -> dict[str, Any]:
             },
         },
     }
-

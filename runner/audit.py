@@ -11,6 +11,7 @@ The runner owns the structlog configuration of its process (``configure_structlo
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -97,22 +98,14 @@ def _sink_factory(*args: Any) -> Any:
     return args[0] if args else AuditSink(None)
 
 
-_configured = threading.Lock()
-_done = False
-
-
+@functools.cache  # once per process (a racing second call would only configure the same again)
 def configure_structlog() -> None:
-    global _done
-    with _configured:
-        if _done:
-            return
-        structlog.configure(
-            processors=[add_timestamp, bound_fields, render_line],
-            logger_factory=_sink_factory,
-            wrapper_class=structlog.BoundLogger,
-            cache_logger_on_first_use=False,
-        )
-        _done = True
+    structlog.configure(
+        processors=[add_timestamp, bound_fields, render_line],
+        logger_factory=_sink_factory,
+        wrapper_class=structlog.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
 
 
 def redact_params(params: Mapping[str, Any], sensitive: frozenset[str]) -> dict[str, Any]:

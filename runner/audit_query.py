@@ -70,7 +70,12 @@ def query(path: Path, wanted: AuditFilter) -> Iterator[dict[str, Any]]:
 
 
 TABLE_COLUMNS = (
-    ("timestamp", 24), ("event", 16), ("requestId", 28), ("toolName", 16), ("role", 8), ("outcome", 0),
+    ("timestamp", 24),
+    ("event", 16),
+    ("requestId", 28),
+    ("toolName", 16),
+    ("role", 8),
+    ("outcome", 0),
 )
 
 
@@ -89,8 +94,7 @@ def _outcome(event: dict[str, Any]) -> str:
 def write_table(events: Iterable[dict[str, Any]], out: TextIO) -> int:
     def line(cells: dict[str, str]) -> str:
         return " ".join(
-            cells[name][: width - 1].ljust(width) if width else cells[name]
-            for name, width in TABLE_COLUMNS
+            cells[name][: width - 1].ljust(width) if width else cells[name] for name, width in TABLE_COLUMNS
         )
 
     out.write(line({name: name for name, _ in TABLE_COLUMNS}) + "\n")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import threading
 
-from sandboxes import LaunchSpec, Limits, PreparedSandbox, Sandbox, SandboxUnavailable
-
 from runner.policy import Policy
+from sandboxes import LaunchSpec, Limits, PreparedSandbox, Sandbox, SandboxUnavailable
 
 
 class UnknownSandbox:

@@ -133,7 +133,7 @@ def exec_command(
         }
         for key, value in (("role", role), ("requestId", request_id), ("stepId", step_id)):
             if value is not None:
-                request[key] = value  # type: ignore[index]
+                request[key] = value
     runner = _load(ctx)
     answer = runner.handle(request)
     _print_json(answer)
@@ -176,8 +176,12 @@ def images_group() -> None:
 
 
 @images_group.command("build")
-@click.option("--contexts", default="tool_images", type=click.Path(path_type=Path),
-              help="Folder of build contexts (each a Dockerfile FROM runner/base:latest).")
+@click.option(
+    "--contexts",
+    default="tool_images",
+    type=click.Path(path_type=Path),
+    help="Folder of build contexts (each a Dockerfile FROM runner/base:latest).",
+)
 def images_build_command(contexts: Path) -> None:
     """Build runner/base:latest from Debian packages, then every tool image."""
     from sandboxes import SandboxUnavailable
@@ -216,8 +220,13 @@ def _time_option(value: str | None, flag: str) -> Any:
 @click.option("--since", default=None, help="ISO 8601 time.")
 @click.option("--until", default=None, help="ISO 8601 time.")
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--log", "log_path", default=None, type=click.Path(path_type=Path),
-              help="The log to read (default: where the runner writes).")
+@click.option(
+    "--log",
+    "log_path",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="The log to read (default: where the runner writes).",
+)
 @click.pass_context
 def audit_command(
     ctx: click.Context,
@@ -240,8 +249,13 @@ def audit_command(
     if not path.is_file():
         _fail_usage(f"audit log {path} does not exist")
     wanted = AuditFilter(
-        request_id=request_id, tool=tool, role=role, decision=decision, code=code,
-        since=_time_option(since, "--since"), until=_time_option(until, "--until"),
+        request_id=request_id,
+        tool=tool,
+        role=role,
+        decision=decision,
+        code=code,
+        since=_time_option(since, "--since"),
+        until=_time_option(until, "--until"),
     )
     events = query(path, wanted)
     if as_json:

@@ -22,7 +22,7 @@ class Layer:
 
 def _run(argv: list[str]) -> tuple[bool, str]:
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, type(exc).__name__
     output = (done.stdout + done.stderr).strip().splitlines()
@@ -33,8 +33,12 @@ def user_namespaces() -> Layer:
     limit = Path("/proc/sys/user/max_user_namespaces")
     value = limit.read_text().strip() if limit.exists() else "?"
     ok, detail = _run(["unshare", "--user", "--map-root-user", "true"])
-    return Layer("user namespaces", ok, f"max_user_namespaces={value} {detail}".strip(),
-                 "sysctl -w user.max_user_namespaces=15000 (and kernel.unprivileged_userns_clone=1 where it exists)")
+    return Layer(
+        "user namespaces",
+        ok,
+        f"max_user_namespaces={value} {detail}".strip(),
+        "sysctl -w user.max_user_namespaces=15000 (and kernel.unprivileged_userns_clone=1 where it exists)",
+    )
 
 
 def bubblewrap() -> Layer:
@@ -43,7 +47,8 @@ def bubblewrap() -> Layer:
     if not bwrap or not os.access(bwrap, os.X_OK):
         return Layer("bubblewrap", False, "not found", hint)
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
-            "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+            "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+            "--symlink", "usr/lib64", "/lib64",
             "--proc", "/proc", "--dev", "/dev", "--", "/bin/true"]  # fmt: skip
     if os.geteuid() == 0 and (setpriv := shutil.which("setpriv")):
         argv = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--", *argv]
@@ -76,7 +81,9 @@ def docker() -> list[Layer]:
         info = client.info()
     except DockerException as exc:
         return [Layer("docker", False, str(exc).splitlines()[0][:120], "start dockerd (see README)")]
-    layers = [Layer("docker", True, f"server {info.get('ServerVersion')}, cgroup v{info.get('CgroupVersion')}")]
+    layers = [
+        Layer("docker", True, f"server {info.get('ServerVersion')}, cgroup v{info.get('CgroupVersion')}")
+    ]
     try:
         client.images.get("runner/base:latest")
         layers.append(Layer("docker base image", True, "runner/base:latest"))
@@ -84,9 +91,12 @@ def docker() -> list[Layer]:
         layers.append(Layer("docker base image", False, "runner/base:latest missing", "runner images build"))
     runtimes = info.get("Runtimes", {})
     layers.append(
-        Layer("gVisor (runsc)", "runsc" in runtimes,
-              "registered as docker runtime 'runsc'" if "runsc" in runtimes else "not registered",
-              "apt-get install runsc; add it to /etc/docker/daemon.json runtimes (see README)")
+        Layer(
+            "gVisor (runsc)",
+            "runsc" in runtimes,
+            "registered as docker runtime 'runsc'" if "runsc" in runtimes else "not registered",
+            "apt-get install runsc; add it to /etc/docker/daemon.json runtimes (see README)",
+        )
     )
     return layers
 

@@ -10,14 +10,13 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sandboxes import LaunchSpec, Sandbox, SandboxOutcome, SandboxUnavailable, StopReason
-
 from runner.audit import AuditLog
 from runner.clock import Clock
 from runner.errors import CallError, ErrorCode
 from runner.manifest import Tool
 from runner.outcomes import failure_error, parse_result
 from runner.plan import CallPlan
+from sandboxes import LaunchSpec, Sandbox, SandboxOutcome, SandboxUnavailable, StopReason
 
 # An attempt with less time than this left before the deadline is not worth starting:
 # it could not even spawn a process.

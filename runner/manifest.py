@@ -138,9 +138,7 @@ def load_tool(directory: Path) -> Tool:
         raise ManifestError(path, "image: required when sandbox is docker")
     try:
         params_validator = compile_schema(manifest.parameters)
-        output_validator = (
-            None if manifest.output_schema is None else compile_schema(manifest.output_schema)
-        )
+        output_validator = None if manifest.output_schema is None else compile_schema(manifest.output_schema)
     except SchemaProblem as exc:
         raise ManifestError(path, str(exc)) from exc
     return Tool(

@@ -16,9 +16,7 @@ MAX_ID_LENGTH = 256
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
 
 class CallOptions(_Wire):
@@ -63,9 +61,7 @@ def parse_request(raw: object) -> CallRequest | DiscoverRequest:
             "request must be a JSON object",
             {"field": "(root)", "problem": "not an object"},
         )
-    model: type[CallRequest | DiscoverRequest] = (
-        DiscoverRequest if "action" in raw else CallRequest
-    )
+    model: type[CallRequest | DiscoverRequest] = DiscoverRequest if "action" in raw else CallRequest
     try:
         return model.model_validate(raw)
     except ValidationError as exc:

@@ -6,11 +6,10 @@ import json
 import signal as signals
 from typing import Any, Literal
 
-from sandboxes import SandboxOutcome, StopReason
-
 from runner.errors import CallError, ErrorCode
 from runner.manifest import Tool
 from runner.schemas import first_error
+from sandboxes import SandboxOutcome, StopReason
 
 MAX_TOOL_MESSAGE = 300
 MAX_STDERR_TAIL = 2000
@@ -62,7 +61,11 @@ def failure_error(tool: Tool, outcome: SandboxOutcome, timeout_ms: int, by_deadl
         return CallError(
             ErrorCode.TIMEOUT,
             f"{tool.name} {what}; it was killed",
-            {"timeoutMs": timeout_ms, "deadline": by_deadline, "stderr": outcome.stderr_tail[-MAX_STDERR_TAIL:]},
+            {
+                "timeoutMs": timeout_ms,
+                "deadline": by_deadline,
+                "stderr": outcome.stderr_tail[-MAX_STDERR_TAIL:],
+            },
         )
     text = _REASON_TEXT[reason].format(
         exit_code=outcome.exit_code,

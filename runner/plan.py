@@ -10,11 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sandboxes import Limits
-
 from runner.manifest import Tool
 from runner.models import CallOptions
 from runner.policy import Policy
+from sandboxes import Limits
 
 BUILTIN = {
     "timeout_ms": 5000,

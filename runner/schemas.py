@@ -13,7 +13,7 @@ from referencing.exceptions import NoSuchResource, Unresolvable
 def _refuse_retrieval(uri: str) -> Resource[Any]:
     # A manifest is untrusted: resolving ``$ref`` over the network would let it make the
     # host fetch arbitrary URLs (and would make validation depend on the network).
-    raise NoSuchResource(ref=uri)
+    raise NoSuchResource(ref=uri)  # type: ignore[call-arg]  # attrs field, unknown to the stubs
 
 
 _OFFLINE = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
@@ -34,9 +34,7 @@ def compile_schema(schema: dict[str, Any] | bool) -> Draft202012Validator:
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise SchemaProblem(f"invalid JSON Schema at {where}: {exc.message}") from exc
-    return Draft202012Validator(
-        schema, registry=_OFFLINE, format_checker=Draft202012Validator.FORMAT_CHECKER
-    )
+    return Draft202012Validator(schema, registry=_OFFLINE, format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
 def first_error(validator: Draft202012Validator, instance: Any) -> dict[str, str] | None:
@@ -44,7 +42,11 @@ def first_error(validator: Draft202012Validator, instance: Any) -> dict[str, str
     try:
         errors = sorted(validator.iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path])
     except Unresolvable as exc:
-        return {"field": "(schema)", "problem": f"unresolvable $ref {exc}; remote refs are never fetched", "validator": "$ref"}
+        return {
+            "field": "(schema)",
+            "problem": f"unresolvable $ref {exc}; remote refs are never fetched",
+            "validator": "$ref",
+        }
     if not errors:
         return None
     error = errors[0]
@@ -61,7 +63,5 @@ def sensitive_keys(schema: dict[str, Any]) -> frozenset[str]:
     if not isinstance(properties, dict):
         return frozenset()
     return frozenset(
-        name
-        for name, sub in properties.items()
-        if isinstance(sub, dict) and sub.get("x-sensitive") is True
+        name for name, sub in properties.items() if isinstance(sub, dict) and sub.get("x-sensitive") is True
     )

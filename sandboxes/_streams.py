@@ -6,7 +6,7 @@ A tool's output is untrusted and may be endless; nothing here grows past its bou
 from __future__ import annotations
 
 
-class OutputOverflow(Exception):  # noqa: N818 - names the condition
+class OutputOverflow(Exception):
     """More bytes arrived than the cap allows."""
 
 

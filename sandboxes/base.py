@@ -76,7 +76,7 @@ class SandboxOutcome:
         return self.reason is None
 
 
-class SandboxUnavailable(Exception):  # noqa: N818 - reads as the condition it reports
+class SandboxUnavailable(Exception):
     """The backend cannot give the isolation asked for; the tool was not started."""
 
     def __init__(self, message: str) -> None:

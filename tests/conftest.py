@@ -63,9 +63,7 @@ class ToolBench:
     def runner(self, **kwargs: Any) -> Runner:
         policy_path = self.root / "policies.yaml"
         policy_path.write_text(yaml.safe_dump(self.policy))
-        return Runner.load(
-            tools=self.tools, policies=policy_path, audit_log=self.audit_log, **kwargs
-        )
+        return Runner.load(tools=self.tools, policies=policy_path, audit_log=self.audit_log, **kwargs)
 
 
 @pytest.fixture
@@ -118,7 +116,7 @@ def docker_ready() -> str | None:
 
         client = api_client()
         client.inspect_image("runner/base:latest")
-    except Exception as exc:  # noqa: BLE001 - any failure means no Docker here
+    except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
 

@@ -33,14 +33,22 @@ def ok(stdout: bytes = b"{}") -> SandboxOutcome:
 
 def failed(code: int = 1) -> SandboxOutcome:
     return SandboxOutcome(
-        exit_code=code, signal=None, stdout=b"", stderr_tail="fail", duration_ms=1,
+        exit_code=code,
+        signal=None,
+        stdout=b"",
+        stderr_tail="fail",
+        duration_ms=1,
         reason=StopReason.EXIT_CODE,
     )
 
 
 def timed_out() -> SandboxOutcome:
     return SandboxOutcome(
-        exit_code=None, signal=9, stdout=b"", stderr_tail="", duration_ms=1,
+        exit_code=None,
+        signal=9,
+        stdout=b"",
+        stderr_tail="",
+        duration_ms=1,
         reason=StopReason.TIMEOUT,
     )
 

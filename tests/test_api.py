@@ -11,7 +11,9 @@ from conftest import ToolBench
 from runner import CallError, Runner
 
 ECHO = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
-SLOW_ECHO = "import json, sys, time\np = json.load(sys.stdin)['params']\ntime.sleep(0.3)\njson.dump(p, sys.stdout)\n"
+SLOW_ECHO = (
+    "import json, sys, time\np = json.load(sys.stdin)['params']\ntime.sleep(0.3)\njson.dump(p, sys.stdout)\n"
+)
 
 
 def test_call_returns_a_typed_result(shipped: Runner) -> None:
@@ -35,9 +37,20 @@ def test_acall_and_discover(shipped: Runner) -> None:
 
 @pytest.mark.parametrize(
     "request_",
-    [None, 42, "text", [], {}, {"toolName": 5}, {"toolName": "x", "params": []},
-     {"toolName": "x", "options": {"timeout": -1}}, {"toolName": "x", "options": {"format": "xml"}},
-     {"toolName": "x", "surprise": 1}, {"action": "explode"}, {"toolName": "a" * 10000}],
+    [
+        None,
+        42,
+        "text",
+        [],
+        {},
+        {"toolName": 5},
+        {"toolName": "x", "params": []},
+        {"toolName": "x", "options": {"timeout": -1}},
+        {"toolName": "x", "options": {"format": "xml"}},
+        {"toolName": "x", "surprise": 1},
+        {"action": "explode"},
+        {"toolName": "a" * 10000},
+    ],
 )
 def test_handle_never_raises_and_answers_invalid_requests(shipped: Runner, request_: object) -> None:
     answer = shipped.handle(request_)

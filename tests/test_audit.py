@@ -63,7 +63,11 @@ def test_a_denied_call_logs_the_deny_and_its_reason(bench: ToolBench) -> None:
 
 @pytest.mark.parametrize(
     ("request_", "code"),
-    [({"toolName": "ghost"}, "TOOL_NOT_FOUND"), ({"toolName": 5}, "INVALID_PARAMS"), ("junk", "INVALID_PARAMS")],
+    [
+        ({"toolName": "ghost"}, "TOOL_NOT_FOUND"),
+        ({"toolName": 5}, "INVALID_PARAMS"),
+        ("junk", "INVALID_PARAMS"),
+    ],
 )
 def test_calls_refused_before_the_policy_are_logged(bench: ToolBench, request_: object, code: str) -> None:
     logs = events_of(bench, request_)
@@ -81,7 +85,9 @@ def test_invalid_params_are_logged_after_the_decision(bench: ToolBench) -> None:
 
 def test_a_timeout_with_retries_logs_each_attempt(bench: ToolBench) -> None:
     bench.tool("sleepy", "import sys, time\nsys.stdin.read()\ntime.sleep(30)\n")
-    logs = events_of(bench, {"toolName": "sleepy", "options": {"timeout": 150, "retries": 2, "retryDelay": 10}})
+    logs = events_of(
+        bench, {"toolName": "sleepy", "options": {"timeout": 150, "retries": 2, "retryDelay": 10}}
+    )
     attempts = [entry for entry in logs if entry["event"] == "call.attempt"]
     assert [a["attempt"] for a in attempts] == [1, 2, 3]
     assert {a["reason"] for a in attempts} == {"timeout"}
@@ -103,15 +109,32 @@ def test_an_open_breaker_is_logged_with_zero_attempts(bench: ToolBench) -> None:
     assert logs[-1]["attempts"] == 0
 
 
-def run_cli(*args: str, cwd: Path = REPO, audit: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path = REPO, audit: Path, stdin: str | None = None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "RUNNER_AUDIT_LOG": str(audit)}
-    return subprocess.run([sys.executable, "-m", "runner", *args], input=stdin, capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "runner", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=60,
+    )
 
 
 def test_a_denied_call_is_found_by_request_id(tmp_path: Path) -> None:
     audit = tmp_path / "audit.log"
-    run_cli("exec", "write_file", "--params", '{"path": "a", "content": "b"}', "--request-id", "req_denied", audit=audit)
+    run_cli(
+        "exec",
+        "write_file",
+        "--params",
+        '{"path": "a", "content": "b"}',
+        "--request-id",
+        "req_denied",
+        audit=audit,
+    )
     run_cli("exec", "add_numbers", "--params", '{"a": 1, "b": 2}', audit=audit)
     found = run_cli("audit", "--request-id", "req_denied", "--json", audit=audit)
     events = [json.loads(line) for line in found.stdout.splitlines()]
@@ -137,7 +160,7 @@ def test_a_request_id_or_param_with_newlines_and_json_forges_nothing(tmp_path: P
     lines = audit.read_text().splitlines()
     assert len(lines) == 4  # decision, attempt, finished; then one finished
     events = [json.loads(line) for line in lines]
-    assert all(REQUIRED <= set(e) for e in events)
+    assert all(set(e) >= REQUIRED for e in events)
     assert events[0]["requestId"] == forged
     assert all(e["requestId"] != "forged" for e in events)
 
@@ -175,8 +198,18 @@ def test_eight_processes_writing_one_log_leave_only_whole_lines(bench: ToolBench
     bench.runner()
     per_process = 5
     procs = [
-        subprocess.Popen([sys.executable, "-c", WRITER, str(bench.tools), str(bench.root / "policies.yaml"),
-                          str(bench.audit_log), str(per_process)], cwd=REPO)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                WRITER,
+                str(bench.tools),
+                str(bench.root / "policies.yaml"),
+                str(bench.audit_log),
+                str(per_process),
+            ],
+            cwd=REPO,
+        )
         for _ in range(8)
     ]
     assert all(p.wait(timeout=120) == 0 for p in procs)
@@ -184,7 +217,7 @@ def test_eight_processes_writing_one_log_leave_only_whole_lines(bench: ToolBench
     # per ok call: decision + attempt + finished; per missing call: finished
     assert len(lines) == 8 * per_process * 4
     events = [json.loads(line) for line in lines]
-    assert all(REQUIRED <= set(e) for e in events)
+    assert all(set(e) >= REQUIRED for e in events)
 
 
 def test_runner_audit_skips_a_torn_last_line(tmp_path: Path) -> None:

@@ -14,7 +14,9 @@ from conftest import REPO
 RUNNER = [sys.executable, "-m", "runner"]
 
 
-def run(*args: str, stdin: str | None = None, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def run(
+    *args: str, stdin: str | None = None, env: dict | None = None, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "RUNNER_AUDIT_LOG": os.devnull, **(env or {})}
     return subprocess.run(
         [*RUNNER, *args], input=stdin, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=60
@@ -43,7 +45,9 @@ def test_exec_reads_a_whole_request_or_discovery_from_stdin() -> None:
     answer = json.loads(done.stdout)
     assert answer["result"]["message"] == "hi"
     assert answer["metadata"]["requestId"] == "req_stdin"
-    discovery = json.loads(run("exec", "-", stdin='{"action": "discover", "options": {"filter": "math"}}').stdout)
+    discovery = json.loads(
+        run("exec", "-", stdin='{"action": "discover", "options": {"filter": "math"}}').stdout
+    )
     assert [t["name"] for t in discovery["result"]["tools"]] == ["add_numbers"]
 
 
@@ -54,7 +58,22 @@ def test_params_can_come_from_a_file(tmp_path: Path) -> None:
 
 
 def test_exec_options_reach_the_call() -> None:
-    done = run("exec", "echo", "--params", '{"message": "m"}', "--format", "raw", "--request-id", "req_opt", "--step-id", "s1", "--timeout", "3000", "--retries", "0")
+    done = run(
+        "exec",
+        "echo",
+        "--params",
+        '{"message": "m"}',
+        "--format",
+        "raw",
+        "--request-id",
+        "req_opt",
+        "--step-id",
+        "s1",
+        "--timeout",
+        "3000",
+        "--retries",
+        "0",
+    )
     answer = json.loads(done.stdout)
     assert answer["result"] == '{"message": "m", "attempt": 1}'
     assert answer["metadata"]["requestId"] == "req_opt"

@@ -78,7 +78,11 @@ def test_a_timed_out_container_is_killed_and_removed(bench: ToolBench, docker_cl
     docker_tool(bench, "sleepy", "import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
     started = time.monotonic()
     answer = bench.runner().handle(
-        {"toolName": "sleepy", "requestId": "req_docker_timeout", "options": {"timeout": 500, "retries": 1, "retryDelay": 10}}
+        {
+            "toolName": "sleepy",
+            "requestId": "req_docker_timeout",
+            "options": {"timeout": 500, "retries": 1, "retryDelay": 10},
+        }
     )
     assert answer["error"]["code"] == "TIMEOUT"
     assert answer["metadata"]["attempts"] == 2
@@ -102,7 +106,9 @@ except OSError:
     sys.exit(3)
 """
     docker_tool(bench, "bomb", bomb, limits={"max_pids": 32})
-    answer = bench.runner().handle({"toolName": "bomb", "requestId": "req_docker_bomb", "options": {"retries": 0}})
+    answer = bench.runner().handle(
+        {"toolName": "bomb", "requestId": "req_docker_bomb", "options": {"retries": 0}}
+    )
     assert answer["error"]["code"] == "EXECUTION_ERROR"
     assert int(answer["error"]["details"]["stderr"].strip()) < 32
     assert subprocess.run(["true"], check=False).returncode == 0
@@ -133,7 +139,8 @@ def test_containers_left_by_a_killed_runner_are_removed_on_start(docker_client) 
     from sandboxes.docker._client import LABEL_MANAGED, LABEL_OWNER, LABEL_REQUEST
 
     created = docker_client.create_container(
-        "runner/base:latest", command=["sleep", "60"],
+        "runner/base:latest",
+        command=["sleep", "60"],
         labels={LABEL_MANAGED: "true", LABEL_OWNER: "4000000", LABEL_REQUEST: "req_leftover"},
     )
     docker_client.start(created["Id"])
@@ -146,7 +153,9 @@ def test_gvisor_runs_a_tool_when_the_policy_names_it(bench: ToolBench, docker_cl
         pytest.fail("runsc is not registered with dockerd (scripts/setup.sh registers it)")
     docker_tool(bench, "probe", PROBE)
     bench.policy["tools"] = {"probe": {"runtime": "runsc"}}
-    answer = bench.runner().handle({"toolName": "probe", "params": {"port": 9}, "options": {"timeout": 20000}})
+    answer = bench.runner().handle(
+        {"toolName": "probe", "params": {"port": 9}, "options": {"timeout": 20000}}
+    )
     assert answer["success"], answer["error"]
     host_kernel = Path("/proc/version").read_text()
     assert answer["result"]["kernel"] != host_kernel  # gVisor's own kernel answers

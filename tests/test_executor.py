@@ -100,7 +100,7 @@ def test_a_half_open_breaker_lets_exactly_one_probe_through(bench: ToolBench) ->
     bench.policy["circuit_breaker"] = {"failure_threshold": 1, "reset_timeout_ms": 10000}
     clock = ManualClock()
     outcomes = {"next": failed()}
-    runner, sandbox = runner_with(bench, lambda n, _: outcomes["next"], clock)
+    runner, _ = runner_with(bench, lambda n, _: outcomes["next"], clock)
     breaker_tool = {"toolName": "t"}
     assert runner.handle(breaker_tool)["error"]["code"] == "EXECUTION_ERROR"
     assert runner.handle(breaker_tool)["error"]["code"] == "CIRCUIT_OPEN"

@@ -29,7 +29,9 @@ exec(params["code"], {"params": params, "result": result, "os": os})
 json.dump(result, sys.stdout)
 """
 
-PLAIN = pytest.param("plain", marks=pytest.mark.xfail(strict=True, reason="a plain subprocess is not isolated"))
+PLAIN = pytest.param(
+    "plain", marks=pytest.mark.xfail(strict=True, reason="a plain subprocess is not isolated")
+)
 
 
 @pytest.fixture(params=["hardened", PLAIN])
@@ -56,7 +58,9 @@ def test_the_host_loopback_is_unreachable(bench: ToolBench, mode: str) -> None:
     accepted: list[object] = []
     thread = threading.Thread(target=lambda: accepted.append(_accept(server)), daemon=True)
     thread.start()
-    result = attack(bench, """
+    result = attack(
+        bench,
+        """
         import socket
         try:
             socket.create_connection(("127.0.0.1", params["port"]), timeout=2).close()
@@ -64,7 +68,9 @@ def test_the_host_loopback_is_unreachable(bench: ToolBench, mode: str) -> None:
         except OSError as exc:
             result["connected"] = False
             result["error"] = type(exc).__name__
-    """, port=port)
+    """,
+        port=port,
+    )
     thread.join(5)
     server.close()
     assert result["connected"] is False
@@ -93,34 +99,45 @@ def secrets(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
         path.unlink(missing_ok=True)
 
 
-def test_host_secrets_and_the_policy_file_are_unreadable(bench: ToolBench, mode: str, secrets: list[Path]) -> None:
+def test_host_secrets_and_the_policy_file_are_unreadable(
+    bench: ToolBench, mode: str, secrets: list[Path]
+) -> None:
     policy_copy = bench.root / "policies.yaml"
-    result = attack(bench, """
+    result = attack(
+        bench,
+        """
         for path in params["paths"]:
             try:
                 with open(path) as f:
                     result[path] = f.read(100)
             except OSError as exc:
                 result[path] = type(exc).__name__
-    """, paths=[*map(str, secrets), str(policy_copy), str(bench.audit_log)])
+    """,
+        paths=[*map(str, secrets), str(policy_copy), str(bench.audit_log)],
+    )
     for path, value in result.items():
         assert value in {"FileNotFoundError", "PermissionError"}, (path, value)
 
 
 def test_the_tool_cannot_write_into_its_own_folder(bench: ToolBench, mode: str) -> None:
-    result = attack(bench, """
+    result = attack(
+        bench,
+        """
         try:
             open("planted.py", "w").write("evil")
             result["wrote"] = True
         except OSError as exc:
             result["wrote"] = type(exc).__name__
-    """)
+    """,
+    )
     assert result["wrote"] in {"OSError", "PermissionError"}  # EROFS or EACCES
     assert not (bench.tools / "attack" / "planted.py").exists()
 
 
 def test_filling_the_scratch_space_stops_at_disk_mb(bench: ToolBench, mode: str) -> None:
-    result = attack(bench, """
+    result = attack(
+        bench,
+        """
         written = 0
         block = b"x" * (1024 * 1024)
         try:
@@ -133,23 +150,30 @@ def test_filling_the_scratch_space_stops_at_disk_mb(bench: ToolBench, mode: str)
         except OSError as exc:
             result["error"] = exc.errno
         result["written_mb"] = written // (1024 * 1024)
-    """)
+    """,
+    )
     assert result["error"] == 28  # ENOSPC
     assert result["written_mb"] <= 8
 
 
 def test_the_tool_sees_only_its_own_processes(bench: ToolBench, mode: str) -> None:
-    result = attack(bench, """
+    result = attack(
+        bench,
+        """
         result["pids"] = [int(p) for p in os.listdir("/proc") if p.isdigit()]
         result["runner_visible"] = os.path.exists(f"/proc/{params['runner']}")
-    """, runner=os.getpid())
+    """,
+        runner=os.getpid(),
+    )
     assert len(result["pids"]) <= 5
     assert result["runner_visible"] is False
 
 
 def test_the_tool_cannot_signal_or_ptrace_the_runner(bench: ToolBench, mode: str) -> None:
     victim = subprocess.Popen(["sleep", "30"])
-    result = attack(bench, """
+    result = attack(
+        bench,
+        """
         import ctypes, signal
         try:
             os.kill(params["runner"], 0)  # 0: probe only; never harm the test process
@@ -165,7 +189,10 @@ def test_the_tool_cannot_signal_or_ptrace_the_runner(bench: ToolBench, mode: str
         status = open("/proc/self/status").read()
         result["capeff"] = status.split("CapEff:")[1].split()[0]
         result["nonewprivs"] = status.split("NoNewPrivs:")[1].split()[0]
-    """, runner=os.getpid(), victim=victim.pid)
+    """,
+        runner=os.getpid(),
+        victim=victim.pid,
+    )
     victim.kill()
     victim.wait()
     assert result["signal"] == "ProcessLookupError"
@@ -219,7 +246,9 @@ print("{}")
 
 def test_the_memory_limit_holds_for_all_children_together(bench: ToolBench, no_survivors) -> None:
     bench.tool("family", FOUR_CHILDREN, limits={"memory_mb": 128, "timeout_ms": 8000})
-    answer = bench.runner().handle({"toolName": "family", "requestId": "req_family", "options": {"retries": 0}})
+    answer = bench.runner().handle(
+        {"toolName": "family", "requestId": "req_family", "options": {"retries": 0}}
+    )
     assert answer["error"]["code"] == "EXECUTION_ERROR"
     assert answer["error"]["details"]["reason"] == "memory_limit"
     no_survivors("req_family")
@@ -237,8 +266,11 @@ def test_six_hogs_in_parallel_are_each_held_to_their_own_limit(bench: ToolBench)
     import asyncio
 
     bench.tool("hog", HOG, limits={"memory_mb": 64, "timeout_ms": 10000})
-    bench.tool("modest", "import sys\nsys.stdin.read()\nblock = bytearray(40 * 1024 * 1024)\nprint('{}')\n",
-               limits={"memory_mb": 64})
+    bench.tool(
+        "modest",
+        "import sys\nsys.stdin.read()\nblock = bytearray(40 * 1024 * 1024)\nprint('{}')\n",
+        limits={"memory_mb": 64},
+    )
     runner = bench.runner()
 
     async def together() -> list:
@@ -261,17 +293,27 @@ runner.handle({"toolName": "sleeper", "requestId": "req_orphan", "options": {"ti
 
 
 def test_killing_the_runner_mid_call_takes_every_tool_process_with_it(bench: ToolBench) -> None:
-    bench.tool("sleeper", """
+    bench.tool(
+        "sleeper",
+        """
         import os, sys, time
         sys.stdin.read()
         if os.fork() == 0:
             os.setsid()
             time.sleep(60)
         time.sleep(60)
-    """)
+    """,
+    )
     bench.runner()  # writes the policy file
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_RUNNER, str(bench.tools), str(bench.root / "policies.yaml"), str(bench.audit_log)],
+        [
+            sys.executable,
+            "-c",
+            KILLED_RUNNER,
+            str(bench.tools),
+            str(bench.root / "policies.yaml"),
+            str(bench.audit_log),
+        ],
         cwd=REPO,
     )
     marker = "REQUEST_ID=req_orphan"

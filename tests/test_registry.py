@@ -25,8 +25,14 @@ def test_bad_manifests_are_reported_with_path_and_reason_and_the_rest_load(bench
     assert [tool.name for tool in registry] == ["good"]
     reasons = {problem.path.parent.name: problem.reason for problem in registry.problems}
     assert set(reasons) == {
-        "bad_yaml", "unknown_key", "bad_schema", "not_object", "BadName", "no_command",
-        "docker_no_image", "env_clash",
+        "bad_yaml",
+        "unknown_key",
+        "bad_schema",
+        "not_object",
+        "BadName",
+        "no_command",
+        "docker_no_image",
+        "env_clash",
     }
     assert "color" in reasons["unknown_key"]
     assert "image" in reasons["docker_no_image"]
@@ -44,7 +50,8 @@ def test_a_duplicate_name_across_directories_keeps_the_first(tmp_path: Path) -> 
 
 def test_remote_refs_are_never_fetched(bench: ToolBench) -> None:
     bench.tool(
-        "remote_ref", "import sys\nsys.stdin.read()\nprint(1)\n",
+        "remote_ref",
+        "import sys\nsys.stdin.read()\nprint(1)\n",
         parameters={"type": "object", "properties": {"a": {"$ref": "http://127.0.0.1:9/schema.json"}}},
     )
     answer = bench.runner().handle({"toolName": "remote_ref", "params": {"a": 1}})

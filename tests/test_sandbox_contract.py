@@ -24,19 +24,30 @@ def tool(bench: ToolBench, backend: str, name: str, code: str, **manifest: objec
 
 
 def call(bench: ToolBench, name: str, **options: object) -> dict:
-    return bench.runner().handle({"toolName": name, "params": {"x": 1}, "requestId": f"req_contract_{name}",
-                                  "options": {"retries": 0, **options}})
+    return bench.runner().handle(
+        {
+            "toolName": name,
+            "params": {"x": 1},
+            "requestId": f"req_contract_{name}",
+            "options": {"retries": 0, **options},
+        }
+    )
 
 
 def test_success_returns_the_parsed_stdout(bench: ToolBench, backend: str) -> None:
     tool(bench, backend, "echo", ECHO)
     answer = call(bench, "echo")
     assert answer["success"] is True
-    assert answer["result"] == {"params": {"x": 1}, "context": {"requestId": "req_contract_echo", "toolName": "echo", "attempt": 1}}
+    assert answer["result"] == {
+        "params": {"x": 1},
+        "context": {"requestId": "req_contract_echo", "toolName": "echo", "attempt": 1},
+    }
 
 
 def test_a_non_zero_exit_keeps_its_code_and_stderr(bench: ToolBench, backend: str) -> None:
-    tool(bench, backend, "fails", "import sys\nsys.stdin.read()\nprint('bad', file=sys.stderr)\nsys.exit(5)\n")
+    tool(
+        bench, backend, "fails", "import sys\nsys.stdin.read()\nprint('bad', file=sys.stderr)\nsys.exit(5)\n"
+    )
     answer = call(bench, "fails")
     assert answer["error"]["code"] == "EXECUTION_ERROR"
     assert answer["error"]["details"]["exitCode"] == 5
@@ -53,22 +64,37 @@ def test_a_timeout_kills_the_tool(bench: ToolBench, backend: str, no_survivors) 
 
 
 def test_output_past_the_cap_is_an_output_limit(bench: ToolBench, backend: str) -> None:
-    tool(bench, backend, "flood", "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n",
-         limits={"max_output_bytes": 50_000})
+    tool(
+        bench,
+        backend,
+        "flood",
+        "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n",
+        limits={"max_output_bytes": 50_000},
+    )
     answer = call(bench, "flood")
     assert answer["error"]["details"]["reason"] == "output_limit"
 
 
 def test_memory_past_the_limit_is_a_memory_limit(bench: ToolBench, backend: str) -> None:
-    tool(bench, backend, "hog", "import sys\nsys.stdin.read()\nb = [bytearray(8 << 20) for _ in range(64)]\n",
-         limits={"memory_mb": 64})
+    tool(
+        bench,
+        backend,
+        "hog",
+        "import sys\nsys.stdin.read()\nb = [bytearray(8 << 20) for _ in range(64)]\n",
+        limits={"memory_mb": 64},
+    )
     answer = call(bench, "hog")
     assert answer["error"]["details"]["reason"] == "memory_limit"
 
 
 def test_the_environment_is_the_minimal_set(bench: ToolBench, backend: str) -> None:
-    tool(bench, backend, "env", "import json, os, sys\nsys.stdin.read()\njson.dump(dict(os.environ), sys.stdout)\n",
-         env={"EXTRA": "1"})
+    tool(
+        bench,
+        backend,
+        "env",
+        "import json, os, sys\nsys.stdin.read()\njson.dump(dict(os.environ), sys.stdout)\n",
+        env={"EXTRA": "1"},
+    )
     env = call(bench, "env")["result"]
     allowed = {"PATH", "LANG", "HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "EXTRA", "HOSTNAME"}
     assert {"PATH", "LANG", "HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "EXTRA"} <= set(env) <= allowed

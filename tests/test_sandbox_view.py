@@ -22,7 +22,9 @@ json.dump({
 """
 
 
-def test_the_tool_gets_exactly_the_minimal_environment_and_its_manifest_env(bench: ToolBench, monkeypatch) -> None:
+def test_the_tool_gets_exactly_the_minimal_environment_and_its_manifest_env(
+    bench: ToolBench, monkeypatch
+) -> None:
     monkeypatch.setenv("HOST_SECRET", "hunter2")
     bench.tool("report", REPORT, env={"GREETING": "hello"})
     answer = bench.runner().handle({"toolName": "report", "requestId": "req_env"})
@@ -58,7 +60,9 @@ def test_the_tool_runs_in_its_own_folder_as_an_unprivileged_user(bench: ToolBenc
         assert result["uid"] == 65534
 
 
-def test_the_workspace_is_mounted_only_when_granted_and_read_only_for_read(bench: ToolBench, tmp_path) -> None:
+def test_the_workspace_is_mounted_only_when_granted_and_read_only_for_read(
+    bench: ToolBench, tmp_path
+) -> None:
     workspace = tmp_path / "ws"
     workspace.mkdir()
     (workspace / "note.txt").write_text("hello")

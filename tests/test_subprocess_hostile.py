@@ -114,7 +114,8 @@ def test_a_stdout_flood_is_cut_at_the_output_limit(bench: ToolBench, no_survivor
 def test_a_stderr_flood_is_kept_as_a_bounded_tail(bench: ToolBench) -> None:
     bench.tool("noisy", FLOOD_STDERR, limits={"timeout_ms": 20000})
     bench.tool(
-        "noisy_fail", FLOOD_STDERR.replace("json.dump", "sys.exit(2); json.dump"),
+        "noisy_fail",
+        FLOOD_STDERR.replace("json.dump", "sys.exit(2); json.dump"),
         limits={"timeout_ms": 20000},
     )
     runner = bench.runner()
@@ -156,7 +157,6 @@ def test_two_hundred_sequential_calls_of_a_healthy_tool_succeed(bench: ToolBench
     bench.tool("ok", "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n")
     runner = bench.runner()
     successes = sum(
-        runner.handle({"toolName": "ok", "params": {"i": i}})["result"] == {"i": i}
-        for i in range(200)
+        runner.handle({"toolName": "ok", "params": {"i": i}})["result"] == {"i": i} for i in range(200)
     )
     assert successes >= 198  # the acceptance bar is 99%; we expect all 200

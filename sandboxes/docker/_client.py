@@ -9,9 +9,9 @@ from typing import Any
 from sandboxes.base import SandboxUnavailable
 
 # A daemon that does not answer a ping in this long is treated as unreachable.
-CONNECT_TIMEOUT_S = 2.0
+CONNECT_TIMEOUT_S = 2
 # API calls (create, start, inspect, remove) on a healthy daemon take milliseconds.
-API_TIMEOUT_S = 15.0
+API_TIMEOUT_S = 15
 LABEL_MANAGED = "io.runner.managed"
 LABEL_REQUEST = "io.runner.request-id"
 LABEL_OWNER = "io.runner.owner-pid"

@@ -22,7 +22,14 @@ PACKAGES = ("python3",)
 HASH_LABEL = "io.runner.input-hash"
 RECIPE_VERSION = "1"  # bump when the way the base is built changes
 # Trimmed from the base root filesystem: nothing a tool runs needs them.
-TRIM = ("var/cache/apt", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/locale", "usr/share/info")
+TRIM = (
+    "var/cache/apt",
+    "var/lib/apt/lists",
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/locale",
+    "usr/share/info",
+)
 
 Progress = Callable[[str], None]
 
@@ -75,7 +82,9 @@ def build_base(client: Any, progress: Progress) -> bool:
         progress(f"{BASE_IMAGE}: debootstrap {SUITE} ({', '.join(PACKAGES)})")
         done = subprocess.run(
             [debootstrap, "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(rootfs), mirror],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if done.returncode != 0:
             tail = " ".join(done.stdout.splitlines()[-3:] + done.stderr.splitlines()[-3:])
@@ -93,7 +102,9 @@ def build_base(client: Any, progress: Progress) -> bool:
             'CMD ["python3"]',
         ]
         with archive.open("rb") as data:
-            client.import_image_from_data(data.read(), repository=BASE_IMAGE.split(":")[0], tag="latest", changes=changes)
+            client.import_image_from_data(
+                data.read(), repository=BASE_IMAGE.split(":", maxsplit=1)[0], tag="latest", changes=changes
+            )
     progress(f"{BASE_IMAGE}: built")
     return True
 
@@ -118,8 +129,15 @@ def build_tool_images(client: Any, root: Path, progress: Progress) -> list[str]:
         progress(f"{tag}: building")
         log = []
         try:
-            for chunk in client.build(path=str(context), tag=tag, pull=False, rm=True, forcerm=True,
-                                      labels={HASH_LABEL: wanted}, decode=True):
+            for chunk in client.build(
+                path=str(context),
+                tag=tag,
+                pull=False,
+                rm=True,
+                forcerm=True,
+                labels={HASH_LABEL: wanted},
+                decode=True,
+            ):
                 if "error" in chunk:
                     raise ImageBuildError(f"{tag}: {' '.join(str(chunk['error']).split())[:300]}")
                 log.append(chunk.get("stream", ""))
@@ -130,5 +148,3 @@ def build_tool_images(client: Any, root: Path, progress: Progress) -> list[str]:
         progress(f"{tag}: built")
         built.append(tag)
     return built
-
-

@@ -34,6 +34,7 @@ from sandboxes.docker._frames import STDOUT, FrameDecoder
 
 SANDBOX_USER = "65534:65534"
 TOOL_MOUNT = "/tool"
+SCRATCH = "/tmp"  # noqa: S108 - the container's own private tmpfs
 STDERR_TAIL_BYTES = 8 * 1024
 READ_CHUNK = 64 * 1024
 # After the output ends, the exit status is a moment away; bound the wait anyway.
@@ -93,15 +94,24 @@ def _create(client: Any, spec: LaunchSpec, limits: Limits) -> str:
     from docker.errors import APIError, DockerException, ImageNotFound
     from docker.types import Ulimit
 
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **spec.env, "HOME": "/tmp", "TMPDIR": "/tmp"}
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        **spec.env,
+        "HOME": SCRATCH,
+        "TMPDIR": SCRATCH,
+    }
     binds = {str(spec.tool_dir): {"bind": TOOL_MOUNT, "mode": "ro"}}
     if spec.workspace is not None and spec.workspace_mode != "none":
-        binds[str(spec.workspace)] = {"bind": "/workspace", "mode": "rw" if spec.workspace_mode == "write" else "ro"}
+        binds[str(spec.workspace)] = {
+            "bind": "/workspace",
+            "mode": "rw" if spec.workspace_mode == "write" else "ro",
+        }
         env["WORKSPACE"] = "/workspace"
     memory = f"{limits.memory_mb}m"
     host_config = client.create_host_config(
         binds=binds,
-        tmpfs={"/tmp": f"rw,nosuid,nodev,size={limits.disk_mb}m,mode=1777"},
+        tmpfs={SCRATCH: f"rw,nosuid,nodev,size={limits.disk_mb}m,mode=1777"},
         read_only=True,
         network_mode="bridge" if limits.network else "none",
         cap_drop=["ALL"],
@@ -176,7 +186,9 @@ class PreparedContainer:
         state = await asyncio.to_thread(self._final_state)
         return _outcome(state, reason, stdout, stderr, (time.monotonic() - started) * 1000)
 
-    async def _exchange(self, raw: socket.socket, payload: bytes, stdout: CappedBuffer, stderr: TailBuffer) -> None:
+    async def _exchange(
+        self, raw: socket.socket, payload: bytes, stdout: CappedBuffer, stderr: TailBuffer
+    ) -> None:
         loop = asyncio.get_running_loop()
         raw.setblocking(False)
         decoder = FrameDecoder()
@@ -222,7 +234,11 @@ def _remove(client: Any, container_id: str) -> None:
 
 
 def _outcome(
-    state: dict[str, Any], reason: StopReason | None, stdout: CappedBuffer, stderr: TailBuffer, duration_ms: float
+    state: dict[str, Any],
+    reason: StopReason | None,
+    stdout: CappedBuffer,
+    stderr: TailBuffer,
+    duration_ms: float,
 ) -> SandboxOutcome:
     exit_code: int | None = state.get("ExitCode")
     sig: int | None = None
@@ -244,5 +260,7 @@ def _outcome(
         stderr_tail=stderr.text(),
         duration_ms=duration_ms,
         reason=reason,
-        message="the container did not report an exit status" if reason is StopReason.SANDBOX_UNAVAILABLE else "",
+        message="the container did not report an exit status"
+        if reason is StopReason.SANDBOX_UNAVAILABLE
+        else "",
     )

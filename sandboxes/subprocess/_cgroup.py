@@ -28,7 +28,7 @@ KILL_ROUNDS = 200
 KILL_PAUSE_S = 0.005
 
 
-class CgroupUnavailable(Exception):  # noqa: N818 - names the condition
+class CgroupUnavailable(Exception):
     """No usable cgroup hierarchy; the message says what is missing."""
 
 
@@ -59,9 +59,7 @@ def detect_version() -> int:
         return 2
     if all((CGROUP_ROOT / c / "cgroup.procs").exists() for c in V1_CONTROLLERS):
         return 1
-    raise CgroupUnavailable(
-        "no cgroup hierarchy with the memory, pids and cpuacct controllers is mounted"
-    )
+    raise CgroupUnavailable("no cgroup hierarchy with the memory, pids and cpuacct controllers is mounted")
 
 
 def _write(path: Path, value: str) -> None:
@@ -178,18 +176,14 @@ class CgroupFactory:
 
     def _make_parents(self) -> list[Path]:
         if self.version == 1:
-            parents = [
-                CGROUP_ROOT / c / _own_path(c).lstrip("/") / CALLS_DIR for c in V1_CONTROLLERS
-            ]
+            parents = [CGROUP_ROOT / c / _own_path(c).lstrip("/") / CALLS_DIR for c in V1_CONTROLLERS]
         else:
             parents = [self._v2_parent()]
         for parent in parents:
             try:
                 parent.mkdir(exist_ok=True)
             except OSError as exc:
-                raise CgroupUnavailable(
-                    f"cannot create cgroup {parent}: {exc.strerror}"
-                ) from exc
+                raise CgroupUnavailable(f"cannot create cgroup {parent}: {exc.strerror}") from exc
         return parents
 
     def _v2_parent(self) -> Path:

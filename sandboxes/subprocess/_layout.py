@@ -17,7 +17,7 @@ from sandboxes.base import LaunchSpec, Limits
 
 SANDBOX_UID = 65534  # "nobody": never root, also when the runner is root
 TOOL_MOUNT = "/tool"
-SCRATCH_MOUNT = "/tmp"
+SCRATCH_MOUNT = "/tmp"  # noqa: S108 - the sandbox's own private tmpfs, not the host's
 WORKSPACE_MOUNT = "/workspace"
 SYSTEM_DIRS = ("/usr", "/opt/runner-system")  # the second is a hook for vendored runtimes
 MERGED_USR_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -48,7 +48,11 @@ def tool_env(spec: LaunchSpec, home: str, workspace: str | None) -> dict[str, st
 
 
 def bwrap_argv(
-    bwrap: str, spec: LaunchSpec, limits: Limits, src: Sources, env: Mapping[str, str],
+    bwrap: str,
+    spec: LaunchSpec,
+    limits: Limits,
+    src: Sources,
+    env: Mapping[str, str],
     command: list[str],
 ) -> list[str]:
     argv = [

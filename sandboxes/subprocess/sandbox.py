@@ -246,8 +246,7 @@ class PreparedSubprocess:
                 os.chown(workspace, SANDBOX_UID, SANDBOX_UID)
         launcher_env = self._launcher_env({"PATH": "/usr/bin:/bin"})
         needs_stage = owner.unshare is not None and not (
-            _reachable_by_others(spec.tool_dir)
-            and (workspace is None or _reachable_by_others(workspace))
+            _reachable_by_others(spec.tool_dir) and (workspace is None or _reachable_by_others(workspace))
         )
         if needs_stage:
             stage = owner.stage_dir
@@ -395,5 +394,3 @@ def _setup_message(stderr_tail: str) -> str:
         if line.startswith(("bwrap:", "runner-launch:", "setpriv:")):
             return _HOST_PATH.sub("<path>", line)[:200]
     return "the sandbox could not be set up"
-
-
