@@ -5,7 +5,7 @@
 Baselines: a bare ``python3 main.py`` spawn of the same tool with the same payload, and
 a bare ``bwrap`` around it (what namespaces alone cost). Measured: ``Runner.call``
 (hardened sandbox: launcher, cgroup, namespaces, teardown) and the ``runner exec`` CLI
-(interpreter start-up and imports included). Docker figures come from bench/docker.py.
+(interpreter start-up and imports included). Docker figures come from bench/docker_call.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Latency of a docker tool through the runner next to ``docker run --rm -i``.
 
-    python3 bench/docker.py [--n 15]
+    python3 bench/docker_call.py [--n 15]
 
 Same image (runner/base:latest), same command, same payload, same limits flags, in the
 same run. The runner talks to the daemon through the SDK (create, attach, start, wait,
