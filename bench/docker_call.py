@@ -12,15 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from _timing import print_table, timed  # noqa: E402
 
 from runner import Runner  # noqa: E402
 
@@ -28,16 +28,6 @@ CODE = "import json, sys\np = json.load(sys.stdin)['params']\njson.dump(p['a'] +
 PAYLOAD = json.dumps(
     {"params": {"a": 1, "b": 2}, "context": {"requestId": "b", "toolName": "add", "attempt": 1}}
 )
-
-
-def timed(fn, n: int) -> list[float]:
-    fn()
-    samples = []
-    for _ in range(n):
-        started = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - started) * 1000)
-    return samples
 
 
 def main() -> None:
@@ -75,12 +65,7 @@ def main() -> None:
             ("docker run --rm -i", timed(docker_run, args.n)),
             ("Runner.call (docker)", timed(through_runner, args.n)),
         ]
-    base = statistics.median(rows[0][1])
-    print(f"{'what':<24}{'median ms':>10}{'p90 ms':>9}{'x docker run':>14}")
-    for name, samples in rows:
-        median = statistics.median(samples)
-        p90 = sorted(samples)[int(len(samples) * 0.9) - 1]
-        print(f"{name:<24}{median:>10.1f}{p90:>9.1f}{median / base:>14.2f}")
+    print_table(rows, baseline="docker run")
 
 
 if __name__ == "__main__":

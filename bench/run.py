@@ -14,15 +14,14 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from _timing import print_table, timed  # noqa: E402
 
 from runner import Runner  # noqa: E402
 
@@ -32,16 +31,6 @@ PAYLOAD = json.dumps(
     {"params": PARAMS, "context": {"requestId": "bench", "toolName": "add_numbers", "attempt": 1}}
 ).encode()
 PYTHON = "/usr/bin/python3"  # the interpreter the sandbox itself runs
-
-
-def timed(fn: Callable[[], object], n: int) -> list[float]:
-    fn()  # warm caches
-    samples = []
-    for _ in range(n):
-        started = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - started) * 1000)
-    return samples
 
 
 def bare() -> None:
@@ -86,12 +75,7 @@ def main() -> None:
         ("Runner.call (hardened)", timed(runner_call, args.n)),
         ("runner exec (CLI)", timed(runner_exec, max(5, args.n // 3))),
     ]
-    base = statistics.median(rows[0][1])
-    print(f"{'what':<26}{'median ms':>10}{'p90 ms':>9}{'x bare':>8}{'+ms':>8}")
-    for name, samples in rows:
-        median = statistics.median(samples)
-        p90 = sorted(samples)[int(len(samples) * 0.9) - 1]
-        print(f"{name:<26}{median:>10.1f}{p90:>9.1f}{median / base:>8.2f}{median - base:>8.1f}")
+    print_table(rows, baseline="bare")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any
 
+from sandboxes._owners import pid_alive
 from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
 from sandboxes.docker._client import (
@@ -72,22 +73,12 @@ def remove_leftovers(client: Any) -> int:
     removed = 0
     for container in client.containers(all=True, filters={"label": f"{LABEL_MANAGED}=true"}):
         owner = container.get("Labels", {}).get(LABEL_OWNER, "")
-        if owner.isdigit() and _alive(int(owner)):
+        if owner.isdigit() and pid_alive(int(owner)):
             continue
         with contextlib.suppress(Exception):
             client.remove_container(container["Id"], force=True)
             removed += 1
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _create(client: Any, spec: LaunchSpec, limits: Limits) -> str:

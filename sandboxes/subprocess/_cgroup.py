@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandboxes._owners import owner_alive
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # v1 controllers we need: memory and pids are limits; cpuacct tells CPU-limit kills apart.
 V1_CONTROLLERS = ("memory", "pids", "cpuacct")
@@ -246,21 +248,8 @@ class CgroupFactory:
         for parent in self._parents:
             with contextlib.suppress(OSError):
                 for child in parent.iterdir():
-                    if child.is_dir() and not _owner_alive(child.name):
+                    if child.is_dir() and not owner_alive(child.name):
                         stale.setdefault(child.name, []).append(child)
         for dirs in stale.values():
             CallCgroup(self.version, dirs).remove()
         return len(stale)
-
-
-def _owner_alive(name: str) -> bool:
-    owner = name.split("-", 1)[0]
-    if not owner.isdigit():
-        return True  # not ours to judge
-    try:
-        os.kill(int(owner), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandboxes._owners import owner_alive
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory, CgroupUnavailable
 from sandboxes.subprocess._launch import (
@@ -150,22 +151,11 @@ class SubprocessSandbox:
         if not self.scratch_root.is_dir():
             return
         for child in self.scratch_root.iterdir():
-            owner = child.name.split("-", 1)[0]
-            if owner.isdigit() and not _alive(int(owner)):
+            if not owner_alive(child.name):
                 shutil.rmtree(child, ignore_errors=True)
 
     def next_name(self) -> str:
         return f"{os.getpid()}-{next(self._sequence)}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class PreparedSubprocess:

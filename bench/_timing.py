@@ -1,0 +1,28 @@
+"""Shared by the benchmarks: repeat a call, then print medians against a baseline row."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def timed(fn: Callable[[], object], n: int) -> list[float]:
+    """Milliseconds of ``n`` runs of ``fn``, after one warm-up run."""
+    fn()
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def print_table(rows: list[tuple[str, list[float]]], baseline: str) -> None:
+    """Median and p90 of each row, as a ratio of and a difference from the first row."""
+    base = statistics.median(rows[0][1])
+    print(f"{'what':<26}{'median ms':>10}{'p90 ms':>9}{'x ' + baseline:>16}{'+ms':>8}")
+    for name, samples in rows:
+        median = statistics.median(samples)
+        p90 = sorted(samples)[max(0, int(len(samples) * 0.9) - 1)]
+        print(f"{name:<26}{median:>10.1f}{p90:>9.1f}{median / base:>16.2f}{median - base:>8.1f}")

@@ -1,0 +1,23 @@
+"""Who left a resource behind: per-call cgroups, scratch folders and containers are
+named or labelled with the pid of the runner that made them."""
+
+from __future__ import annotations
+
+import os
+
+
+def pid_alive(pid: int) -> bool:
+    """Is process ``pid`` alive? (One we may not signal counts as alive: not ours to judge.)"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def owner_alive(name: str) -> bool:
+    """For a name ``<pid>-...``: is that runner still alive? Foreign names count as alive."""
+    owner = name.split("-", 1)[0]
+    return not owner.isdigit() or pid_alive(int(owner))
