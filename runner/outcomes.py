@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal as signals
 from typing import Any, Literal
 
@@ -23,6 +24,14 @@ _REASON_TEXT = {
     StopReason.OUTPUT_LIMIT: "was killed for writing more than its output limit",
     StopReason.SANDBOX_UNAVAILABLE: "could not be started: {message}",
 }
+
+
+_HOST_PATH = re.compile(r"/[^\s:'\"]+")
+
+
+def mask_host_paths(text: str) -> str:
+    """Error messages never show host paths; a sandbox's complaint may name some."""
+    return _HOST_PATH.sub("<path>", text)
 
 
 def _single_line(text: str, limit: int) -> str:
@@ -70,7 +79,7 @@ def failure_error(tool: Tool, outcome: SandboxOutcome, timeout_ms: int, by_deadl
     text = _REASON_TEXT[reason].format(
         exit_code=outcome.exit_code,
         signal_name=_signal_name(outcome.signal),
-        message=outcome.message,
+        message=mask_host_paths(outcome.message),
     )
     message = f"{tool.name} {text}"
     told = _tool_message(outcome.stdout) if reason is StopReason.EXIT_CODE else None

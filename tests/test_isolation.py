@@ -364,3 +364,25 @@ def test_leftovers_of_a_killed_runner_are_removed_on_start(tmp_path: Path) -> No
     SubprocessSandbox(SubprocessConfig(state_dir=tmp_path / "state"))
     assert not any(d.exists() for d in stale)
     assert not scratch.exists()
+
+
+def test_sandbox_unavailable_messages_show_no_host_paths(bench: ToolBench) -> None:
+    from sandboxes import SandboxOutcome, StopReason
+
+    from runner.outcomes import failure_error
+
+    bench.tool("ok", "print('{}')\n")
+    tool = bench.runner().registry.get("ok")
+    outcome = SandboxOutcome(
+        exit_code=1,
+        signal=None,
+        stdout=b"",
+        stderr_tail="",
+        duration_ms=1,
+        reason=StopReason.SANDBOX_UNAVAILABLE,
+        message=f"bwrap: Can't find source path {bench.root}/secret-place: No such file",
+    )
+    message = failure_error(tool, outcome, 1000, by_deadline=False).message
+    assert "secret-place" not in message
+    assert str(bench.root) not in message
+    assert "Can't find source path" in message
