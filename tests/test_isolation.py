@@ -367,9 +367,8 @@ def test_leftovers_of_a_killed_runner_are_removed_on_start(tmp_path: Path) -> No
 
 
 def test_sandbox_unavailable_messages_show_no_host_paths(bench: ToolBench) -> None:
-    from sandboxes import SandboxOutcome, StopReason
-
     from runner.outcomes import failure_error
+    from sandboxes import SandboxOutcome, StopReason
 
     bench.tool("ok", "print('{}')\n")
     tool = bench.runner().registry.get("ok")

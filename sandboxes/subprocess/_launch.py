@@ -46,8 +46,6 @@ exec "$@"
 """
 # Runs inside the sandbox, as the tool's own first instructions.
 STARTED_SHIM = 'printf s >&3; exec 3>&-; unset PWD OLDPWD; exec "$@"'  # sh exports PWD itself
-LAUNCH_FAILED = 125
-LAUNCH_FAILED_MARK = "runner-launch:"
 
 
 def launcher_argv(shell: str, argv: list[str], unshare: str | None) -> list[str]:

@@ -30,8 +30,6 @@ from sandboxes._owners import owner_alive
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory, CgroupUnavailable
 from sandboxes.subprocess._launch import (
-    LAUNCH_FAILED,
-    LAUNCH_FAILED_MARK,
     drop_privileges_argv,
     launcher_argv,
     started_shim_argv,
@@ -314,9 +312,7 @@ class PreparedSubprocess:
             return StopReason.CPU_LIMIT
         if ending is Ending.MEMORY_LIMIT:
             return StopReason.MEMORY_LIMIT
-        if rc == LAUNCH_FAILED and LAUNCH_FAILED_MARK in result.stderr_tail:
-            return StopReason.SANDBOX_UNAVAILABLE
-        if not started_ok:
+        if not started_ok:  # the shim never ran: the launcher or bubblewrap gave up
             return StopReason.SANDBOX_UNAVAILABLE
         if rc == 0:
             return None
