@@ -131,7 +131,11 @@ class Runner:
         error: CallError | None = None
         ctx = CallContext(request_id, trace_id, role, None, None)
         try:
-            request = parse_request(raw)
+            try:
+                request = parse_request(raw)
+            except CallError:
+                self._refused_before_policy(tool_name, ctx, "invalid_request")
+                raise
             if isinstance(request, DiscoverRequest):
                 tools = self._discover(request.options.filter, request.role)
                 result = {"tools": tools}
@@ -168,6 +172,7 @@ class Runner:
     async def _call(self, request: CallRequest, ctx: CallContext) -> Execution:
         tool = self.registry.get(request.tool_name)
         if tool is None:
+            self._refused_before_policy(request.tool_name, ctx, "tool_not_found")
             raise CallError(
                 ErrorCode.TOOL_NOT_FOUND,
                 f"no tool named {request.tool_name!r} is registered",
@@ -190,6 +195,9 @@ class Runner:
                 {"reason": decision.reason, "role": decision.role, "rule": decision.rule},
             )
         problem = first_error(tool.params_validator, request.params)
+        if problem is not None and problem["field"].split("/")[0] in tool.sensitive_params:
+            # jsonschema quotes the value it rejects; a secret must not reach the answer.
+            problem = {**problem, "problem": f"value rejected by '{problem['validator']}'"}
         if problem is not None:
             raise CallError(
                 ErrorCode.INVALID_PARAMS,
@@ -204,15 +212,30 @@ class Runner:
                 f"{tool.name} is failing; its circuit breaker is open",
                 {"retryAfterMs": breaker.retry_after_ms(), "state": breaker.state.value},
             )
-        ok = False
+        execution: Execution | None = None
         try:
             sandbox = self._sandbox_factory(plan.sandbox)
             spec = _launch_spec(tool, ctx, self.policy, plan.runtime)
             execution = await self._executor.execute(tool, plan, sandbox, spec, request.params, ctx)
-            ok = execution.error is None
             return execution
         finally:
-            breaker.record(ok)
+            # Only what the tool did counts; a runner fault or a cancelled call gives the
+            # half-open probe back instead of blaming the tool.
+            if execution is None:
+                breaker.release()
+            else:
+                breaker.record(execution.error is None)
+
+    def _refused_before_policy(self, tool_name: str | None, ctx: CallContext, reason: str) -> None:
+        """Calls that never reach the policy still get their one (deny) decision event."""
+        self.audit.emit(
+            "policy.decision",
+            toolName=tool_name,
+            **ctx.audit_fields(),
+            decision="deny",
+            reason=reason,
+            rule=None,
+        )
 
     def _breaker(self, name: str) -> CircuitBreaker:
         with self._lock:

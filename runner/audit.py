@@ -44,7 +44,10 @@ def _bound(value: Any) -> Any:
         return value if len(value) <= MAX_STRING else value[:MAX_STRING] + "...(cut)"
     if value is None or isinstance(value, bool | int | float):
         return value
-    text = json.dumps(value, default=str, ensure_ascii=True)
+    try:
+        text = json.dumps(value, default=str, ensure_ascii=True)
+    except (ValueError, RecursionError):
+        return "<unserializable>"
     if len(text) <= MAX_FIELD_JSON:
         return json.loads(text)
     return text[:MAX_FIELD_JSON] + "...(cut)"

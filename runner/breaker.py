@@ -58,6 +58,12 @@ class CircuitBreaker:
                 self._state = BreakerState.OPEN
                 self._opened_at = self._clock.monotonic()
 
+    def release(self) -> None:
+        """End a call without a verdict: a half-open breaker waits for another probe."""
+        with self._lock:
+            if self._state is BreakerState.HALF_OPEN:
+                self._state = BreakerState.OPEN  # opened_at unchanged: the next call probes
+
     def retry_after_ms(self) -> int:
         with self._lock:
             left = self._reset_timeout_s - (self._clock.monotonic() - self._opened_at)

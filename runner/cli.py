@@ -36,7 +36,7 @@ def _load(ctx: click.Context) -> Any:
 
 
 def _print_json(document: object) -> None:
-    click.echo(json.dumps(document, ensure_ascii=False))
+    click.echo(json.dumps(document, ensure_ascii=True))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -78,12 +78,12 @@ def _params(value: str | None) -> object:
     if value.startswith("@"):
         try:
             text = Path(value[1:]).read_text(encoding="utf-8")
-        except OSError as exc:
-            _fail_usage(f"cannot read params file {value[1:]}: {exc.strerror}")
+        except (OSError, UnicodeDecodeError) as exc:
+            _fail_usage(f"cannot read params file {value[1:]}: {getattr(exc, 'strerror', None) or exc}")
     try:
         return json.loads(text)
-    except ValueError as exc:
-        _fail_usage(f"--params is not valid JSON: {exc}")
+    except (ValueError, RecursionError) as exc:
+        _fail_usage(f"--params is not valid JSON: {type(exc).__name__}")
 
 
 @cli.command("exec")
@@ -116,8 +116,8 @@ def exec_command(
     if tool == "-":
         try:
             request = json.loads(sys.stdin.read())
-        except ValueError as exc:
-            _fail_usage(f"stdin is not a JSON request: {exc}")
+        except (ValueError, RecursionError) as exc:
+            _fail_usage(f"stdin is not a JSON request: {type(exc).__name__}")
     else:
         options = {
             "timeout": timeout,
@@ -257,12 +257,15 @@ def audit_command(
         since=_time_option(since, "--since"),
         until=_time_option(until, "--until"),
     )
-    events = query(path, wanted)
-    if as_json:
-        for event in events:
-            _print_json(event)
-        return
-    write_table(events, sys.stdout)
+    try:
+        events = query(path, wanted)
+        if as_json:
+            for event in events:
+                _print_json(event)
+            return
+        write_table(events, sys.stdout)
+    except OSError as exc:
+        _fail_usage(f"cannot read audit log {path}: {exc.strerror}")
 
 
 def _policy_audit_path(ctx: click.Context) -> Path | None:

@@ -7,6 +7,7 @@ to prepare, run and close, once per attempt.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -88,7 +89,7 @@ class Executor:
             left_ms = (deadline_at - clock.monotonic()) * 1000
             if attempt > 1 and left_ms < MIN_ATTEMPT_MS:
                 break
-            timeout_ms = max(1, int(min(plan.limits.timeout_ms, left_ms)))
+            timeout_ms = max(1, min(plan.limits.timeout_ms, math.ceil(left_ms)))
             by_deadline = timeout_ms < plan.limits.timeout_ms
             payload = _payload(params, spec, attempt)
             started = clock.monotonic()

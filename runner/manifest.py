@@ -18,6 +18,8 @@ NAME_PATTERN = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Variables the runner sets itself; a manifest may not override them.
 RESERVED_ENV = frozenset({"HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "WORKSPACE"})
+# The launcher reads RUNNER_* (and runs as root); LD_* would steer it before the tool.
+RESERVED_ENV_PREFIXES = ("RUNNER_", "LD_")
 
 
 class ManifestLimits(BaseModel):
@@ -78,7 +80,7 @@ class ManifestModel(BaseModel):
         for key in value:
             if not ENV_NAME.fullmatch(key):
                 raise ValueError(f"{key!r} is not a variable name")
-            if key in RESERVED_ENV:
+            if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES):
                 raise ValueError(f"{key} is set by the runner and cannot be overridden")
         return value
 

@@ -5,6 +5,7 @@ camelCase on the wire; the snake_case names are accepted on input as well.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -13,6 +14,14 @@ from pydantic.alias_generators import to_camel
 from runner.errors import CallError, ErrorCode
 
 MAX_ID_LENGTH = 256
+# Bounds on what a caller may ask for; the policy's ceilings then cap them further.
+MAX_TIMEOUT_MS = 3_600_000
+MAX_RETRY_DELAY_MS = 600_000
+MAX_DEADLINE_MS = 3_600_000
+MAX_PARAMS_BYTES = 8 * 1024 * 1024
+MAX_PARAMS_DEPTH = 64
+# Printable text only: ids end up in environments, argv, audit lines and messages.
+ID_PATTERN = r"^[^\x00-\x1f\x7f]*$"  # lone surrogates are refused by _check_json
 
 
 class _Wire(BaseModel):
@@ -20,20 +29,21 @@ class _Wire(BaseModel):
 
 
 class CallOptions(_Wire):
-    timeout: int | None = Field(default=None, gt=0)
-    retries: int | None = Field(default=None, ge=0, le=10)
-    retry_delay: int | None = Field(default=None, ge=0)
+    # strict: ``true`` or ``"100"`` is not a number of milliseconds
+    timeout: int | None = Field(default=None, gt=0, le=MAX_TIMEOUT_MS, strict=True)
+    retries: int | None = Field(default=None, ge=0, le=10, strict=True)
+    retry_delay: int | None = Field(default=None, ge=0, le=MAX_RETRY_DELAY_MS, strict=True)
     format: Literal["json", "raw"] = "json"
-    deadline: int | None = Field(default=None, gt=0)
+    deadline: int | None = Field(default=None, gt=0, le=MAX_DEADLINE_MS, strict=True)
 
 
 class CallRequest(_Wire):
-    tool_name: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    tool_name: str = Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)
     params: dict[str, Any] = Field(default_factory=dict)
     options: CallOptions = Field(default_factory=CallOptions)
-    request_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
-    step_id: str | None = Field(default=None, max_length=MAX_ID_LENGTH)
-    role: str | None = Field(default=None, max_length=MAX_ID_LENGTH)
+    request_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)
+    step_id: str | None = Field(default=None, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)
+    role: str | None = Field(default=None, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -44,9 +54,46 @@ class DiscoverOptions(_Wire):
 class DiscoverRequest(_Wire):
     action: Literal["discover"]
     options: DiscoverOptions = Field(default_factory=DiscoverOptions)
-    role: str | None = Field(default=None, max_length=MAX_ID_LENGTH)
-    request_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
+    role: str | None = Field(default=None, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)
+    request_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+def _depth(value: object, limit: int) -> int:
+    """Nesting depth of a JSON value, counted without recursion and stopping past ``limit``."""
+    deepest, stack = 0, [(value, 1)]
+    while stack and deepest <= limit:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if isinstance(item, dict):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in item)
+    return deepest
+
+
+def _check_json(raw: dict[str, Any]) -> None:
+    """The request must be plain JSON the tool can be sent: bounded depth and size, valid text."""
+    if _depth(raw, MAX_PARAMS_DEPTH) > MAX_PARAMS_DEPTH:
+        raise CallError(
+            ErrorCode.INVALID_PARAMS,
+            f"request nests deeper than {MAX_PARAMS_DEPTH} levels",
+            {"field": "params", "problem": "too deep"},
+        )
+    try:
+        size = len(json.dumps(raw, ensure_ascii=False).encode("utf-8"))
+    except (TypeError, ValueError, UnicodeEncodeError) as exc:
+        raise CallError(
+            ErrorCode.INVALID_PARAMS,
+            "request is not plain JSON text",
+            {"field": "(root)", "problem": type(exc).__name__},
+        ) from exc
+    if size > MAX_PARAMS_BYTES:
+        raise CallError(
+            ErrorCode.INVALID_PARAMS,
+            f"request is larger than {MAX_PARAMS_BYTES} bytes",
+            {"field": "params", "problem": "too large"},
+        )
 
 
 def parse_request(raw: object) -> CallRequest | DiscoverRequest:
@@ -61,6 +108,7 @@ def parse_request(raw: object) -> CallRequest | DiscoverRequest:
             "request must be a JSON object",
             {"field": "(root)", "problem": "not an object"},
         )
+    _check_json(raw)
     model: type[CallRequest | DiscoverRequest] = DiscoverRequest if "action" in raw else CallRequest
     try:
         return model.model_validate(raw)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -80,3 +81,57 @@ def test_overlapping_calls_from_threads_share_one_runner(bench: ToolBench) -> No
     with ThreadPoolExecutor(max_workers=12) as pool:
         results = list(pool.map(lambda i: runner.call("slow_echo", {"i": i}), range(24)))
     assert [r.result for r in results] == [{"i": i} for i in range(24)]
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"toolName": "add_numbers", "params": {"a": 1, "b": 2}, "requestId": "a\u0000b"},
+        {"toolName": "add_numbers", "params": {"a": 1, "b": 2}, "requestId": "a\nb"},
+        {"toolName": "add_numbers", "params": {"a": "\ud800", "b": 2}},
+        {"toolName": "add_numbers", "params": {"a": 1, "b": 2}, "options": {"timeout": True}},
+        {"toolName": "add_numbers", "params": {"a": 1, "b": 2}, "options": {"retries": "3"}},
+        {"toolName": "add_numbers", "params": {"a": 1, "b": 2}, "options": {"deadline": 10**400}},
+        {"toolName": "add_numbers", "params": {"a": 1, "b": 2}, "options": {"retryDelay": 10**9}},
+    ],
+)
+def test_hostile_request_fields_are_invalid_params_not_crashes(shipped: Runner, request_: dict) -> None:
+    answer = shipped.handle(request_)
+    assert answer["error"]["code"] == "INVALID_PARAMS", answer["error"]
+    assert answer["metadata"]["attempts"] == 0
+
+
+def _deep(levels: int) -> object:
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_deeply_nested_params_are_refused_and_still_audited(bench: ToolBench) -> None:
+    bench.tool("ok", ECHO)
+    answer = bench.runner().handle({"toolName": "ok", "params": {"deep": _deep(1500)}})
+    assert answer["error"]["code"] == "INVALID_PARAMS"
+    events = bench.audit_log.read_text().splitlines()
+    assert [json.loads(line)["event"] for line in events] == ["policy.decision", "call.finished"]
+
+
+def test_refused_requests_never_trip_the_breaker(bench: ToolBench) -> None:
+    bench.tool("ok", ECHO)
+    bench.policy["circuit_breaker"] = {"failure_threshold": 2, "reset_timeout_ms": 60000}
+    runner = bench.runner()
+    for _ in range(5):
+        runner.handle({"toolName": "ok", "requestId": "a\u0000b"})
+        runner.handle({"toolName": "ok", "params": {"deep": _deep(200)}})
+    assert runner.handle({"toolName": "ok", "params": {"i": 1}})["result"] == {"i": 1}
+
+
+def test_a_sensitive_value_never_appears_in_an_invalid_params_answer(bench: ToolBench) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"password": {"type": "string", "minLength": 20, "x-sensitive": True}},
+    }
+    bench.tool("login", ECHO, parameters=schema)
+    answer = bench.runner().handle({"toolName": "login", "params": {"password": "hunter2"}})
+    assert answer["error"]["code"] == "INVALID_PARAMS"
+    assert "hunter2" not in json.dumps(answer)

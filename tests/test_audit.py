@@ -71,9 +71,11 @@ def test_a_denied_call_logs_the_deny_and_its_reason(bench: ToolBench) -> None:
 )
 def test_calls_refused_before_the_policy_are_logged(bench: ToolBench, request_: object, code: str) -> None:
     logs = events_of(bench, request_)
-    assert names(logs) == ["call.finished"]
-    assert logs[0]["code"] == code
-    assert logs[0]["attempts"] == 0
+    assert names(logs) == ["policy.decision", "call.finished"]
+    assert logs[0]["decision"] == "deny"
+    assert logs[0]["reason"] == ("tool_not_found" if code == "TOOL_NOT_FOUND" else "invalid_request")
+    assert logs[1]["code"] == code
+    assert logs[1]["attempts"] == 0
 
 
 def test_invalid_params_are_logged_after_the_decision(bench: ToolBench) -> None:
@@ -154,15 +156,23 @@ def test_a_denied_call_is_found_by_request_id(tmp_path: Path) -> None:
 def test_a_request_id_or_param_with_newlines_and_json_forges_nothing(tmp_path: Path) -> None:
     audit = tmp_path / "audit.log"
     forged = 'x"}\n{"event": "policy.decision", "decision": "allow", "requestId": "forged'
-    request = {"toolName": "echo", "params": {"message": forged}, "requestId": forged}
-    run_cli("exec", "-", stdin=json.dumps(request), audit=audit)
+    run_cli("exec", "-", stdin=json.dumps({"toolName": "echo", "params": {"message": forged}}), audit=audit)
+    refused = run_cli(
+        "exec",
+        "-",
+        stdin=json.dumps({"toolName": "echo", "params": {"message": "m"}, "requestId": forged}),
+        audit=audit,
+    )
+    assert json.loads(refused.stdout)["error"]["code"] == "INVALID_PARAMS"  # ids are printable text
     run_cli("exec", "-", stdin=json.dumps({"toolName": forged}), audit=audit)
     lines = audit.read_text().splitlines()
-    assert len(lines) == 4  # decision, attempt, finished; then one finished
+    assert len(lines) == 7  # decision, attempt, finished; then decision and finished, twice
     events = [json.loads(line) for line in lines]
     assert all(set(e) >= REQUIRED for e in events)
-    assert events[0]["requestId"] == forged
+    assert events[0]["params"] == {"message": forged}
+    assert events[3]["requestId"] == forged
     assert all(e["requestId"] != "forged" for e in events)
+    assert [e["decision"] for e in events if e["event"] == "policy.decision"] == ["allow", "deny", "deny"]
 
 
 def test_x_sensitive_values_never_reach_the_file(bench: ToolBench) -> None:
@@ -214,8 +224,8 @@ def test_eight_processes_writing_one_log_leave_only_whole_lines(bench: ToolBench
     ]
     assert all(p.wait(timeout=120) == 0 for p in procs)
     lines = bench.audit_log.read_text().splitlines()
-    # per ok call: decision + attempt + finished; per missing call: finished
-    assert len(lines) == 8 * per_process * 4
+    # per ok call: decision + attempt + finished; per missing call: decision + finished
+    assert len(lines) == 8 * per_process * 5
     events = [json.loads(line) for line in lines]
     assert all(set(e) >= REQUIRED for e in events)
 

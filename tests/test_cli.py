@@ -120,3 +120,20 @@ def test_validate_reports_every_bad_manifest_and_lists_the_good(tmp_path: Path) 
     assert f"invalid: {tmp_path / 'broken' / 'tool.yaml'}" in done.stdout
     assert "ok: add_numbers" in done.stdout
     assert run("validate").returncode == 0
+
+
+def test_hostile_cli_input_is_a_usage_error_not_a_traceback(tmp_path: Path) -> None:
+    latin1 = tmp_path / "params.json"
+    latin1.write_bytes(b'{"a": "\xff"}')
+    cases = [
+        run("exec", "-", stdin="[" * 100_000),
+        run("exec", "add_numbers", "--params", "[" * 100_000),
+        run("exec", "add_numbers", "--params", f"@{latin1}"),
+        run("audit", "--log", str(tmp_path)),
+    ]
+    for done in cases:
+        assert done.returncode == 2, (done.args[:4], done.stderr[-300:])
+        assert "Traceback" not in done.stderr
+    answer = run("exec", "-", stdin='{"toolName": "echo", "params": {"message": "\\ud800"}}')
+    assert "Traceback" not in answer.stderr
+    assert json.loads(answer.stdout)["error"]["code"] == "INVALID_PARAMS"

@@ -385,3 +385,22 @@ def test_sandbox_unavailable_messages_show_no_host_paths(bench: ToolBench) -> No
     assert "secret-place" not in message
     assert str(bench.root) not in message
     assert "Can't find source path" in message
+
+
+def test_the_tool_cannot_make_a_user_namespace_or_write_dev(bench: ToolBench, mode: str) -> None:
+    result = attack(
+        bench,
+        """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        CLONE_NEWUSER = 0x10000000
+        result["unshare"] = libc.unshare(CLONE_NEWUSER)
+        try:
+            open("/dev/planted", "w").write("x")
+            result["dev"] = "written"
+        except OSError as exc:
+            result["dev"] = type(exc).__name__
+    """,
+    )
+    assert result["unshare"] == -1
+    assert result["dev"] != "written"

@@ -58,3 +58,11 @@ def test_remote_refs_are_never_fetched(bench: ToolBench) -> None:
     assert answer["success"] is False
     assert answer["error"]["code"] == "INVALID_PARAMS"
     assert answer["metadata"]["attempts"] == 0
+
+
+def test_a_manifest_cannot_set_the_launcher_s_variables(bench: ToolBench) -> None:
+    bench.tool("steer", "", env={"RUNNER_STAGE": "/"})
+    bench.tool("preload", "", env={"LD_PRELOAD": "/tmp/x.so"})
+    registry = Registry.load([bench.tools])
+    assert len(registry) == 0
+    assert {p.path.parent.name for p in registry.problems} == {"steer", "preload"}

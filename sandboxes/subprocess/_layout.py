@@ -62,6 +62,8 @@ def bwrap_argv(
         "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
         "--hostname", "sandbox",
         "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        # No user namespaces inside: they would hand the tool a full capability set there.
+        "--disable-userns", "--assert-userns-disabled",
         "--clearenv",
     ]  # fmt: skip
     if not limits.network:
@@ -80,7 +82,11 @@ def bwrap_argv(
     argv += ["--symlink", "/run/runner-etc/passwd", "/etc/passwd"]
     argv += ["--symlink", "/run/runner-etc/group", "/etc/group"]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--size", str(limits.disk_mb * 1024 * 1024), "--perms", "1777", "--tmpfs", SCRATCH_MOUNT]
+    # --dev is a writable tmpfs; only /dev/shm stays writable, and bounded like /tmp.
+    scratch_bytes = str(limits.disk_mb * 1024 * 1024)
+    argv += ["--size", scratch_bytes, "--perms", "1777", "--tmpfs", "/dev/shm"]  # noqa: S108 - the sandbox's own
+    argv += ["--remount-ro", "/dev"]
+    argv += ["--size", scratch_bytes, "--perms", "1777", "--tmpfs", SCRATCH_MOUNT]
     argv += ["--ro-bind", str(src.tool_dir), TOOL_MOUNT]
     if src.workspace is not None:
         flag = "--bind" if spec.workspace_mode == "write" else "--ro-bind"

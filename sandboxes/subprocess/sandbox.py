@@ -197,8 +197,8 @@ class PreparedSubprocess:
                 cwd=cwd,
                 start_new_session=True,
             )
-        except OSError as exc:
-            raise SandboxUnavailable(f"cannot start the sandbox launcher: {exc.strerror}") from exc
+        except (OSError, ValueError) as exc:
+            raise SandboxUnavailable(f"cannot start the sandbox launcher: {type(exc).__name__}") from exc
         self._pgid = proc.pid
         try:
             result = await drive(
