@@ -126,8 +126,11 @@ class SubprocessSandbox:
         for name, text in (("passwd", PASSWD), ("group", GROUP)):
             path = etc / name
             if not path.exists() or path.read_text() != text:
-                path.write_text(text)
-                path.chmod(0o644)
+                # Atomically: another runner may be binding this very file right now.
+                partial = path.with_name(f".{name}.{os.getpid()}")
+                partial.write_text(text)
+                partial.chmod(0o644)
+                partial.replace(path)
         self.state_dir.chmod(0o755)
         etc.chmod(0o755)
         return etc
