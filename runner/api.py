@@ -149,7 +149,7 @@ class Runner:
                     extra["degraded"] = True
         except CallError as exc:
             error = exc
-        except Exception as exc:
+        except Exception as exc:  # handle() never raises: a runner bug still gets the shell
             error = CallError(
                 ErrorCode.EXECUTION_ERROR,
                 f"internal error in the runner: {type(exc).__name__}",
