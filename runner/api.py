@@ -26,7 +26,7 @@ from runner.models import CallOptions, CallRequest, DiscoverRequest, parse_reque
 from runner.plan import resolve_plan
 from runner.policy import Policy
 from runner.registry import Registry, matches_filter
-from runner.schemas import first_error
+from runner.schemas import first_error, is_sensitive
 from sandboxes import LaunchSpec, Sandbox
 
 SandboxFactory = Callable[[str], Sandbox]
@@ -195,7 +195,7 @@ class Runner:
                 {"reason": decision.reason, "role": decision.role, "rule": decision.rule},
             )
         problem = first_error(tool.params_validator, request.params)
-        if problem is not None and problem["field"].split("/")[0] in tool.sensitive_params:
+        if problem is not None and is_sensitive(problem["field"], tool.sensitive_params):
             # jsonschema quotes the value it rejects; a secret must not reach the answer.
             problem = {**problem, "problem": f"value rejected by '{problem['validator']}'"}
         if problem is not None:

@@ -111,8 +111,23 @@ def configure_structlog() -> None:
     )
 
 
-def redact_params(params: Mapping[str, Any], sensitive: frozenset[str]) -> dict[str, Any]:
-    return {key: (REDACTED if key in sensitive else value) for key, value in params.items()}
+def redact_params(params: Mapping[str, Any], sensitive: frozenset[tuple[str, ...]]) -> Any:
+    """``params`` with every value at a sensitive path (see ``schemas.sensitive_paths``) as ``***``."""
+    redacted: Any = dict(params)
+    for path in sensitive:
+        redacted = _redact(redacted, path)
+    return redacted
+
+
+def _redact(value: Any, path: tuple[str, ...]) -> Any:
+    if not path:
+        return REDACTED
+    head, rest = path[0], path[1:]
+    if head == "*" and isinstance(value, list):
+        return [_redact(item, rest) for item in value]
+    if isinstance(value, dict) and head in value:
+        return {**value, head: _redact(value[head], rest)}
+    return value
 
 
 class AuditLog:

@@ -11,7 +11,7 @@ import yaml
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from runner.schemas import SchemaProblem, compile_schema, sensitive_keys
+from runner.schemas import SchemaProblem, SensitivePath, compile_schema, sensitive_paths
 
 MANIFEST_FILE = "tool.yaml"
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
@@ -93,7 +93,7 @@ class Tool:
     directory: Path
     params_validator: Draft202012Validator
     output_validator: Draft202012Validator | None
-    sensitive_params: frozenset[str]
+    sensitive_params: frozenset[SensitivePath]
 
     @property
     def name(self) -> str:
@@ -148,5 +148,5 @@ def load_tool(directory: Path) -> Tool:
         directory=directory.resolve(),
         params_validator=params_validator,
         output_validator=output_validator,
-        sensitive_params=sensitive_keys(manifest.parameters),
+        sensitive_params=sensitive_paths(manifest.parameters),
     )

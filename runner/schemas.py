@@ -57,11 +57,48 @@ def first_error(validator: Draft202012Validator, instance: Any) -> dict[str, str
     return {"field": field, "problem": message, "validator": str(error.validator)}
 
 
-def sensitive_keys(schema: dict[str, Any]) -> frozenset[str]:
-    """Top-level parameter names whose schema says ``"x-sensitive": true``."""
-    properties = schema.get("properties", {})
-    if not isinstance(properties, dict):
+SensitivePath = tuple[str, ...]  # object keys, "*" for every item of an array
+MAX_SCHEMA_WALK = 32
+
+
+def sensitive_paths(
+    schema: object, root: object = None, prefix: SensitivePath = (), depth: int = 0
+) -> frozenset[SensitivePath]:
+    """Where in the params the schema marks values ``"x-sensitive": true``.
+
+    Follows ``properties``, ``items``, ``allOf``/``anyOf``/``oneOf`` and local ``$ref``s.
+    """
+    root = schema if root is None else root
+    if depth > MAX_SCHEMA_WALK or not isinstance(schema, dict):
         return frozenset()
-    return frozenset(
-        name for name, sub in properties.items() if isinstance(sub, dict) and sub.get("x-sensitive") is True
-    )
+    if schema.get("x-sensitive") is True:
+        return frozenset({prefix})
+    found: set[SensitivePath] = set()
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target: object = root
+        for part in ref[2:].split("/"):
+            target = (
+                target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, dict) else None
+            )
+        found |= sensitive_paths(target, root, prefix, depth + 1)
+    properties = schema.get("properties")
+    if isinstance(properties, dict):
+        for name, sub in properties.items():
+            found |= sensitive_paths(sub, root, (*prefix, name), depth + 1)
+    found |= sensitive_paths(schema.get("items"), root, (*prefix, "*"), depth + 1)
+    for key in ("allOf", "anyOf", "oneOf"):
+        for sub in schema.get(key) or []:
+            found |= sensitive_paths(sub, root, prefix, depth + 1)
+    return frozenset(found)
+
+
+def is_sensitive(field: str, paths: frozenset[SensitivePath]) -> bool:
+    """Does an error's field (``a/b/0``) lie at or under a sensitive path?"""
+    parts = [] if field in ("(root)", "") else field.split("/")
+    for path in paths:
+        if len(parts) >= len(path) and all(
+            step in ("*", part) for step, part in zip(path, parts, strict=False)
+        ):
+            return True
+    return False

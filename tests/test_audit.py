@@ -238,3 +238,28 @@ def test_runner_audit_skips_a_torn_last_line(tmp_path: Path) -> None:
     done = run_cli("audit", "--json", audit=audit)
     assert done.returncode == 0
     assert len(done.stdout.splitlines()) == 3
+
+
+def test_nested_and_referenced_sensitive_values_are_redacted(bench: ToolBench) -> None:
+    schema = {
+        "type": "object",
+        "$defs": {"secret": {"type": "string", "x-sensitive": True}},
+        "properties": {
+            "auth": {
+                "type": "object",
+                "properties": {"token": {"$ref": "#/$defs/secret"}, "user": {"type": "string"}},
+            },
+            "keys": {"type": "array", "items": {"type": "string", "x-sensitive": True}},
+        },
+    }
+    bench.tool("nested", OK, parameters=schema)
+    bench.runner().handle(
+        {
+            "toolName": "nested",
+            "params": {"auth": {"token": "tok-SECRET", "user": "ann"}, "keys": ["k-SECRET-1", "k-SECRET-2"]},
+        }
+    )
+    text = bench.audit_log.read_text()
+    assert "SECRET" not in text
+    decision = next(json.loads(line) for line in text.splitlines() if '"policy.decision"' in line)
+    assert decision["params"] == {"auth": {"token": "***", "user": "ann"}, "keys": ["***", "***"]}
