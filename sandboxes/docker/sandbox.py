@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from sandboxes._owners import pid_alive
@@ -41,6 +43,13 @@ READ_CHUNK = 64 * 1024
 # After the output ends, the exit status is a moment away; bound the wait anyway.
 EXIT_GRACE_S = 5.0
 BUILD_HINT = "run `runner images build`"
+PIDS_POLL_S = 0.02  # a fork bomb that gives up and exits at once can still slip past
+# Where a local daemon puts a container's pids cgroup: v1 cgroupfs, v2 cgroupfs, v2 systemd.
+PIDS_EVENTS = (
+    "/sys/fs/cgroup/pids/docker/{id}/pids.events",
+    "/sys/fs/cgroup/docker/{id}/pids.events",
+    "/sys/fs/cgroup/system.slice/docker-{id}.scope/pids.events",
+)
 
 
 class DockerSandbox:
@@ -145,6 +154,7 @@ class PreparedContainer:
         self.container_id = container_id
         self._limits = limits
         self._closed = False
+        self._pids_refused = 0
 
     async def run(self, payload: bytes) -> SandboxOutcome:
         started = time.monotonic()
@@ -159,6 +169,7 @@ class PreparedContainer:
         raw: socket.socket = getattr(sock, "_sock", sock)  # SocketIO is read-only as returned
         stdout, stderr = CappedBuffer(self._limits.max_output_bytes), TailBuffer(STDERR_TAIL_BYTES)
         reason: StopReason | None = None
+        watcher = asyncio.ensure_future(self._watch_pids())
         try:
             await asyncio.wait_for(
                 self._exchange(raw, payload, stdout, stderr), timeout=self._limits.timeout_ms / 1000
@@ -168,6 +179,7 @@ class PreparedContainer:
         except OutputOverflow:
             reason = StopReason.OUTPUT_LIMIT
         finally:
+            watcher.cancel()
             with contextlib.suppress(OSError):
                 raw.close()
             with contextlib.suppress(Exception):
@@ -175,7 +187,22 @@ class PreparedContainer:
         if reason is not None:
             await asyncio.to_thread(self._kill)
         state = await asyncio.to_thread(self._final_state)
-        return _outcome(state, reason, stdout, stderr, (time.monotonic() - started) * 1000)
+        outcome = _outcome(state, reason, stdout, stderr, (time.monotonic() - started) * 1000)
+        if outcome.reason in (StopReason.EXIT_CODE, StopReason.SIGNAL) and self._pids_refused:
+            return dataclasses.replace(outcome, reason=StopReason.PIDS_LIMIT)
+        return outcome
+
+    async def _watch_pids(self) -> None:
+        """Note whether the kernel refused a fork for the pids limit (a local daemon only:
+        the container's cgroup is read on this host, and is gone once it exits)."""
+        paths = [Path(p.format(id=self.container_id)) for p in PIDS_EVENTS]
+        while True:
+            for path in paths:
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    for line in path.read_text().splitlines():
+                        if line.startswith("max "):
+                            self._pids_refused = max(self._pids_refused, int(line.split()[1]))
+            await asyncio.sleep(PIDS_POLL_S)
 
     async def _exchange(
         self, raw: socket.socket, payload: bytes, stdout: CappedBuffer, stderr: TailBuffer
