@@ -7,6 +7,8 @@ folder per tool (``tool.yaml`` + ``main.py``) so each test states its attack in 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -64,6 +66,18 @@ class ToolBench:
         policy_path = self.root / "policies.yaml"
         policy_path.write_text(yaml.safe_dump(self.policy))
         return Runner.load(tools=self.tools, policies=policy_path, audit_log=self.audit_log, **kwargs)
+
+    def spawn_runner(self, tool: str, request_id: str) -> subprocess.Popen[bytes]:
+        """A runner in a process of its own, calling ``tool`` with a 30 s timeout, to be killed."""
+        self.runner()  # writes the policy file
+        script = (
+            "import sys\nfrom runner import Runner\n"
+            "runner = Runner.load(tools=sys.argv[1], policies=sys.argv[2], audit_log=sys.argv[3])\n"
+            "runner.handle({'toolName': sys.argv[4], 'requestId': sys.argv[5],"
+            " 'options': {'timeout': 30000, 'retries': 0}})\n"
+        )
+        argv = [sys.executable, "-c", script, str(self.tools), str(self.root / "policies.yaml")]
+        return subprocess.Popen([*argv, str(self.audit_log), tool, request_id], cwd=REPO)
 
 
 @pytest.fixture

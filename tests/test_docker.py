@@ -164,33 +164,13 @@ def test_gvisor_runs_a_tool_when_the_policy_names_it(bench: ToolBench, docker_cl
     assert answer["result"]["connected"] is False
 
 
-KILLED_RUNNER = """
-import sys
-from runner import Runner
-runner = Runner.load(tools=sys.argv[1], policies=sys.argv[2], audit_log=sys.argv[3])
-runner.handle({"toolName": "sleeper", "requestId": "req_docker_orphan", "options": {"timeout": 30000, "retries": 0}})
-"""
-
-
 def test_a_container_left_by_a_killed_runner_is_removed_by_the_next_one(
     bench: ToolBench, docker_client
 ) -> None:
     import signal
-    import sys
 
     docker_tool(bench, "sleeper", "import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
-    bench.runner()  # writes the policy file
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            KILLED_RUNNER,
-            str(bench.tools),
-            str(bench.root / "policies.yaml"),
-            str(bench.audit_log),
-        ],
-        cwd=REPO,
-    )
+    proc = bench.spawn_runner("sleeper", "req_docker_orphan")
     deadline = time.monotonic() + 15
     while not ours(docker_client, "req_docker_orphan") and time.monotonic() < deadline:
         time.sleep(0.1)

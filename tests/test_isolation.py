@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -284,14 +283,6 @@ def test_six_hogs_in_parallel_are_each_held_to_their_own_limit(bench: ToolBench)
     assert results[6].success is True
 
 
-KILLED_RUNNER = """
-import sys
-from runner import Runner
-runner = Runner.load(tools=sys.argv[1], policies=sys.argv[2], audit_log=sys.argv[3])
-runner.handle({"toolName": "sleeper", "requestId": "req_orphan", "options": {"timeout": 20000, "retries": 0}})
-"""
-
-
 def test_killing_the_runner_mid_call_takes_every_tool_process_with_it(bench: ToolBench) -> None:
     bench.tool(
         "sleeper",
@@ -304,18 +295,7 @@ def test_killing_the_runner_mid_call_takes_every_tool_process_with_it(bench: Too
         time.sleep(60)
     """,
     )
-    bench.runner()  # writes the policy file
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            KILLED_RUNNER,
-            str(bench.tools),
-            str(bench.root / "policies.yaml"),
-            str(bench.audit_log),
-        ],
-        cwd=REPO,
-    )
+    proc = bench.spawn_runner("sleeper", "req_orphan")
     marker = "REQUEST_ID=req_orphan"
     deadline = time.monotonic() + 10
     while len(processes_with_env(marker)) < 2 and time.monotonic() < deadline:
