@@ -178,6 +178,10 @@ class PreparedContainer:
             reason = StopReason.TIMEOUT
         except OutputOverflow:
             reason = StopReason.OUTPUT_LIMIT
+        except OSError as exc:
+            await asyncio.to_thread(self._kill)
+            message = f"lost the connection to the Docker daemon: {type(exc).__name__}"
+            raise SandboxUnavailable(message) from exc
         finally:
             watcher.cancel()
             with contextlib.suppress(OSError):
