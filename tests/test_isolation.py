@@ -384,3 +384,28 @@ def test_the_tool_cannot_make_a_user_namespace_or_write_dev(bench: ToolBench, mo
     )
     assert result["unshare"] == -1
     assert result["dev"] != "written"
+
+
+def test_the_tool_is_uid_65534_on_the_host_side_too(bench: ToolBench) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only a root runner drops to 65534; otherwise the tool is the runner's own user")
+    bench.tool("idle", "import sys, time\nsys.stdin.read()\ntime.sleep(1.5)\nprint('{}')\n")
+    runner = bench.runner()
+    done: list[dict] = []
+    caller = threading.Thread(
+        target=lambda: done.append(runner.handle({"toolName": "idle", "requestId": "req_uid"}))
+    )
+    caller.start()
+    deadline = time.monotonic() + 5
+    pids: list[int] = []
+    while not pids and time.monotonic() < deadline:
+        pids = processes_with_env("REQUEST_ID=req_uid")
+        time.sleep(0.05)
+    uids = set()
+    for pid in pids:
+        status = Path(f"/proc/{pid}/status").read_text()
+        uids.add(status.split("Uid:")[1].split()[0])
+    caller.join(10)
+    assert done[0]["success"] is True
+    assert pids, "the tool never showed up in /proc"
+    assert uids == {"65534"}  # as seen from the host, not just inside the user namespace
