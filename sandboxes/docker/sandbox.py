@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sandboxes._kernel import read_keyed, signal_from_init_status
 from sandboxes._owners import pid_alive
 from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
@@ -202,10 +203,7 @@ class PreparedContainer:
         paths = [Path(p.format(id=self.container_id)) for p in PIDS_EVENTS]
         while True:
             for path in paths:
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    for line in path.read_text().splitlines():
-                        if line.startswith("max "):
-                            self._pids_refused = max(self._pids_refused, int(line.split()[1]))
+                self._pids_refused = max(self._pids_refused, read_keyed(path, "max"))
             await asyncio.sleep(PIDS_POLL_S)
 
     async def _exchange(
@@ -271,9 +269,9 @@ def _outcome(
             reason = StopReason.SANDBOX_UNAVAILABLE
         elif exit_code != 0:
             reason = StopReason.EXIT_CODE
-            if 128 < exit_code < 128 + 65:
-                # The init process reports a child killed by signal N as status 128 + N.
-                sig, exit_code = exit_code - 128, None
+            sig = signal_from_init_status(exit_code)  # Docker's init: 128 + N
+            if sig is not None:
+                exit_code = None
                 reason = StopReason.CPU_LIMIT if sig == signal.SIGXCPU else StopReason.SIGNAL
     return SandboxOutcome(
         exit_code=exit_code,

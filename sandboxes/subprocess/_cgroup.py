@@ -15,9 +15,9 @@ import errno
 import os
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from sandboxes._kernel import read_keyed
 from sandboxes._owners import owner_alive
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -32,16 +32,6 @@ KILL_PAUSE_S = 0.005
 
 class CgroupUnavailable(Exception):
     """No usable cgroup hierarchy; the message says what is missing."""
-
-
-@dataclass(frozen=True)
-class CgroupCounters:
-    """What the kernel counted for a finished attempt."""
-
-    oom_kills: int
-    memory_failures: int
-    pids_refused: int
-    cpu_seconds: float
 
 
 def _own_path(controller: str | None) -> str:
@@ -75,17 +65,6 @@ def _read_int(path: Path, default: int = 0) -> int:
         return default
 
 
-def _read_keyed(path: Path, key: str) -> int:
-    try:
-        for line in path.read_text().splitlines():
-            name, _, value = line.partition(" ")
-            if name == key:
-                return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
 class CallCgroup:
     """The cgroup(s) of one attempt. ``procs_files`` are what the launcher joins."""
 
@@ -97,33 +76,22 @@ class CallCgroup:
     def procs_files(self) -> list[Path]:
         return [d / "cgroup.procs" for d in self.dirs]
 
-    def counters(self) -> CgroupCounters:
-        if self.version == 1:
-            memory, pids, cpuacct = self.dirs
-            return CgroupCounters(
-                oom_kills=_read_keyed(memory / "memory.oom_control", "oom_kill"),
-                memory_failures=_read_int(memory / "memory.failcnt"),
-                pids_refused=_read_keyed(pids / "pids.events", "max"),
-                cpu_seconds=_read_int(cpuacct / "cpuacct.usage") / 1e9,
-            )
-        (unified,) = self.dirs
-        return CgroupCounters(
-            oom_kills=_read_keyed(unified / "memory.events", "oom_kill"),
-            memory_failures=_read_keyed(unified / "memory.events", "max"),
-            pids_refused=_read_keyed(unified / "pids.events", "max"),
-            cpu_seconds=_read_keyed(unified / "cpu.stat", "usage_usec") / 1e6,
-        )
-
     def cpu_seconds(self) -> float:
         """CPU time used by every process of the attempt so far."""
         if self.version == 1:
             return _read_int(self.dirs[2] / "cpuacct.usage") / 1e9
-        return _read_keyed(self.dirs[0] / "cpu.stat", "usage_usec") / 1e6
+        return read_keyed(self.dirs[0] / "cpu.stat", "usage_usec") / 1e6
 
     def oom_kills(self) -> int:
+        """Processes of the attempt the kernel killed for the memory limit."""
         if self.version == 1:
-            return _read_keyed(self.dirs[0] / "memory.oom_control", "oom_kill")
-        return _read_keyed(self.dirs[0] / "memory.events", "oom_kill")
+            return read_keyed(self.dirs[0] / "memory.oom_control", "oom_kill")
+        return read_keyed(self.dirs[0] / "memory.events", "oom_kill")
+
+    def pids_refused(self) -> int:
+        """Forks the kernel refused for the pids limit."""
+        pids = self.dirs[1] if self.version == 1 else self.dirs[0]
+        return read_keyed(pids / "pids.events", "max")
 
     def members(self) -> set[int]:
         pids: set[int] = set()

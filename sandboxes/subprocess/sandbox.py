@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import owner_alive
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory, CgroupUnavailable
@@ -285,9 +286,8 @@ class PreparedSubprocess:
         sig: int | None = None
         if rc is not None and rc < 0:
             sig, rc = -rc, None
-        elif self._hardened and rc is not None and 128 < rc < 128 + 65 and started_ok:
-            # bubblewrap reports a child killed by signal N as exit status 128 + N.
-            sig, rc = rc - 128, None
+        elif self._hardened and rc is not None and started_ok and signal_from_init_status(rc):
+            sig, rc = signal_from_init_status(rc), None  # bubblewrap's init: 128 + N
         reason = self._reason(result, rc, sig, started_ok)
         message = ""
         if reason is StopReason.SANDBOX_UNAVAILABLE:
@@ -319,14 +319,14 @@ class PreparedSubprocess:
             return StopReason.SANDBOX_UNAVAILABLE
         if rc == 0:
             return None
-        counters = self._cgroup.counters() if self._cgroup else None
-        if counters and counters.oom_kills > 0:
+        cgroup = self._cgroup
+        if cgroup and cgroup.oom_kills() > 0:
             return StopReason.MEMORY_LIMIT
         if sig == signal.SIGXCPU or (
-            sig == signal.SIGKILL and counters and counters.cpu_seconds >= self._limits.cpu_seconds
+            sig == signal.SIGKILL and cgroup and cgroup.cpu_seconds() >= self._limits.cpu_seconds
         ):
             return StopReason.CPU_LIMIT
-        if counters and counters.pids_refused > 0:
+        if cgroup and cgroup.pids_refused() > 0:
             return StopReason.PIDS_LIMIT
         if sig is not None:
             return StopReason.SIGNAL
