@@ -17,7 +17,7 @@ from runner.errors import CallError, ErrorCode
 from runner.manifest import Tool
 from runner.outcomes import failure_error, parse_result
 from runner.plan import CallPlan
-from sandboxes import LaunchSpec, Sandbox, SandboxOutcome, SandboxUnavailable, StopReason
+from sandboxes import LaunchSpec, Limits, Sandbox, SandboxOutcome, SandboxUnavailable, StopReason
 
 # An attempt with less time than this left before the deadline is not worth starting:
 # it could not even spawn a process.
@@ -148,7 +148,7 @@ def _payload(params: dict[str, Any], spec: LaunchSpec, attempt: int) -> bytes:
     return json.dumps(document, ensure_ascii=False).encode("utf-8")
 
 
-async def _run_attempt(sandbox: Sandbox, spec: LaunchSpec, limits: Any, payload: bytes) -> SandboxOutcome:
+async def _run_attempt(sandbox: Sandbox, spec: LaunchSpec, limits: Limits, payload: bytes) -> SandboxOutcome:
     """One attempt in a fresh sandbox, closed on every path (cancellation included)."""
     try:
         prepared = await sandbox.prepare(spec, limits)
