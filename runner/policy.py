@@ -7,6 +7,8 @@ file that fails to load stops the runner; there is no fallback that allows.
 
 from __future__ import annotations
 
+import os
+
 import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,7 +175,8 @@ class Policy:
     def workspace(self) -> Path | None:
         if self.model.workspace is None:
             return None
-        return (self.base_dir / self.model.workspace).resolve()
+        # Not resolve(): a symlink on the way is the backend's to refuse, never to follow.
+        return Path(os.path.abspath(self.base_dir / self.model.workspace))
 
     @property
     def audit_path(self) -> Path | None:
