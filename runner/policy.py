@@ -7,9 +7,8 @@ file that fails to load stops the runner; there is no fallback that allows.
 
 from __future__ import annotations
 
-import os
-
 import fnmatch
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -176,7 +175,7 @@ class Policy:
         if self.model.workspace is None:
             return None
         # Not resolve(): a symlink on the way is the backend's to refuse, never to follow.
-        return Path(os.path.abspath(self.base_dir / self.model.workspace))
+        return Path(os.path.abspath(self.base_dir / self.model.workspace))  # noqa: PTH100
 
     @property
     def audit_path(self) -> Path | None:
