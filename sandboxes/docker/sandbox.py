@@ -2,9 +2,15 @@
 
 The container gets: the tool's folder read-only at ``/tool`` (working directory), a
 size-limited tmpfs ``/tmp``, a read-only root, no network unless allowed, no
-capabilities, ``no-new-privileges``, uid/gid 65534, an init process, and the memory
-(swap equal to memory), CPU and pids limits. Never a fallback to running outside a
-container: every failure to get one is ``SandboxUnavailable``.
+capabilities, ``no-new-privileges``, uid/gid 65534, an init process, the memory (swap
+equal to memory), CPU and pids limits, and no daemon-side log (the output is read through
+the attach socket only; a log would copy a flood onto the host's disk). Never a fallback
+to running outside a container: every failure to get one is ``SandboxUnavailable``.
+
+The tool's command waits behind a gate (a shell reading one line) until the container's
+cgroup is complete: on cgroup v1 its TCP buffers get their own limit, which only counts
+sockets created after it is set. While the container runs its cgroup is polled, so a
+limit broken by any of its processes ends the attempt with that limit's reason.
 
 SDK pitfalls handled here: the attach socket is written through its underlying socket;
 end of input is a half-close (``stdin_once`` makes Docker pass it on); stdout and stderr
@@ -21,13 +27,13 @@ import signal
 import socket
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-from sandboxes._kernel import read_keyed, signal_from_init_status
+from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import pid_alive
 from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
+from sandboxes.docker._cgroup import ContainerCgroup
 from sandboxes.docker._client import (
     LABEL_MANAGED,
     LABEL_OWNER,
@@ -44,13 +50,15 @@ READ_CHUNK = 64 * 1024
 # After the output ends, the exit status is a moment away; bound the wait anyway.
 EXIT_GRACE_S = 5.0
 BUILD_HINT = "run `runner images build`"
-PIDS_POLL_S = 0.02  # a fork bomb that gives up and exits at once can still slip past
-# Where a local daemon puts a container's pids cgroup: v1 cgroupfs, v2 cgroupfs, v2 systemd.
-PIDS_EVENTS = (
-    "/sys/fs/cgroup/pids/docker/{id}/pids.events",
-    "/sys/fs/cgroup/docker/{id}/pids.events",
-    "/sys/fs/cgroup/system.slice/docker-{id}.scope/pids.events",
-)
+# How often the container's cgroup is read: CPU time, OOM kills and refused forks of all
+# its processes. A fork bomb that gives up and exits within one poll can still slip past.
+LIMITS_POLL_S = 0.02
+# On cgroup v1 TCP buffers are counted apart from memory_mb; they get this share of it.
+TCP_MEMORY_SHARE = 4
+# Holds the tool until the first line of stdin, which the runner sends once the cgroup
+# is complete; ``read`` takes one byte at a time, so the tool's stdin starts after it.
+GATE = 'read -r _ && unset PWD && exec "$@"'  # the shell exports PWD
+RELEASE = b"\n"
 
 
 class DockerSandbox:
@@ -61,6 +69,7 @@ class DockerSandbox:
     def __init__(self) -> None:
         self._swept = False
         self._lock = threading.Lock()
+        self._cgroup_v1: bool | None = None
 
     def client(self) -> Any:
         client = shared_client()
@@ -74,8 +83,20 @@ class DockerSandbox:
         if not spec.image:
             raise SandboxUnavailable("the docker sandbox needs an image")
         client = await asyncio.to_thread(self.client)
+        cgroup_v1 = await asyncio.to_thread(self._daemon_cgroup_v1, client)
         container_id = await asyncio.to_thread(_create, client, spec, limits)
-        return PreparedContainer(client, container_id, limits)
+        return PreparedContainer(client, container_id, limits, cgroup_v1=cgroup_v1)
+
+    def _daemon_cgroup_v1(self, client: Any) -> bool:
+        """Whether the daemon's containers live in cgroup v1 (an older daemon that does not
+        say is taken to be v1: the stricter case)."""
+        if self._cgroup_v1 is None:
+            try:
+                version = str(client.info().get("CgroupVersion", "1"))
+            except Exception as exc:
+                raise SandboxUnavailable(f"docker info failed: {type(exc).__name__}") from exc
+            self._cgroup_v1 = version != "2"
+        return self._cgroup_v1
 
 
 def remove_leftovers(client: Any) -> int:
@@ -124,11 +145,12 @@ def _create(client: Any, spec: LaunchSpec, limits: Limits) -> str:
         nano_cpus=1_000_000_000,  # one CPU at most: a spinner cannot starve the host
         ulimits=[Ulimit(name="cpu", soft=limits.cpu_seconds, hard=limits.cpu_seconds + 1)],
         runtime=spec.runtime,
+        log_config={"Type": "none", "Config": {}},
     )
     try:
         created = client.create_container(
             spec.image,
-            command=list(spec.command),
+            command=["/bin/sh", "-c", GATE, "sh", *spec.command],
             stdin_open=True,
             detach=False,  # with stdin_open: StdinOnce, so our half-close ends its input
             tty=False,
@@ -150,12 +172,14 @@ def _create(client: Any, spec: LaunchSpec, limits: Limits) -> str:
 
 
 class PreparedContainer:
-    def __init__(self, client: Any, container_id: str, limits: Limits) -> None:
+    def __init__(self, client: Any, container_id: str, limits: Limits, *, cgroup_v1: bool) -> None:
         self._client = client
         self.container_id = container_id
         self._limits = limits
+        self._cgroup_v1 = cgroup_v1
         self._closed = False
         self._pids_refused = 0
+        self._oom_killed = False
 
     async def run(self, payload: bytes) -> SandboxOutcome:
         started = time.monotonic()
@@ -169,22 +193,14 @@ class PreparedContainer:
             raise SandboxUnavailable(f"docker could not start the container: {type(exc).__name__}") from exc
         raw: socket.socket = getattr(sock, "_sock", sock)  # SocketIO is read-only as returned
         stdout, stderr = CappedBuffer(self._limits.max_output_bytes), TailBuffer(STDERR_TAIL_BYTES)
-        reason: StopReason | None = None
-        watcher = asyncio.ensure_future(self._watch_pids())
         try:
-            await asyncio.wait_for(
-                self._exchange(raw, payload, stdout, stderr), timeout=self._limits.timeout_ms / 1000
-            )
-        except TimeoutError:
-            reason = StopReason.TIMEOUT
-        except OutputOverflow:
-            reason = StopReason.OUTPUT_LIMIT
+            cgroup = await asyncio.to_thread(self._complete_cgroup)
+            reason = await self._attend(raw, RELEASE + payload, stdout, stderr, cgroup)
         except OSError as exc:
             await asyncio.to_thread(self._kill)
             message = f"lost the connection to the Docker daemon: {type(exc).__name__}"
             raise SandboxUnavailable(message) from exc
         finally:
-            watcher.cancel()
             with contextlib.suppress(OSError):
                 raw.close()
             with contextlib.suppress(Exception):
@@ -193,21 +209,95 @@ class PreparedContainer:
             await asyncio.to_thread(self._kill)
         state = await asyncio.to_thread(self._final_state)
         outcome = _outcome(state, reason, stdout, stderr, (time.monotonic() - started) * 1000)
-        if outcome.reason in (StopReason.EXIT_CODE, StopReason.SIGNAL) and self._pids_refused:
+        return self._blame_limits(outcome)
+
+    def _complete_cgroup(self) -> ContainerCgroup | None:
+        """Find the container's cgroup on this host and, on v1, cap its TCP buffers; the
+        tool is still held by the gate. None when the daemon is not local (v2 only).
+
+        Raises:
+            SandboxUnavailable: on v1, the TCP limit cannot be set (the container is
+            killed and the tool never gets its input).
+        """
+        cgroup = ContainerCgroup.find(self.container_id)
+        if not self._cgroup_v1:
+            return cgroup
+        problem: Exception | None = None
+        if cgroup is not None:
+            try:
+                cgroup.limit_tcp_memory(self._limits.memory_mb * 1024 * 1024 // TCP_MEMORY_SHARE)
+            except OSError as exc:
+                problem = exc
+        if cgroup is None or problem is not None:
+            self._kill()
+            raise SandboxUnavailable(
+                "cannot limit the container's TCP buffers (cgroup v1 counts them apart from "
+                "memory_mb; the daemon must be local and the runner root)"
+            ) from problem
+        return cgroup
+
+    async def _attend(
+        self,
+        raw: socket.socket,
+        data: bytes,
+        stdout: CappedBuffer,
+        stderr: TailBuffer,
+        cgroup: ContainerCgroup | None,
+    ) -> StopReason | None:
+        """Exchange with the tool until its output ends (None), the container as a whole
+        breaks a limit, the output overflows or the timeout passes: the reason to kill it."""
+        exchange = asyncio.ensure_future(self._exchange(raw, data, stdout, stderr))
+        tasks: set[asyncio.Future[Any]] = {exchange}
+        if cgroup is not None:
+            tasks.add(asyncio.ensure_future(self._watch(cgroup)))
+        try:
+            done, _ = await asyncio.wait(
+                tasks, timeout=self._limits.timeout_ms / 1000, return_when=asyncio.FIRST_COMPLETED
+            )
+            if exchange in done:
+                if isinstance(exchange.exception(), OutputOverflow):
+                    return StopReason.OUTPUT_LIMIT
+                exchange.result()  # a lost connection (OSError) goes up
+                return None
+            for task in done:  # the watcher: a broken limit
+                return task.result()  # type: ignore[no-any-return]
+            if cgroup is not None and (breach := self._breach(cgroup)) is not None:
+                return breach  # broken within the last poll
+            return StopReason.TIMEOUT
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _watch(self, cgroup: ContainerCgroup) -> StopReason:
+        """Poll the cgroup until a limit that ends the attempt at once is broken."""
+        while (breach := self._breach(cgroup)) is None:
+            await asyncio.sleep(LIMITS_POLL_S)
+        return breach
+
+    def _breach(self, cgroup: ContainerCgroup) -> StopReason | None:
+        """CPU time over the budget or an OOM kill, over all the container's processes; a
+        refused fork is only noted (a tool may cope with it). Reads 0 once the cgroup is gone."""
+        self._pids_refused = max(self._pids_refused, cgroup.pids_refused())
+        if cgroup.oom_kills() > 0:
+            self._oom_killed = True
+            return StopReason.MEMORY_LIMIT
+        if cgroup.cpu_seconds() > self._limits.cpu_seconds:
+            return StopReason.CPU_LIMIT
+        return None
+
+    def _blame_limits(self, outcome: SandboxOutcome) -> SandboxOutcome:
+        """A failure after a limit was hit is that limit's, not a plain exit or timeout."""
+        if outcome.reason not in (StopReason.EXIT_CODE, StopReason.SIGNAL, StopReason.TIMEOUT):
+            return outcome
+        if self._oom_killed:
+            return dataclasses.replace(outcome, reason=StopReason.MEMORY_LIMIT)
+        if self._pids_refused:
             return dataclasses.replace(outcome, reason=StopReason.PIDS_LIMIT)
         return outcome
 
-    async def _watch_pids(self) -> None:
-        """Note whether the kernel refused a fork for the pids limit (a local daemon only:
-        the container's cgroup is read on this host, and is gone once it exits)."""
-        paths = [Path(p.format(id=self.container_id)) for p in PIDS_EVENTS]
-        while True:
-            for path in paths:
-                self._pids_refused = max(self._pids_refused, read_keyed(path, "max"))
-            await asyncio.sleep(PIDS_POLL_S)
-
     async def _exchange(
-        self, raw: socket.socket, payload: bytes, stdout: CappedBuffer, stderr: TailBuffer
+        self, raw: socket.socket, data: bytes, stdout: CappedBuffer, stderr: TailBuffer
     ) -> None:
         loop = asyncio.get_running_loop()
         raw.setblocking(False)
@@ -215,15 +305,15 @@ class PreparedContainer:
 
         async def feed() -> None:
             with contextlib.suppress(OSError):
-                await loop.sock_sendall(raw, payload)
+                await loop.sock_sendall(raw, data)
             with contextlib.suppress(OSError):
                 raw.shutdown(socket.SHUT_WR)  # end of input, passed on thanks to stdin_once
 
         writer = asyncio.ensure_future(feed())
         try:
-            while data := await loop.sock_recv(raw, READ_CHUNK):
-                for stream, chunk in decoder.feed(data):
-                    (stdout if stream == STDOUT else stderr).feed(chunk)
+            while chunk := await loop.sock_recv(raw, READ_CHUNK):
+                for stream, part in decoder.feed(chunk):
+                    (stdout if stream == STDOUT else stderr).feed(part)
         finally:
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
