@@ -59,7 +59,9 @@ json.dump({"queued": queued, "connections": len(connections)}, sys.stdout)
 """
 
 
-def test_tcp_buffers_queued_on_loopback_are_held_within_the_memory_limit(bench: ToolBench, docker_client) -> None:
+def test_tcp_buffers_queued_on_loopback_are_held_within_the_memory_limit(
+    bench: ToolBench, docker_client
+) -> None:
     docker_tool(bench, "hoarder", TCP_HOARDER, limits={"memory_mb": 64})
     answer, _ = call(bench, "hoarder", timeout_ms=30000)
     if answer["success"]:
@@ -95,7 +97,9 @@ json.dump({"queued": total, "sockets": len(receivers)}, sys.stdout)
 """
 
 
-def test_udp_datagrams_queued_on_loopback_are_held_within_the_memory_limit(bench: ToolBench, docker_client) -> None:
+def test_udp_datagrams_queued_on_loopback_are_held_within_the_memory_limit(
+    bench: ToolBench, docker_client
+) -> None:
     docker_tool(bench, "udp_hoarder", UDP_HOARDER, limits={"memory_mb": 64})
     answer, _ = call(bench, "udp_hoarder", timeout_ms=30000)
     if answer["success"]:
@@ -126,7 +130,9 @@ def run_directly(tool_dir: Path, limits: Limits, inspect: Any) -> tuple[SandboxO
     return asyncio.run(attempt())
 
 
-def test_a_stderr_flood_leaves_no_daemon_log_and_its_tail_still_arrives(bench: ToolBench, docker_client) -> None:
+def test_a_stderr_flood_leaves_no_daemon_log_and_its_tail_still_arrives(
+    bench: ToolBench, docker_client
+) -> None:
     flood = """
 import sys
 sys.stdin.read()
@@ -191,7 +197,9 @@ time.sleep(60)  # the parent itself stays well under the limit and never exits
     assert elapsed < 6
 
 
-def test_a_fork_bomb_that_then_waits_ends_with_pids_limit_not_timeout(bench: ToolBench, docker_client) -> None:
+def test_a_fork_bomb_that_then_waits_ends_with_pids_limit_not_timeout(
+    bench: ToolBench, docker_client
+) -> None:
     bomb = """
 import os, sys, time
 sys.stdin.read()
