@@ -216,3 +216,26 @@ time.sleep(60)  # holds every process it got until the call's timeout
     answer, _ = call(bench, "waiting_bomb", timeout_ms=3000)
     assert answer["error"]["code"] == "EXECUTION_ERROR"
     assert answer["error"]["details"]["reason"] == "pids_limit"
+
+
+def test_a_v1_host_where_the_tcp_limit_cannot_be_set_refuses_to_run_the_tool(
+    bench: ToolBench, docker_client, monkeypatch
+) -> None:
+    if str(docker_client.info().get("CgroupVersion")) == "2":
+        pytest.skip("cgroup v2 charges socket buffers to memory.max; there is no separate limit")
+    from sandboxes.docker._cgroup import ContainerCgroup
+
+    def refuse(self: ContainerCgroup, limit_bytes: int) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(ContainerCgroup, "limit_tcp_memory", refuse)
+    docker_tool(bench, "echo", "import sys\nprint(sys.stdin.read())\n")
+    answer = bench.runner().handle(
+        {"toolName": "echo", "requestId": "req_docker_no_tcp_limit", "options": {"retries": 2}}
+    )
+    assert answer["error"]["details"]["reason"] == "sandbox_unavailable"
+    assert answer["metadata"]["attempts"] == 1
+    assert (
+        docker_client.containers(all=True, filters={"label": "io.runner.request-id=req_docker_no_tcp_limit"})
+        == []
+    )

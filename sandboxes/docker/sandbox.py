@@ -247,22 +247,20 @@ class PreparedContainer:
         """Exchange with the tool until its output ends (None), the container as a whole
         breaks a limit, the output overflows or the timeout passes: the reason to kill it."""
         exchange = asyncio.ensure_future(self._exchange(raw, data, stdout, stderr))
-        tasks: set[asyncio.Future[Any]] = {exchange}
-        if cgroup is not None:
-            tasks.add(asyncio.ensure_future(self._watch(cgroup)))
+        watcher = asyncio.ensure_future(self._watch(cgroup)) if cgroup is not None else None
+        tasks = {exchange} if watcher is None else {exchange, watcher}
         try:
-            done, _ = await asyncio.wait(
-                tasks, timeout=self._limits.timeout_ms / 1000, return_when=asyncio.FIRST_COMPLETED
-            )
-            if exchange in done:
+            timeout = self._limits.timeout_ms / 1000
+            await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if exchange.done():
                 if isinstance(exchange.exception(), OutputOverflow):
                     return StopReason.OUTPUT_LIMIT
                 exchange.result()  # a lost connection (OSError) goes up
                 return None
-            for task in done:  # the watcher: a broken limit
-                return task.result()  # type: ignore[no-any-return]
+            if watcher is not None and watcher.done():
+                return watcher.result()
             if cgroup is not None and (breach := self._breach(cgroup)) is not None:
-                return breach  # broken within the last poll
+                return breach  # broken within the last poll before the timeout
             return StopReason.TIMEOUT
         finally:
             for task in tasks:
