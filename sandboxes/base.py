@@ -70,6 +70,8 @@ class SandboxOutcome:
     reason: StopReason | None = None
     message: str = ""
     degraded: bool = False
+    # When degraded: each isolation layer that was missing, with what to install.
+    missing: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -101,19 +101,21 @@ class CallCgroup:
         return pids
 
     def kill_all(self) -> None:
-        """SIGKILL every member until none is left (or give up after a bounded wait)."""
+        """SIGKILL every member until none is left (or give up after a bounded wait).
+
+        Never by a bare pid read from ``cgroup.procs``: that process may have exited and
+        its pid gone to an unrelated one (``pid_max`` is small) between the read and the
+        kill. v2's ``cgroup.kill`` kills inside the kernel; elsewhere each member is
+        pinned with a pidfd and signalled only if it is still listed after the pin.
+        """
         if self.version == 2:
             kill_file = self.dirs[0] / "cgroup.kill"
             if kill_file.exists():
                 with contextlib.suppress(OSError):
                     _write(kill_file, "1")
         for _ in range(KILL_ROUNDS):
-            members = self.members()
-            if not members:
+            if not kill_members_once(self):
                 return
-            for pid in members:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
             time.sleep(KILL_PAUSE_S)
 
     def remove(self) -> None:
@@ -132,6 +134,28 @@ class CallCgroup:
                     time.sleep(KILL_PAUSE_S)
 
 
+def kill_members_once(group: CallCgroup) -> bool:
+    """One round of pidfd-pinned kills; False when the cgroup had no member left."""
+    listed = group.members()
+    if not listed:
+        return False
+    pinned: dict[int, int] = {}
+    try:
+        for pid in listed:
+            with contextlib.suppress(OSError):  # gone already, or not ours to see
+                pinned[pid] = os.pidfd_open(pid)
+        # A pid still listed after its pidfd was opened is the process that fd pins.
+        still = group.members()
+        for pid, fd in pinned.items():
+            if pid in still:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+    finally:
+        for fd in pinned.values():
+            os.close(fd)
+    return True
+
+
 class CgroupFactory:
     """Creates per-attempt cgroups under ``<our cgroup>/runner-calls``.
 
@@ -143,6 +167,10 @@ class CgroupFactory:
         self.version = detect_version()
         self._parents = self._make_parents()
         self._sequence = 0
+
+    @property
+    def parents(self) -> list[Path]:
+        return list(self._parents)
 
     def _make_parents(self) -> list[Path]:
         if self.version == 1:
@@ -198,6 +226,10 @@ class CgroupFactory:
                 swap = memory / "memory.memsw.limit_in_bytes"
                 if swap.exists():
                     _write(swap, limit)
+                # v1 keeps socket buffers outside memory.limit_in_bytes: without this a
+                # tool can queue hundreds of MB on loopback sockets. (v2 charges them to
+                # memory.max.) Writing the limit is also what turns the accounting on.
+                _write(memory / "memory.kmem.tcp.limit_in_bytes", limit)
                 _write(pids / "pids.max", str(max_pids))
             else:
                 (unified,) = dirs

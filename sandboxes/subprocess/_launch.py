@@ -3,7 +3,8 @@
 Setting limits from Python (``preexec_fn``) would disable vfork and cost ~20 ms per spawn
 from a large parent, so the child sets them itself. In order, as the runner's user:
 
-1. join the attempt's cgroups and set the CPU rlimit (inherited by everything after);
+1. join the attempt's cgroups, then make sure the runner is still alive (see
+   ``sandboxes._watchdog``), and set the CPU rlimit (inherited by everything after);
 2. open fd 3 on the runner's "started" pipe (through ``/proc/$PPID/fd``, so no extra
    descriptor is inherited by the tool);
 3. when the runner is root, inside a private mount namespace made by ``unshare``:
@@ -25,6 +26,13 @@ fail() { echo "runner-launch: $1" >&2; exit 125; }
 for f in $RUNNER_CGROUPS; do
   echo $$ > "$f" || fail "cannot join cgroup"
 done
+if [ -n "$RUNNER_PID" ]; then
+  # Joined first, checked second: a runner that died before the join is seen here, one
+  # that dies after it finds us in its cgroup, which its watchdog kills.
+  read -r _ _ _ parent _ < /proc/$$/stat || fail "cannot read its own status"
+  [ "$parent" = "$RUNNER_PID" ] || fail "the runner is gone"
+fi
+umask 002
 if [ -n "$RUNNER_CPU" ]; then
   ulimit -S -t "$RUNNER_CPU" && ulimit -H -t $((RUNNER_CPU + 1)) || fail "cannot set CPU limit"
 fi
@@ -40,8 +48,11 @@ if [ -n "$RUNNER_STAGE" ]; then
     mount --bind "$RUNNER_WORKSPACE_DIR" "$RUNNER_STAGE/workspace" || fail "cannot stage the workspace"
   fi
 fi
+if [ -n "$RUNNER_CHDIR" ]; then
+  cd "$RUNNER_CHDIR" || fail "cannot enter the tool folder"
+fi
 unset RUNNER_CGROUPS RUNNER_CPU RUNNER_VMEM_KB RUNNER_STARTED_FD RUNNER_STAGE \
-  RUNNER_TOOL_DIR RUNNER_WORKSPACE_DIR
+  RUNNER_TOOL_DIR RUNNER_WORKSPACE_DIR RUNNER_PID RUNNER_CHDIR
 exec "$@"
 """
 # Runs inside the sandbox, as the tool's own first instructions.
@@ -59,10 +70,11 @@ def started_shim_argv(shell: str, command: list[str]) -> list[str]:
     return [shell, "-c", STARTED_SHIM, "runner-exec", *command]
 
 
-def drop_privileges_argv(setpriv: str, uid: int) -> list[str]:
-    """Become ``uid`` with no supplementary groups before bubblewrap runs.
+def drop_privileges_argv(setpriv: str, uid: int, gid: int) -> list[str]:
+    """Become ``uid``/``gid`` with no supplementary groups before bubblewrap (or, degraded,
+    the tool) runs.
 
     A setuid from root to another uid clears every capability, and bubblewrap then
     builds the sandbox as an unprivileged user in a user namespace of its own.
     """
-    return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    return [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs", "--"]

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from sandboxes.base import LaunchSpec, Limits
 
-SANDBOX_UID = 65534  # "nobody": never root, also when the runner is root
+# Inside its user namespace the tool is "nobody"; on the host it is a uid of its own
+# (``sandboxes._identity``), never root.
+SANDBOX_UID = 65534
 TOOL_MOUNT = "/tool"
 SCRATCH_MOUNT = "/tmp"  # noqa: S108 - the sandbox's own private tmpfs, not the host's
 WORKSPACE_MOUNT = "/workspace"
@@ -48,15 +50,14 @@ def tool_env(spec: LaunchSpec, home: str, workspace: str | None) -> dict[str, st
 
 
 def bwrap_argv(
-    bwrap: str,
     spec: LaunchSpec,
     limits: Limits,
     src: Sources,
     env: Mapping[str, str],
-    command: list[str],
+    seccomp_fd: int | None = None,
 ) -> list[str]:
+    """bubblewrap's options: everything but the program name and the command."""
     argv = [
-        bwrap,
         "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         "--unshare-cgroup-try",
         "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
@@ -94,5 +95,7 @@ def bwrap_argv(
     argv += ["--remount-ro", "/"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
-    argv += ["--chdir", TOOL_MOUNT, "--", *command]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    argv += ["--chdir", TOOL_MOUNT]
     return argv

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import itertools
 import os
+import re
 import shutil
 import signal
 import stat
@@ -26,8 +27,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandboxes._identity import IdentityLease, NoFreeIdentity, shared_identities
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import owner_alive
+from sandboxes._watchdog import watch
+from sandboxes._workspace import WorkspaceRefused, grant_group_write, open_workspace, strip_setid_files
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory, CgroupUnavailable
 from sandboxes.subprocess._launch import (
@@ -38,7 +42,6 @@ from sandboxes.subprocess._launch import (
 from sandboxes.subprocess._layout import (
     GROUP,
     PASSWD,
-    SANDBOX_UID,
     SCRATCH_MOUNT,
     WORKSPACE_MOUNT,
     Sources,
@@ -46,8 +49,10 @@ from sandboxes.subprocess._layout import (
     tool_env,
 )
 from sandboxes.subprocess._process import Ending, ProcessResult, drive
+from sandboxes.subprocess._seccomp import SeccompUnavailable, filter_fd, sealed_memfd
 
 SHELL = "/bin/sh"
+_HOST_PATH = re.compile(r"/[^\s:'\"]+")
 
 
 def default_state_dir() -> Path:
@@ -90,6 +95,16 @@ class SubprocessSandbox:
         self.etc_dir = self._write_etc()
         self.stage_dir = self._make_stage()
         self._remove_stale_scratch()
+        self.watch_problem: str | None = None
+        try:
+            # Before any sandbox exists: whatever this process starts from now on is swept
+            # by its watchdog should the process die.
+            if self.cgroups is not None:
+                for parent in self.cgroups.parents:
+                    watch("cgroups", f"{self.cgroups.version}:{parent}")
+            watch("scratch", str(self.scratch_root))
+        except OSError as exc:
+            self.watch_problem = f"cannot start the runner's watchdog: {exc.strerror}"
 
     # -- what this machine can give ---------------------------------------------------
 
@@ -104,20 +119,44 @@ class SubprocessSandbox:
             missing.append(f"cgroups unavailable: {self.cgroup_problem}")
         return missing
 
+    def refusals(self) -> list[str]:
+        """What not even a degraded run may do without: the kill guarantee and, as root,
+        a way to stop being root."""
+        refused = []
+        if self.watch_problem is not None:
+            refused.append(self.watch_problem)
+        if os.geteuid() == 0 and self.setpriv is None:
+            refused.append("setpriv is not installed (apt-get install util-linux)")
+        return refused
+
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
         missing = self.missing_layers()
         if missing and not self.config.allow_degraded:
             raise SandboxUnavailable("hardened sandbox unavailable: " + "; ".join(missing))
-        hardened = not missing
+        refused = self.refusals()
+        if refused:
+            raise SandboxUnavailable("sandbox unavailable: " + "; ".join(refused))
+        try:
+            lease = shared_identities().lease()
+        except (NoFreeIdentity, OSError) as exc:
+            raise SandboxUnavailable(f"no sandbox identity: {exc}") from exc
+        workspace_fd: int | None = None
         cgroup = None
-        if self.cgroups is not None:
-            try:
-                cgroup = self.cgroups.create(limits.memory_mb, limits.max_pids)
-            except CgroupUnavailable as exc:
-                if not self.config.allow_degraded:
-                    raise SandboxUnavailable(str(exc)) from exc
-                hardened = False
-        return PreparedSubprocess(self, spec, limits, cgroup, hardened)
+        try:
+            workspace_fd = _open_workspace(spec)
+            if self.cgroups is not None:
+                try:
+                    cgroup = self.cgroups.create(limits.memory_mb, limits.max_pids)
+                except CgroupUnavailable as exc:
+                    if not self.config.allow_degraded:
+                        raise SandboxUnavailable(str(exc)) from exc
+                    missing.append(str(exc))
+        except BaseException:
+            if workspace_fd is not None:
+                os.close(workspace_fd)
+            lease.release()
+            raise
+        return PreparedSubprocess(self, spec, limits, cgroup, tuple(missing), lease, workspace_fd)
 
     # -- housekeeping -------------------------------------------------------------------
 
@@ -160,7 +199,7 @@ class SubprocessSandbox:
 
 
 class PreparedSubprocess:
-    """One attempt's sandbox: its cgroup exists; the process starts in ``run``."""
+    """One attempt's sandbox: its cgroup and identity exist; the process starts in ``run``."""
 
     def __init__(
         self,
@@ -168,13 +207,18 @@ class PreparedSubprocess:
         spec: LaunchSpec,
         limits: Limits,
         cgroup: CallCgroup | None,
-        hardened: bool,
+        missing: tuple[str, ...],
+        lease: IdentityLease,
+        workspace_fd: int | None,
     ) -> None:
         self._owner = owner
         self._spec = spec
         self._limits = limits
         self._cgroup = cgroup
-        self._hardened = hardened
+        self._missing = missing
+        self._hardened = not missing
+        self._lease: IdentityLease | None = lease
+        self._workspace_fd = workspace_fd
         self._fds: list[int] = []
         self._scratch: Path | None = None
         self._pgid: int | None = None
@@ -184,13 +228,16 @@ class PreparedSubprocess:
         started_read, started_write = os.pipe()
         os.set_blocking(started_read, False)
         self._fds += [started_read, started_write]
-        if self._hardened:
-            argv, env, cwd = self._hardened_command()
+        try:
+            if self._hardened:
+                argv, env, cwd, pass_fds = self._hardened_command()
+            else:
+                argv, env, cwd, pass_fds = self._degraded_command()
             unshare = self._owner.unshare if "RUNNER_STAGE" in env else None
-        else:
-            unshare = None
-            argv, env, cwd = self._degraded_command()
+        except SeccompUnavailable as exc:
+            raise SandboxUnavailable(str(exc)) from exc
         env["RUNNER_STARTED_FD"] = str(started_write)
+        env["RUNNER_PID"] = str(os.getpid())
         try:
             proc = await asyncio.create_subprocess_exec(
                 *launcher_argv(SHELL, argv, unshare),
@@ -200,9 +247,13 @@ class PreparedSubprocess:
                 env=env,
                 cwd=cwd,
                 start_new_session=True,
+                pass_fds=pass_fds,
             )
         except (OSError, ValueError) as exc:
             raise SandboxUnavailable(f"cannot start the sandbox launcher: {type(exc).__name__}") from exc
+        finally:
+            for fd in pass_fds:  # the launcher has its copies (or never will)
+                os.close(fd)
         self._pgid = proc.pid
         try:
             result = await drive(
@@ -227,45 +278,73 @@ class PreparedSubprocess:
             return Ending.CPU_BUDGET
         return None
 
-    def _hardened_command(self) -> tuple[list[str], dict[str, str], str]:
+    @property
+    def uid(self) -> int:
+        assert self._lease is not None
+        return self._lease.uid
+
+    def _hardened_command(self) -> tuple[list[str], dict[str, str], str, tuple[int, ...]]:
         spec, owner = self._spec, self._owner
-        workspace = spec.workspace if spec.workspace_mode != "none" else None
-        if workspace is not None:
-            workspace.mkdir(parents=True, exist_ok=True)
-            if spec.workspace_mode == "write" and os.geteuid() == 0:
-                # The sandbox user must be able to write the folder it is granted.
-                os.chown(workspace, SANDBOX_UID, SANDBOX_UID)
+        workspace = spec.workspace if self._workspace_fd is not None else None
         launcher_env = self._launcher_env({"PATH": "/usr/bin:/bin"})
-        needs_stage = owner.unshare is not None and not (
-            _reachable_by_others(spec.tool_dir) and (workspace is None or _reachable_by_others(workspace))
-        )
-        if needs_stage:
-            stage = owner.stage_dir
-            launcher_env["RUNNER_STAGE"] = str(stage)
-            launcher_env["RUNNER_TOOL_DIR"] = str(spec.tool_dir)
-            if workspace is not None:
-                launcher_env["RUNNER_WORKSPACE_DIR"] = str(workspace)
-            sources = Sources(stage / "tool", stage / "workspace" if workspace else None, owner.etc_dir)
-        else:
-            sources = Sources(spec.tool_dir, workspace, owner.etc_dir)
+        tool_dir, workspace = self._stage(launcher_env, workspace)
+        sources = Sources(tool_dir, workspace, owner.etc_dir)
         env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace else None)
         command = started_shim_argv(SHELL, list(spec.command))
         assert owner.bwrap is not None
-        argv = bwrap_argv(owner.bwrap, spec, self._limits, sources, env, command)
+        seccomp = filter_fd()
+        try:
+            inner = bwrap_argv(spec, self._limits, sources, env, seccomp_fd=seccomp)
+            # The arguments go through a descriptor: inside, /proc/1/cmdline (bubblewrap's
+            # init) would otherwise show every host path and value of them.
+            args = sealed_memfd("runner-bwrap-args", b"".join(a.encode() + b"\0" for a in inner))
+        except BaseException:
+            os.close(seccomp)
+            raise
+        argv = [owner.bwrap, "--args", str(args), "--", *command]
         if owner.setpriv is not None:
-            argv = drop_privileges_argv(owner.setpriv, SANDBOX_UID) + argv
-        return argv, launcher_env, "/"
+            argv = drop_privileges_argv(owner.setpriv, self.uid, self._lease_gid()) + argv
+        return argv, launcher_env, "/", (seccomp, args)
 
-    def _degraded_command(self) -> tuple[list[str], dict[str, str], str]:
+    def _stage(self, launcher_env: dict[str, str], workspace: Path | None) -> tuple[Path, Path | None]:
+        """Where the sandbox user finds the tool folder and the workspace.
+
+        As root, the launcher binds them onto fixed staging points in a mount namespace
+        of its own when the sandbox user could not reach them, and always for the
+        workspace: its path was checked component by component and must be bound there,
+        not resolved again by someone less careful.
+        """
+        spec, owner = self._spec, self._owner
+        if owner.unshare is None or (workspace is None and _reachable_by_others(spec.tool_dir)):
+            return spec.tool_dir, workspace
+        stage = owner.stage_dir
+        launcher_env["RUNNER_STAGE"] = str(stage)
+        launcher_env["RUNNER_TOOL_DIR"] = str(spec.tool_dir)
+        if workspace is not None:
+            launcher_env["RUNNER_WORKSPACE_DIR"] = str(workspace)
+        return stage / "tool", stage / "workspace" if workspace is not None else None
+
+    def _lease_gid(self) -> int:
+        assert self._lease is not None
+        return self._lease.gid
+
+    def _degraded_command(self) -> tuple[list[str], dict[str, str], str, tuple[int, ...]]:
         spec = self._spec
-        self._owner.scratch_root.mkdir(parents=True, exist_ok=True)
+        self._owner.scratch_root.mkdir(mode=0o711, parents=True, exist_ok=True)
         self._scratch = self._owner.scratch_root / self._owner.next_name()
         self._scratch.mkdir(mode=0o700)
-        workspace = str(spec.workspace) if spec.workspace is not None else None
-        env = tool_env(spec, str(self._scratch), workspace)
         vmem = {} if self._cgroup else {"RUNNER_VMEM_KB": str(self._limits.memory_mb * 1024)}
+        launcher_env: dict[str, str] = {}
+        granted = spec.workspace if self._workspace_fd is not None else None
+        tool_dir, workspace = self._stage(launcher_env, granted)
+        launcher_env["RUNNER_CHDIR"] = str(tool_dir)
+        env = tool_env(spec, str(self._scratch), str(workspace) if workspace is not None else None)
         command = started_shim_argv(SHELL, list(spec.command))
-        return command, self._launcher_env(env | vmem), str(spec.tool_dir)
+        if self._owner.setpriv is not None:
+            # Less isolation, never root: the tool still runs as a uid of its own.
+            os.chown(self._scratch, self.uid, self._lease_gid(), follow_symlinks=False)
+            command = drop_privileges_argv(self._owner.setpriv, self.uid, self._lease_gid()) + command
+        return command, self._launcher_env(env | vmem | launcher_env), "/", ()
 
     def _launcher_env(self, env: dict[str, str]) -> dict[str, str]:
         env = dict(env)
@@ -292,15 +371,20 @@ class PreparedSubprocess:
         message = ""
         if reason is StopReason.SANDBOX_UNAVAILABLE:
             message = _setup_message(result.stderr_tail)
+        stderr_tail = result.stderr_tail
+        if not started_ok:
+            # Nothing of the tool ran: the text is the launcher's, with host paths in it.
+            stderr_tail = message or _setup_message(stderr_tail)
         return SandboxOutcome(
             exit_code=rc,
             signal=sig,
             stdout=result.stdout,
-            stderr_tail=result.stderr_tail,
+            stderr_tail=stderr_tail,
             duration_ms=duration_ms,
             reason=reason,
             message=message,
             degraded=not self._hardened,
+            missing=self._missing,
         )
 
     def _reason(
@@ -347,6 +431,40 @@ class PreparedSubprocess:
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
+        if self._workspace_fd is not None:
+            if self._spec.workspace_mode == "write":
+                # Nothing the tool made may run as its uid (or group) for a local user.
+                strip_setid_files(self._workspace_fd)
+            os.close(self._workspace_fd)
+            self._workspace_fd = None
+        if self._lease is not None:
+            self._lease.release()  # only now: every process of that uid is gone
+            self._lease = None
+
+
+def _open_workspace(spec: LaunchSpec) -> int | None:
+    """The granted workspace, opened safely (as root) and made writable when granted so.
+
+    Raises:
+        SandboxUnavailable: the workspace path cannot be trusted.
+    """
+    if spec.workspace is None or spec.workspace_mode == "none":
+        return None
+    if os.geteuid() != 0:
+        # Nothing to misuse: an unprivileged runner can only reach what its user can.
+        spec.workspace.mkdir(parents=True, exist_ok=True)
+        return os.open(spec.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = open_workspace(spec.workspace, create=True)
+    except WorkspaceRefused as exc:
+        raise SandboxUnavailable(str(exc)) from exc
+    if spec.workspace_mode == "write":
+        try:
+            grant_group_write(fd)
+        except OSError:
+            os.close(fd)
+            raise
+    return fd
 
 
 @functools.lru_cache(maxsize=1024)
@@ -377,5 +495,5 @@ def _setup_message(stderr_tail: str) -> str:
     """The launcher's own complaint (the runner masks host paths in it)."""
     for line in reversed(stderr_tail.splitlines()):
         if line.startswith(("bwrap:", "runner-launch:", "setpriv:")):
-            return line[:200]
+            return _HOST_PATH.sub("<path>", line)[:200]
     return "the sandbox could not be set up"

@@ -1,0 +1,113 @@
+"""A host uid of its own for every sandbox alive at once.
+
+Sandboxes that share a uid share everything the kernel keys by uid: key rings, the
+per-user quotas (inotify watches, pipe pages, keys, processes), and the right to signal,
+trace and read the memory of each other's processes. So each sandbox leases one uid from
+a range the runner owns, as isolate's box ids and systemd's DynamicUser= do: a lease is
+an exclusive ``flock`` on ``<lease dir>/<uid>``, held by the runner for the sandbox's
+life and released by the kernel when the runner dies. Several runners on one host share
+the lease directory and so never hand out the same uid at once.
+
+Every sandbox has the one group ``SANDBOX_GID``: group access is how sandboxes share a
+workspace they were granted, which is shared by design; nothing else is keyed by it.
+
+A runner killed mid-call frees its leases at once, while its sandboxes live until its
+watchdog kills them (well under a second). Leases are handed out round-robin from a
+random start, so a uid just freed is not the next one taken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import itertools
+import os
+import random
+import stat
+import threading
+from pathlib import Path
+
+# systemd leaves 1879048192..2147483647 unassigned; this block of it is ours.
+UID_BASE = 1_900_000_000
+UID_COUNT = 65_536
+SANDBOX_GID = UID_BASE - 1
+
+
+class NoFreeIdentity(Exception):
+    """Every uid of the range is leased right now."""
+
+
+class IdentityLease:
+    """One leased uid; ``release`` gives it back (also safe twice)."""
+
+    def __init__(self, uid: int, fd: int | None) -> None:
+        self.uid = uid
+        self.gid = SANDBOX_GID
+        self._fd = fd
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor drops the flock
+
+
+class IdentityPool:
+    """Leases distinct uids, or the runner's own uid when it cannot change user."""
+
+    def __init__(self, lease_dir: Path, base: int = UID_BASE, count: int = UID_COUNT) -> None:
+        self._dir = lease_dir
+        self._base = base
+        self._count = count
+        self._cursor = itertools.count(random.randrange(count))  # noqa: S311 - spreading, not secrecy
+        self._lock = threading.Lock()
+        self._dir_fd: int | None = None
+
+    def _directory(self) -> int:
+        if self._dir_fd is None:
+            with contextlib.suppress(FileExistsError):
+                self._dir.mkdir(mode=0o700)
+            fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            info = os.fstat(fd)
+            if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                os.close(fd)
+                raise PermissionError(f"lease directory {self._dir} is not the runner's own")
+            self._dir_fd = fd
+        return self._dir_fd
+
+    def lease(self) -> IdentityLease:
+        """A uid no other live sandbox on this host has.
+
+        Raises:
+            NoFreeIdentity: all ``count`` uids are in use.
+            OSError: the lease directory cannot be used.
+        """
+        if os.geteuid() != 0:
+            return IdentityLease(os.getuid(), None)  # cannot be anyone else: bwrap maps us
+        with self._lock:
+            directory = self._directory()
+            for _ in range(self._count):
+                uid = self._base + next(self._cursor) % self._count
+                fd = os.open(
+                    str(uid),
+                    os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600,
+                    dir_fd=directory,
+                )
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                return IdentityLease(uid, fd)
+        raise NoFreeIdentity(f"all {self._count} sandbox uids are in use")
+
+
+# One lease directory per host, whatever state folder a runner uses, so runners agree.
+LEASE_DIR = Path("/run/runner-uids")
+
+
+@functools.cache
+def shared_identities() -> IdentityPool:
+    """The process's pool over the host-wide lease directory."""
+    return IdentityPool(LEASE_DIR)

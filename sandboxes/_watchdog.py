@@ -1,0 +1,181 @@
+"""The reaper: nothing a runner started outlives the runner, however it dies.
+
+A parent-death signal alone does not hold. It is armed only once bubblewrap runs (a
+runner killed a few milliseconds after a spawn leaves the launcher orphaned), a tool may
+clear it in a process it can ptrace, and a Docker container is the daemon's child, not
+ours. So the first backend a runner process uses starts one small watchdog process of
+its own: in a session of its own (a Ctrl-C or a kill of the runner's process group does
+not reach it), reading a pipe whose only write end the runner holds. The runner tells it
+what to sweep (its per-call cgroup parents, scratch root, that Docker is in use). When the
+pipe reaches end-of-file, the runner is gone, killed or not, and the watchdog at once kills
+every call cgroup and container named or labelled with the runner's pid, then exits.
+
+The launcher closes the remaining gap: it joins the call's cgroup first and then checks
+that its parent is still the runner, so a launcher the sweep missed exits by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+# A container create the runner sent just before dying may land after the first sweep.
+DOCKER_SWEEPS_S = (0.0, 0.5, 2.0)
+
+class _Link:
+    """This process's end of its watchdog's pipe (a forked child needs a watchdog of its own)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.owner = 0
+        self.write_end = -1
+        self.told: set[str] = set()
+
+
+_link = _Link()
+
+
+def watch(kind: str, value: str = "") -> None:
+    """Make sure this process has a watchdog, and tell it to sweep ``kind``/``value``.
+
+    ``kind`` is ``cgroups`` (value: ``<version>:<parent dir>``), ``scratch`` (a folder of
+    ``<pid>-*`` entries) or ``docker``.
+
+    Raises:
+        OSError: the watchdog could not be started; the caller must not start a sandbox.
+    """
+    line = f"{kind}\t{value}\n"
+    with _link.lock:
+        if _link.owner != os.getpid():
+            _link.write_end = _start()
+            _link.owner = os.getpid()
+            _link.told.clear()
+        if line in _link.told:
+            return
+        os.write(_link.write_end, line.encode())
+        _link.told.add(line)
+
+
+def _start() -> int:
+    read_end, write_end = os.pipe()  # both close-on-exec: no launcher inherits them
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    try:
+        # posix_spawn rather than Popen: no object whose finalizer complains that the
+        # watchdog still runs; it is meant to outlive every object of ours.
+        os.posix_spawn(
+            sys.executable,
+            # -P: the current folder (anyone's /tmp) is never searched for our modules.
+            [sys.executable, "-P", "-m", "sandboxes._watchdog", str(os.getpid())],
+            env,
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, read_end, 0),
+                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                # never hold a caller's stderr pipe open past our exit
+                (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+            ],
+            setsid=True,
+        )
+    except OSError:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return write_end
+
+
+# -- the watchdog process -----------------------------------------------------------------
+
+
+def _sweep_cgroups(owner: int, parents: Iterable[tuple[int, Path]]) -> None:
+    from sandboxes.subprocess._cgroup import CallCgroup
+
+    groups: dict[tuple[int, str], list[Path]] = {}
+    for version, parent in parents:
+        with contextlib.suppress(OSError):
+            for child in parent.iterdir():
+                if child.name.startswith(f"{owner}-") and child.is_dir():
+                    groups.setdefault((version, child.name), []).append(child)
+    for (version, _), dirs in groups.items():
+        CallCgroup(version, dirs).remove()
+
+
+def _sweep_scratch(owner: int, roots: Iterable[Path]) -> None:
+    for root in roots:
+        with contextlib.suppress(OSError):
+            for child in root.iterdir():
+                if child.name.startswith(f"{owner}-") and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+
+
+def _sweep_docker(owner: int) -> None:
+    try:
+        from docker import APIClient
+        from docker.utils import kwargs_from_env
+
+        from sandboxes.docker._client import LABEL_OWNER
+    except ImportError:
+        return
+    try:
+        client = APIClient(**kwargs_from_env(), timeout=10)
+    except Exception:  # no daemon: nothing of ours can be running there
+        return
+    label = f"{LABEL_OWNER}={owner}"
+    for pause in DOCKER_SWEEPS_S:
+        time.sleep(pause)
+        with contextlib.suppress(Exception):
+            ids = [c["Id"] for c in client.containers(all=True, filters={"label": label})]
+            # Kill all first (what the guarantee is about), then remove at leisure.
+            killers = [threading.Thread(target=_quietly, args=(client.kill, cid)) for cid in ids]
+            for thread in killers:
+                thread.start()
+            for thread in killers:
+                thread.join()
+            for cid in ids:
+                _quietly(lambda cid: client.remove_container(cid, force=True), cid)
+
+
+def _quietly(action: object, cid: str) -> None:
+    with contextlib.suppress(Exception):
+        action(cid)  # type: ignore[operator]
+
+
+def main(argv: list[str]) -> int:
+    owner = int(argv[1])
+    # Ours to ignore: only the end of the runner's pipe ends the watch.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(signum, signal.SIG_IGN)
+    cgroups: list[tuple[int, Path]] = []
+    scratch: list[Path] = []
+    docker_used = False
+    for raw in sys.stdin.buffer:
+        kind, _, value = raw.decode(errors="replace").rstrip("\n").partition("\t")
+        if kind == "cgroups":
+            version, _, parent = value.partition(":")
+            cgroups.append((int(version), Path(parent)))
+        elif kind == "scratch":
+            scratch.append(Path(value))
+        elif kind == "docker":
+            docker_used = True
+    # End of file: the runner exited or was killed. Sweep what it may have left.
+    sweepers = [threading.Thread(target=_sweep_cgroups, args=(owner, cgroups))]
+    if docker_used:
+        sweepers.append(threading.Thread(target=_sweep_docker, args=(owner,)))
+    for thread in sweepers:
+        thread.start()
+    _sweep_scratch(owner, scratch)
+    for thread in sweepers:
+        thread.join()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

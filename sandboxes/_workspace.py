@@ -1,0 +1,124 @@
+"""The workspace folder, handled by a root runner without trusting its path.
+
+The policy names the workspace by path, and a local user may own some folder on that
+path. Were the runner to follow a symlink there, it would hand a folder of its choosing
+(``/root``, ``/etc``) to the sandbox, writable. So, as root:
+
+- every component of the path is opened without following symlinks, and must be owned
+  by root (or the runner's user) and writable by no one else unless sticky (like
+  ``/tmp``, where nobody else can rename what root owns): then nobody else can swap any
+  part of it between this check and the sandbox's bind mount;
+- the folder itself must be owned by the runner's user;
+- ownership and modes are changed through the opened descriptor, never by path;
+- after a call that could write, no set-uid or set-gid file is left in it (the sweep
+  opens every entry without following symlinks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+from sandboxes._identity import SANDBOX_GID
+
+_TRUSTED_OWNERS = frozenset({0, os.geteuid()})
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class WorkspaceRefused(Exception):
+    """The workspace path cannot be trusted; the message says why and what to do."""
+
+
+def _check_component(fd: int, shown: str, final: bool) -> None:
+    info = os.fstat(fd)
+    if final:
+        if info.st_uid != os.geteuid():
+            raise WorkspaceRefused(
+                f"workspace {shown} is owned by uid {info.st_uid}, not by the runner's user: "
+                "chown it to the runner's user or choose another folder"
+            )
+        return
+    if info.st_uid not in _TRUSTED_OWNERS:
+        raise WorkspaceRefused(f"workspace path component {shown} is owned by uid {info.st_uid}")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+        raise WorkspaceRefused(f"workspace path component {shown} is writable by others")
+
+
+def open_workspace(path: Path, create: bool) -> int:
+    """A descriptor of the workspace folder, reached without following any symlink.
+
+    Raises:
+        WorkspaceRefused: a component is a symlink, not a folder, or not trustworthy.
+    """
+    if not path.is_absolute():
+        raise WorkspaceRefused(f"workspace {path} is not an absolute path")
+    parts = [p for p in path.parts[1:] if p not in ("", ".")]
+    if ".." in parts:
+        raise WorkspaceRefused(f"workspace {path} contains '..'")
+    fd = os.open("/", _OPEN_DIR)
+    shown = "/"
+    try:
+        for index, part in enumerate(parts):
+            _check_component(fd, shown, final=False)
+            final = index == len(parts) - 1
+            if final and create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+            shown = str(Path(shown) / part)
+            try:
+                child = os.open(part, _OPEN_DIR, dir_fd=fd)
+            except OSError as exc:
+                raise WorkspaceRefused(
+                    f"workspace {shown} is a symlink or not a folder ({exc.strerror}); "
+                    "name the real folder in the policy"
+                ) from exc
+            os.close(fd)
+            fd = child
+        _check_component(fd, shown, final=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def grant_group_write(fd: int) -> None:
+    """Let every sandbox (one group, distinct uids) write the folder; new entries inherit
+    the group (set-gid folder)."""
+    info = os.fstat(fd)
+    if info.st_gid != SANDBOX_GID:
+        os.fchown(fd, -1, SANDBOX_GID)
+    wanted = stat.S_IMODE(info.st_mode) | stat.S_IRWXG | stat.S_ISGID
+    if stat.S_IMODE(info.st_mode) != wanted:
+        os.fchmod(fd, wanted)
+
+
+def strip_setid_files(fd: int) -> int:
+    """Clear set-uid and set-gid bits of every regular file under the folder ``fd``.
+
+    Returns how many files were changed. Symlinks are never followed; each file is opened
+    with ``O_NOFOLLOW`` and changed through its descriptor, so a tool racing to swap an
+    entry for a symlink changes nothing outside.
+    """
+    changed = 0
+    start = os.dup(fd)
+    try:
+        for _, _, files, dir_fd in os.fwalk(".", dir_fd=start, follow_symlinks=False):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    if not stat.S_ISREG(info.st_mode) or not info.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                        continue
+                    file_fd = os.open(
+                        name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+                    )
+                    try:
+                        mode = stat.S_IMODE(os.fstat(file_fd).st_mode)
+                        os.fchmod(file_fd, mode & ~(stat.S_ISUID | stat.S_ISGID))
+                        changed += 1
+                    finally:
+                        os.close(file_fd)
+    finally:
+        os.close(start)
+    return changed
