@@ -66,16 +66,8 @@ def test_concurrent_sandboxes_run_as_distinct_host_uids_from_the_runners_range(b
         print(json.dumps({"inside": os.getuid(), "status": status}))
         """,
     )
-    bench.tool(
-        "hostuid",
-        """
-        import json, sys
-        sys.stdin.read()
-        print(json.dumps({}))
-        """,
-    )
     runner = bench.runner()
-    seen: list[int] = []
+    seen: list[tuple[int, int]] = []
 
     async def one(i: int) -> None:
         call = asyncio.ensure_future(runner.acall("whoami", {}, request_id=f"req_uid_{i}"))
@@ -85,7 +77,7 @@ def test_concurrent_sandboxes_run_as_distinct_host_uids_from_the_runners_range(b
                     uid = int(Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split()[0])
                 except (OSError, IndexError):
                     continue
-                seen.append((i, uid))  # type: ignore[arg-type]
+                seen.append((i, uid))
                 break
             await asyncio.sleep(0.05)
         assert (await call).success
@@ -94,7 +86,7 @@ def test_concurrent_sandboxes_run_as_distinct_host_uids_from_the_runners_range(b
         await asyncio.gather(*(one(i) for i in range(4)))
 
     asyncio.run(together())
-    by_call = {i: uid for i, uid in seen}  # type: ignore[misc]
+    by_call = dict(seen)
     assert len(by_call) == 4, seen
     assert len(set(by_call.values())) == 4  # no two concurrent sandboxes share a uid
     assert all(UID_BASE <= uid < UID_BASE + UID_COUNT for uid in by_call.values())
