@@ -17,7 +17,9 @@ that its parent is still the runner, so a launcher the sweep missed exits by its
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import select
 import shutil
 import signal
 import sys
@@ -26,6 +28,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+READY_TIMEOUT_S = 10.0
 # A container create the runner sent just before dying may land after the first sweep.
 DOCKER_SWEEPS_S = (0.0, 0.5, 2.0)
 
@@ -65,6 +68,7 @@ def watch(kind: str, value: str = "") -> None:
 
 def _start() -> int:
     read_end, write_end = os.pipe()  # both close-on-exec: no launcher inherits them
+    ready_read, ready_write = os.pipe()
     package_root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
@@ -78,17 +82,27 @@ def _start() -> int:
             env,
             file_actions=[
                 (os.POSIX_SPAWN_DUP2, read_end, 0),
-                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_DUP2, ready_write, 1),
                 # never hold a caller's stderr pipe open past our exit
                 (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
             ],
             setsid=True,
         )
+        os.close(ready_write)
+        ready_write = -1
+        # Wait until it can sweep: a runner killed while its watchdog is still starting
+        # (slow on a loaded host) would otherwise leave its first sandboxes unswept.
+        ready, _, _ = select.select([ready_read], [], [], READY_TIMEOUT_S)
+        if not ready or os.read(ready_read, 1) != b"r":
+            raise OSError(errno.ETIMEDOUT, "the watchdog did not start")
     except OSError:
         os.close(write_end)
         raise
     finally:
         os.close(read_end)
+        os.close(ready_read)
+        if ready_write >= 0:
+            os.close(ready_write)
     return write_end
 
 
@@ -153,6 +167,11 @@ def main(argv: list[str]) -> int:
     # Ours to ignore: only the end of the runner's pipe ends the watch.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_IGN)
+    # Everything the sweep needs is loaded now, while the runner waits for "ready".
+    import sandboxes.subprocess._cgroup  # noqa: F401
+
+    os.write(1, b"r")
+    os.close(1)
     cgroups: list[tuple[int, Path]] = []
     scratch: list[Path] = []
     docker_used = False
@@ -163,8 +182,10 @@ def main(argv: list[str]) -> int:
             cgroups.append((int(version), Path(parent)))
         elif kind == "scratch":
             scratch.append(Path(value))
-        elif kind == "docker":
+        elif kind == "docker" and not docker_used:
             docker_used = True
+            with contextlib.suppress(ImportError):
+                import docker  # noqa: F401 - loaded now rather than when time counts
     # End of file: the runner exited or was killed. Sweep what it may have left.
     sweepers = [threading.Thread(target=_sweep_cgroups, args=(owner, cgroups))]
     if docker_used:

@@ -32,6 +32,7 @@ from typing import Any
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import pid_alive
 from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
+from sandboxes._watchdog import watch
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
 from sandboxes.docker._cgroup import ContainerCgroup
 from sandboxes.docker._client import (
@@ -82,6 +83,12 @@ class DockerSandbox:
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedContainer:
         if not spec.image:
             raise SandboxUnavailable("the docker sandbox needs an image")
+        try:
+            # Before any container exists: this process's watchdog removes every container
+            # labelled with our pid should we die (the daemon, not we, is their parent).
+            watch("docker")
+        except OSError as exc:
+            raise SandboxUnavailable(f"cannot start the runner's watchdog: {exc.strerror}") from exc
         client = await asyncio.to_thread(self.client)
         cgroup_v1 = await asyncio.to_thread(self._daemon_cgroup_v1, client)
         container_id = await asyncio.to_thread(_create, client, spec, limits)

@@ -229,7 +229,8 @@ class CgroupFactory:
                 # v1 keeps socket buffers outside memory.limit_in_bytes: without this a
                 # tool can queue hundreds of MB on loopback sockets. (v2 charges them to
                 # memory.max.) Writing the limit is also what turns the accounting on.
-                _write(memory / "memory.kmem.tcp.limit_in_bytes", limit)
+                # A quarter of the memory limit on top of it, as the docker backend gives.
+                _write(memory / "memory.kmem.tcp.limit_in_bytes", str(memory_mb * 1024 * 1024 // 4))
                 _write(pids / "pids.max", str(max_pids))
             else:
                 (unified,) = dirs

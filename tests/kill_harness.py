@@ -1,0 +1,65 @@
+"""Runners to be killed: forks ``runners`` runner processes at once, each calling a tool
+over and over (two calls at a time), and SIGKILLs each at a random moment.
+
+Used by ``test_kill_guarantee.py``: ``python3 kill_harness.py TOOLS POLICIES TOOL ROUNDS
+RUNNERS MAX_DELAY_MS``. For each round it prints one JSON line once every runner of the
+round is dead: their pids and the time of the last kill (``time.monotonic()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import random
+import signal
+import sys
+import time
+
+from runner import Runner
+
+
+def spin(runner: Runner, tool: str) -> None:
+    """A runner's life: calls, forever, until it is killed."""
+    counter = itertools.count()
+
+    async def caller() -> None:
+        while True:
+            await runner.acall(tool, {}, request_id=f"kill-{os.getpid()}-{next(counter)}")
+
+    async def main() -> None:
+        await asyncio.gather(caller(), caller())
+
+    asyncio.run(main())
+
+
+def main(argv: list[str]) -> int:
+    tools, policies, tool = argv[1], argv[2], argv[3]
+    rounds, runners, max_delay = int(argv[4]), int(argv[5]), int(argv[6]) / 1000
+    runner = Runner.load(tools=tools, policies=policies, audit_log=os.devnull)
+    rng = random.Random(int(os.environ.get("KILL_SEED", "0")) or None)
+    for _ in range(rounds):
+        pids = []
+        for _ in range(runners):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    spin(runner, tool)
+                finally:
+                    os._exit(0)
+            pids.append(pid)
+        started = time.monotonic()
+        kills = sorted((rng.uniform(0, max_delay), pid) for pid in pids)
+        for at, pid in kills:
+            time.sleep(max(0.0, started + at - time.monotonic()))
+            os.kill(pid, signal.SIGKILL)
+        last_kill = time.monotonic()
+        for pid in pids:
+            os.waitpid(pid, 0)
+        print(json.dumps({"pids": pids, "last_kill": last_kill}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

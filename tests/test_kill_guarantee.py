@@ -1,0 +1,125 @@
+"""Nothing a runner started lives more than a second after the runner is SIGKILLed,
+wherever in a spawn the kill lands and whatever the tool does.
+
+``kill_harness.py`` forks runners that call a tool over and over and kills each at a random
+moment; the test then looks through /proc (and the Docker daemon) for anything left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import ToolBench
+
+HERE = Path(__file__).resolve().parent
+GRACE_S = 1.0
+
+# The tool tries the review's escape first (trace the sandbox's init to clear its
+# parent-death signal), then leaves a daemon of its own behind and answers after a moment.
+CLINGY = """
+import ctypes, os, random, sys, time
+sys.stdin.read()
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall(101, 0x4206, 1, 0, 0)  # PTRACE_SEIZE pid 1: refused by the filter
+if os.fork() == 0:
+    os.setsid()
+    time.sleep(60)
+    os._exit(0)
+time.sleep(random.uniform(0, 0.03))
+print("{}")
+"""
+
+
+def _alive_with(token: str) -> list[int]:
+    found = []
+    needle = token.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and needle in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _describe(pid: int) -> str:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return f"{pid}: gone"
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        cgroup = Path(f"/proc/{pid}/cgroup").read_text().replace("\n", " ")
+    except OSError:
+        wchan = cgroup = "?"
+    uid = fields.get("Uid", "").split()[:1]
+    return f"{pid} ppid={fields.get('PPid')} uid={uid} wchan={wchan} cgroup={cgroup} {cmdline[-60:]!r}"
+
+
+def _harness(bench: ToolBench, tool: str, rounds: int, runners: int, max_delay_ms: int):
+    bench.runner()  # writes the policy file
+    argv = [sys.executable, str(HERE / "kill_harness.py"), str(bench.tools), str(bench.root / "policies.yaml")]
+    return subprocess.Popen(
+        [*argv, tool, str(rounds), str(runners), str(max_delay_ms)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=HERE,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="the hostile case needs a root runner's sandbox")
+def test_two_hundred_runners_killed_at_random_points_leave_no_process_behind(bench: ToolBench) -> None:
+    token = f"clingy-{uuid.uuid4().hex}"
+    bench.tool("clingy", CLINGY, command=["python3", "main.py", token])
+    harness = _harness(bench, "clingy", rounds=25, runners=8, max_delay_ms=250)
+    survivors: list[tuple[list[int], list[str]]] = []
+    assert harness.stdout is not None
+    for line in harness.stdout:
+        killed = json.loads(line)
+        time.sleep(max(0.0, killed["last_kill"] + GRACE_S - time.monotonic()))
+        left = _alive_with(token)
+        if left:
+            survivors.append((killed["pids"], [_describe(pid) for pid in left]))
+            subprocess.run(["kill", "-9", *map(str, left)], check=False)
+    assert harness.wait() == 0
+    assert survivors == []
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_containers_of_killed_runners_are_gone_within_a_second(bench: ToolBench, docker_client) -> None:
+    from sandboxes.docker._client import LABEL_OWNER
+
+    bench.tool("dsleep", "import sys, time\nsys.stdin.read()\ntime.sleep(0.2)\nprint('{}')\n",
+               sandbox="docker", image="runner/base:latest")
+    harness = _harness(bench, "dsleep", rounds=3, runners=4, max_delay_ms=1500)
+    running: list[str] = []
+    assert harness.stdout is not None
+    for line in harness.stdout:
+        killed = json.loads(line)
+        time.sleep(max(0.0, killed["last_kill"] + GRACE_S - time.monotonic()))
+        for pid in killed["pids"]:
+            left = docker_client.containers(filters={"label": f"{LABEL_OWNER}={pid}"})  # running only
+            running += [c["Id"][:12] for c in left]
+    assert harness.wait() == 0
+    assert running == []
+    # And removed, not just stopped, a moment later (the session fixture checks the rest).
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not docker_client.containers(all=True, filters={"label": "io.runner.managed=true"}):
+            break
+        time.sleep(0.2)
