@@ -12,25 +12,36 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from runner.answers import AnswerMetadata, CallResult, answer
-from runner.audit import AuditLog, iso_now, redact_params
+from runner.audit import AuditLog, iso_now
 from runner.breaker import CircuitBreaker
 from runner.clock import Clock, SystemClock
 from runner.errors import CallError, ConfigError, ErrorCode
 from runner.executor import CallContext, Execution, Executor
 from runner.manifest import Tool
 from runner.models import CallOptions, CallRequest, DiscoverRequest, parse_request, peek
-from runner.plan import resolve_plan
+from runner.plan import CallPlan, resolve_plan
 from runner.policy import Policy
+from runner.redaction import Scrubber, nodes_at, redact_nodes
 from runner.registry import Registry, matches_filter
-from runner.schemas import first_error, is_sensitive
+from runner.schemas import ParamsCheck, check_params
 from sandboxes import LaunchSpec, Sandbox
 
 SandboxFactory = Callable[[str], Sandbox]
 _NO_OPTIONS = CallOptions()
+# Params are validated in these threads, never on the event loop. Shared by every Runner
+# and event loop of the process (``asyncio.run`` would otherwise wait for a straggler).
+_VALIDATION_THREADS = ThreadPoolExecutor(
+    max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="runner-validate"
+)
+# How long past its budget a validation may take before the call answers without it: a
+# validation stops by itself at the next keyword, this covers one slow keyword.
+VALIDATION_GRACE_S = 0.05
 
 
 def _paths(value: str | Path | Iterable[str | Path] | None, env: str, default: str) -> list[Path]:
@@ -143,7 +154,13 @@ class Runner:
                 tool_name = None
             else:
                 ctx = _context(request, request_id, trace_id, self.policy)
-                execution = await self._call(request, ctx)
+                tool = self._tool(request.tool_name, ctx)
+                plan = resolve_plan(tool, self.policy, request.options)
+                # The deadline bounds the whole call, validation of the params included.
+                deadline_at = received + plan.deadline_ms / 1000
+                check = await self._check_params(tool, request.params, deadline_at)
+                ctx = replace(ctx, scrubber=check.scrubber)
+                execution = await self._call(tool, request, ctx, plan, check, deadline_at)
                 result, error, attempts = execution.result, execution.error, execution.attempts
                 if execution.degraded:
                     extra["degraded"] = True
@@ -155,9 +172,12 @@ class Runner:
                 f"internal error in the runner: {type(exc).__name__}",
                 {"reason": "internal"},
             )
+        if error is not None and ctx.scrubber:
+            error = _scrubbed(error, ctx.scrubber)
         duration = round((self._clock.monotonic() - received) * 1000)
         self.audit.emit(
             "call.finished",
+            ctx.scrubber,
             toolName=tool_name,
             **ctx.audit_fields(),
             success=error is None,
@@ -169,24 +189,62 @@ class Runner:
         metadata = AnswerMetadata(duration, attempts, tool_name, iso_now(), request_id, trace_id, extra)
         return answer(result, error, metadata)
 
-    async def _call(self, request: CallRequest, ctx: CallContext) -> Execution:
-        tool = self.registry.get(request.tool_name)
+    def _tool(self, name: str, ctx: CallContext) -> Tool:
+        tool = self.registry.get(name)
         if tool is None:
-            self._refused_before_policy(request.tool_name, ctx, "tool_not_found")
+            self._refused_before_policy(name, ctx, "tool_not_found")
             raise CallError(
-                ErrorCode.TOOL_NOT_FOUND,
-                f"no tool named {request.tool_name!r} is registered",
-                {"toolName": request.tool_name},
+                ErrorCode.TOOL_NOT_FOUND, f"no tool named {name!r} is registered", {"toolName": name}
             )
+        return tool
+
+    async def _check_params(self, tool: Tool, params: dict[str, Any], deadline_at: float) -> ParamsCheck:
+        """Validate in a worker thread, never on the event loop, within the call's deadline.
+
+        Runs before the policy decision is written, whatever the decision: the decision's
+        audit event needs the request's sensitive values, which only validation finds.
+        """
+        budget_s = max(0.0, deadline_at - self._clock.monotonic())
+        work = asyncio.get_running_loop().run_in_executor(
+            _VALIDATION_THREADS,
+            check_params,
+            tool.params_validator,
+            params,
+            tool.sensitive_params,
+            budget_s,
+        )
+        try:
+            # The thread itself stops at the next keyword past its budget; this bounds a
+            # single slow keyword too.
+            return await asyncio.wait_for(work, budget_s + VALIDATION_GRACE_S)
+        except TimeoutError:
+            static = nodes_at(params, tool.sensitive_params)
+            return ParamsCheck(
+                problem=None,
+                expired=True,
+                scrubber=Scrubber.of(static),
+                audit_params=redact_nodes(params, frozenset(id(node) for node in static)),
+            )
+
+    async def _call(
+        self,
+        tool: Tool,
+        request: CallRequest,
+        ctx: CallContext,
+        plan: CallPlan,
+        check: ParamsCheck,
+        deadline_at: float,
+    ) -> Execution:
         decision = self.policy.decide(tool, request.role)
         self.audit.emit(
             "policy.decision",
+            ctx.scrubber,
             toolName=tool.name,
             **ctx.audit_fields(),
             decision="allow" if decision.allowed else "deny",
             reason=decision.reason,
             rule=decision.rule,
-            params=redact_params(request.params, tool.sensitive_params),
+            params=check.audit_params,
         )
         if not decision.allowed:
             raise CallError(
@@ -194,17 +252,18 @@ class Runner:
                 f"role {decision.role!r} may not call {tool.name}: {decision.reason}",
                 {"reason": decision.reason, "role": decision.role, "rule": decision.rule},
             )
-        problem = first_error(tool.params_validator, request.params)
-        if problem is not None and is_sensitive(problem["field"], tool.sensitive_params):
-            # jsonschema quotes the value it rejects; a secret must not reach the answer.
-            problem = {**problem, "problem": f"value rejected by '{problem['validator']}'"}
-        if problem is not None:
+        if check.expired:
+            raise CallError(
+                ErrorCode.TIMEOUT,
+                f"validating the params of {tool.name} ran past the call's deadline",
+                {"deadline": True, "deadlineMs": plan.deadline_ms, "stage": "params"},
+            )
+        if check.problem is not None:
             raise CallError(
                 ErrorCode.INVALID_PARAMS,
-                f"invalid params for {tool.name}: {problem['field']}: {problem['problem']}",
-                problem,
+                f"invalid params for {tool.name}: {check.problem['field']}: {check.problem['problem']}",
+                check.problem,
             )
-        plan = resolve_plan(tool, self.policy, request.options)
         breaker = self._breaker(tool.name)
         if not breaker.acquire():
             raise CallError(
@@ -216,7 +275,9 @@ class Runner:
         try:
             sandbox = self._sandbox_factory(plan.sandbox)
             spec = _launch_spec(tool, ctx, self.policy, plan.runtime)
-            execution = await self._executor.execute(tool, plan, sandbox, spec, request.params, ctx)
+            execution = await self._executor.execute(
+                tool, plan, sandbox, spec, request.params, ctx, deadline_at
+            )
             return execution
         finally:
             # Only what the tool did counts; a runner fault or a cancelled call gives the
@@ -262,6 +323,15 @@ class Runner:
             for tool in self.registry
             if matches_filter(tool, filter_text) and self.policy.decide(tool, resolved).allowed
         ]
+
+
+def _scrubbed(error: CallError, scrubber: Scrubber) -> CallError:
+    return CallError(
+        error.code,
+        scrubber.scrub_text(error.message),
+        scrubber.scrub(error.details),
+        retryable=error.retryable,
+    )
 
 
 def _new_request_id() -> str:

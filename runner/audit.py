@@ -13,10 +13,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import sys
 import threading
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,10 +24,13 @@ from typing import Any
 import structlog
 from structlog.typing import EventDict, WrappedLogger
 
+from runner.redaction import NO_SECRETS, Scrubber
+
 MAX_STRING = 512  # any string field is cut to this many characters
 MAX_FIELD_JSON = 2048  # any container field is replaced by a cut JSON text past this size
 MAX_LINE = 16 * 1024
-REDACTED = "***"
+# The fields that identify a call are never scrubbed: they are how ``runner audit`` finds it.
+IDENTITY_FIELDS = frozenset({"event", "timestamp", "requestId", "traceId", "toolName", "role", "stepId"})
 
 
 def iso_now() -> str:
@@ -42,10 +45,12 @@ def add_timestamp(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict
 def _bound(value: Any) -> Any:
     if isinstance(value, str):
         return value if len(value) <= MAX_STRING else value[:MAX_STRING] + "...(cut)"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # strict JSON has no NaN or Infinity
     if value is None or isinstance(value, bool | int | float):
         return value
     try:
-        text = json.dumps(value, default=str, ensure_ascii=True)
+        text = json.dumps(value, default=str, ensure_ascii=True, allow_nan=False)
     except (ValueError, RecursionError):
         return "<unserializable>"
     if len(text) <= MAX_FIELD_JSON:
@@ -60,13 +65,14 @@ def bound_fields(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
 def render_line(_: WrappedLogger, __: str, event_dict: EventDict) -> str:
     # ensure_ascii: control characters and line separators from a request are escaped,
     # so a value can never end the line or start a forged event.
-    line = json.dumps(event_dict, default=str, ensure_ascii=True, separators=(",", ":"))
+    line = json.dumps(event_dict, default=str, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
     if len(line) > MAX_LINE:
         line = json.dumps(
             {k: event_dict.get(k) for k in ("timestamp", "event", "requestId", "traceId")}
             | {"truncated": True},
             default=str,
             ensure_ascii=True,
+            allow_nan=False,
         )
     return line
 
@@ -111,25 +117,6 @@ def configure_structlog() -> None:
     )
 
 
-def redact_params(params: Mapping[str, Any], sensitive: frozenset[tuple[str, ...]]) -> Any:
-    """``params`` with every value at a sensitive path (see ``schemas.sensitive_paths``) as ``***``."""
-    redacted: Any = dict(params)
-    for path in sensitive:
-        redacted = _redact(redacted, path)
-    return redacted
-
-
-def _redact(value: Any, path: tuple[str, ...]) -> Any:
-    if not path:
-        return REDACTED
-    head, rest = path[0], path[1:]
-    if head == "*" and isinstance(value, list):
-        return [_redact(item, rest) for item in value]
-    if isinstance(value, dict) and head in value:
-        return {**value, head: _redact(value[head], rest)}
-    return value
-
-
 class AuditLog:
     """Writes the audit events of calls. ``emit`` never raises."""
 
@@ -137,9 +124,15 @@ class AuditLog:
         configure_structlog()
         self.sink = AuditSink(path)
 
-    def emit(self, event: str, **fields: Any) -> None:
+    def emit(self, event: str, scrubber: Scrubber = NO_SECRETS, **fields: Any) -> None:
+        """Write one event; every field but the call's ids is scrubbed of ``scrubber``'s secrets."""
         logger = structlog.get_logger(self.sink)
         with contextlib.suppress(Exception):  # the audit trail never breaks a call
+            if scrubber:
+                fields = {
+                    key: value if key in IDENTITY_FIELDS else scrubber.scrub(value)
+                    for key, value in fields.items()
+                }
             logger.info(event, **fields)
 
     def close(self) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
+import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
+
+from runner import strict_json
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,9 @@ def read_events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
     """Every well-formed event; a torn or foreign line is skipped, not fatal."""
     for line in lines:
         try:
-            event = json.loads(line)
-        except ValueError:
+            # Strict: a foreign line with NaN or deep nesting is skipped, not printed or fatal.
+            event = strict_json.loads(line, max_depth=2 * strict_json.MAX_DEPTH)
+        except strict_json.JsonProblem:
             continue
         if isinstance(event, dict) and "event" in event:
             yield event
@@ -91,6 +94,29 @@ def _outcome(event: dict[str, Any]) -> str:
     return ""
 
 
+# Unicode categories a terminal acts on instead of printing: controls (C0, DEL, C1: ESC
+# clears screens and moves the cursor), format characters (bidi overrides and isolates
+# reorder what follows), line and paragraph separators, lone surrogates.
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def _escape_char(char: str) -> str:
+    if char == "\\":
+        return "\\\\"
+    if unicodedata.category(char) not in _UNPRINTABLE:
+        return char
+    code = ord(char)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def escape_cell(value: str) -> str:
+    """``value`` as inert text: every character a terminal would act on, and the backslash,
+    written as a Python-style escape (``\\x1b``, ``\\u202e``, ``\\\\``)."""
+    return "".join(_escape_char(char) for char in value)
+
+
 def write_table(events: Iterable[dict[str, Any]], out: TextIO) -> int:
     def line(cells: dict[str, str]) -> str:
         return " ".join(
@@ -100,8 +126,9 @@ def write_table(events: Iterable[dict[str, Any]], out: TextIO) -> int:
     out.write(line({name: name for name, _ in TABLE_COLUMNS}) + "\n")
     count = 0
     for event in events:
-        cells = {name: str(event.get(name) or "-") for name, _ in TABLE_COLUMNS}
-        cells["outcome"] = _outcome(event)
+        # Every value comes from the log, and a refused request's ids are logged as sent.
+        cells = {name: escape_cell(str(event.get(name) or "-")) for name, _ in TABLE_COLUMNS}
+        cells["outcome"] = escape_cell(_outcome(event))
         out.write(line(cells) + "\n")
         count += 1
     return count

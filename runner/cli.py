@@ -36,7 +36,8 @@ def _load(ctx: click.Context) -> Any:
 
 
 def _print_json(document: object) -> None:
-    click.echo(json.dumps(document, ensure_ascii=True))
+    # Strict JSON out: a NaN or Infinity here is a runner bug, never something to print.
+    click.echo(json.dumps(document, ensure_ascii=True, allow_nan=False))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -81,6 +82,7 @@ def _params(value: str | None) -> object:
         except (OSError, UnicodeDecodeError) as exc:
             _fail_usage(f"cannot read params file {value[1:]}: {getattr(exc, 'strerror', None) or exc}")
     try:
+        # NaN and Infinity parse here; the runner then refuses them as INVALID_PARAMS.
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
         _fail_usage(f"--params is not valid JSON: {type(exc).__name__}")

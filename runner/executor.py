@@ -17,6 +17,7 @@ from runner.errors import CallError, ErrorCode
 from runner.manifest import Tool
 from runner.outcomes import failure_error, parse_result
 from runner.plan import CallPlan
+from runner.redaction import NO_SECRETS, Scrubber
 from sandboxes import LaunchSpec, Limits, Sandbox, SandboxOutcome, SandboxUnavailable, StopReason
 
 # An attempt with less time than this left before the deadline is not worth starting:
@@ -26,11 +27,14 @@ MIN_ATTEMPT_MS = 10
 
 @dataclass(frozen=True)
 class CallContext:
+    """Who and what a call is, for its audit events; ``scrubber`` holds its secrets."""
+
     request_id: str
     trace_id: str
     role: str | None
     step_id: str | None
     user_id: str | None
+    scrubber: Scrubber = NO_SECRETS
 
     def audit_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {
@@ -80,9 +84,13 @@ class Executor:
         spec: LaunchSpec,
         params: dict[str, Any],
         ctx: CallContext,
+        deadline_at: float | None = None,
     ) -> Execution:
+        """Run the attempts; the deadline is ``deadline_at`` (clock time) if given, else
+        ``plan.deadline_ms`` from now."""
         clock = self._clock
-        deadline_at = clock.monotonic() + plan.deadline_ms / 1000
+        if deadline_at is None:
+            deadline_at = clock.monotonic() + plan.deadline_ms / 1000
         errors: list[CallError] = []
         degraded = False
         for attempt in range(1, plan.retries + 2):
@@ -126,6 +134,7 @@ class Executor:
     ) -> None:
         self._audit.emit(
             "call.attempt",
+            ctx.scrubber,
             toolName=tool.name,
             **ctx.audit_fields(),
             attempt=attempt,
@@ -136,6 +145,7 @@ class Executor:
             reason=outcome.reason.value if outcome.reason else None,
             code=error.code.value if error else None,
             degraded=outcome.degraded,
+            missing=list(outcome.missing),
             stderr=outcome.stderr_tail[-500:],
         )
 
@@ -145,7 +155,7 @@ def _payload(params: dict[str, Any], spec: LaunchSpec, attempt: int) -> bytes:
         "params": params,
         "context": {"requestId": spec.request_id, "toolName": spec.tool_name, "attempt": attempt},
     }
-    return json.dumps(document, ensure_ascii=False).encode("utf-8")
+    return json.dumps(document, ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
 async def _run_attempt(sandbox: Sandbox, spec: LaunchSpec, limits: Limits, payload: bytes) -> SandboxOutcome:

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from runner.schemas import SchemaProblem, SensitivePath, compile_schema, sensitive_paths
+from runner.yaml_files import YamlFileError, load_yaml_file
 
 MANIFEST_FILE = "tool.yaml"
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
@@ -91,8 +91,8 @@ class Tool:
 
     manifest: ManifestModel
     directory: Path
-    params_validator: Draft202012Validator
-    output_validator: Draft202012Validator | None
+    params_validator: Validator
+    output_validator: Validator | None
     sensitive_params: frozenset[SensitivePath]
 
     @property
@@ -121,15 +121,16 @@ def load_tool(directory: Path) -> Tool:
     """Read and validate ``directory/tool.yaml``.
 
     Raises:
-        ManifestError: the manifest is missing, unreadable or invalid.
+        ManifestError: the manifest is missing, unreadable or invalid (see
+            ``yaml_files.load_yaml_file`` for the bounds on the file itself).
     """
     path = directory / MANIFEST_FILE
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml_file(path)
     except OSError as exc:
         raise ManifestError(path, f"cannot read: {exc.strerror}") from exc
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ManifestError(path, f"bad YAML: {' '.join(str(exc).split())}") from exc
+    except YamlFileError as exc:
+        raise ManifestError(path, str(exc)) from exc
     if not isinstance(raw, dict):
         raise ManifestError(path, "must be a mapping")
     try:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from runner.errors import CallError, ErrorCode
+from runner.strict_json import MAX_DEPTH, depth
 
 MAX_ID_LENGTH = 256
 # Bounds on what a caller may ask for; the policy's ceilings then cap them further.
@@ -19,7 +20,7 @@ MAX_TIMEOUT_MS = 3_600_000
 MAX_RETRY_DELAY_MS = 600_000
 MAX_DEADLINE_MS = 3_600_000
 MAX_PARAMS_BYTES = 8 * 1024 * 1024
-MAX_PARAMS_DEPTH = 64
+MAX_PARAMS_DEPTH = MAX_DEPTH
 # Printable text only: ids end up in environments, argv, audit lines and messages.
 ID_PATTERN = r"^[^\x00-\x1f\x7f]*$"  # lone surrogates are refused by _check_json
 
@@ -59,34 +60,28 @@ class DiscoverRequest(_Wire):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-def _depth(value: object, limit: int) -> int:
-    """Nesting depth of a JSON value, counted without recursion and stopping past ``limit``."""
-    deepest, stack = 0, [(value, 1)]
-    while stack and deepest <= limit:
-        item, level = stack.pop()
-        deepest = max(deepest, level)
-        if isinstance(item, dict):
-            stack.extend((v, level + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, level + 1) for v in item)
-    return deepest
-
-
 def _check_json(raw: dict[str, Any]) -> None:
     """The request must be plain JSON the tool can be sent: bounded depth and size, valid text."""
-    if _depth(raw, MAX_PARAMS_DEPTH) > MAX_PARAMS_DEPTH:
+    if depth(raw, MAX_PARAMS_DEPTH) > MAX_PARAMS_DEPTH:
         raise CallError(
             ErrorCode.INVALID_PARAMS,
             f"request nests deeper than {MAX_PARAMS_DEPTH} levels",
             {"field": "params", "problem": "too deep"},
         )
     try:
-        size = len(json.dumps(raw, ensure_ascii=False).encode("utf-8"))
+        # allow_nan=False: NaN and Infinity (floats from Python, or from a lenient parser)
+        # are not JSON; a tool must never receive them.
+        size = len(json.dumps(raw, ensure_ascii=False, allow_nan=False).encode("utf-8"))
     except (TypeError, ValueError, UnicodeEncodeError) as exc:
+        problem = (
+            "NaN, Infinity and circular values are not JSON"
+            if isinstance(exc, ValueError) and not isinstance(exc, UnicodeError)
+            else type(exc).__name__
+        )
         raise CallError(
             ErrorCode.INVALID_PARAMS,
             "request is not plain JSON text",
-            {"field": "(root)", "problem": type(exc).__name__},
+            {"field": "(root)", "problem": problem},
         ) from exc
     if size > MAX_PARAMS_BYTES:
         raise CallError(

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 import signal as signals
 from typing import Any, Literal
 
+from runner import strict_json
 from runner.errors import CallError, ErrorCode
 from runner.manifest import Tool
 from runner.schemas import first_error
@@ -42,8 +42,8 @@ def _single_line(text: str, limit: int) -> str:
 def _tool_message(stdout: bytes) -> str | None:
     """The readable message a failing tool may print as ``{"error": {"message": ...}}``."""
     try:
-        document = json.loads(stdout)
-    except (ValueError, UnicodeDecodeError):
+        document = strict_json.loads(stdout)
+    except strict_json.JsonProblem:
         return None
     if isinstance(document, dict):
         error = document.get("error")
@@ -101,13 +101,16 @@ def parse_result(tool: Tool, stdout: bytes, output_format: Literal["json", "raw"
     """The result of a clean exit.
 
     Raises:
-        CallError: PARSE_ERROR when stdout is not one JSON document or fails ``output_schema``.
+        CallError: PARSE_ERROR when stdout is not one strict JSON document (no NaN or
+            Infinity, at most ``strict_json.MAX_DEPTH`` levels) or fails ``output_schema``.
     """
     if output_format == "raw":
         return stdout.decode("utf-8", errors="replace")
     try:
-        result = json.loads(stdout)
-    except (ValueError, UnicodeDecodeError) as exc:
+        result = strict_json.loads(stdout)
+    except strict_json.JsonProblem as exc:
+        # Strict: NaN, Infinity, numbers overflowing to infinity and documents nested
+        # deeper than the runner handles are parse errors of the tool, like any bad JSON.
         preview = stdout[:120].decode("utf-8", errors="replace")
         raise CallError(
             ErrorCode.PARSE_ERROR,

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from runner.errors import ConfigError
 from runner.manifest import Tool
+from runner.yaml_files import YamlFileError, load_yaml_file
 
 
 class _Strict(BaseModel):
@@ -151,15 +151,16 @@ class Policy:
         """Load and validate a policy file.
 
         Raises:
-            ConfigError: the file is missing, unreadable or invalid.
+            ConfigError: the file is missing, unreadable or invalid (see
+                ``yaml_files.load_yaml_file`` for the bounds on the file itself).
         """
         source = str(path)
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+            raw = load_yaml_file(path)
         except OSError as exc:
             raise ConfigError(source, f"cannot read policy file: {exc.strerror}") from exc
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise ConfigError(source, f"bad YAML: {' '.join(str(exc).split())}") from exc
+        except YamlFileError as exc:
+            raise ConfigError(source, str(exc)) from exc
         if not isinstance(raw, dict):
             raise ConfigError(source, "a policy file must be a mapping")
         try:

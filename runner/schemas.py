@@ -1,13 +1,23 @@
-"""JSON Schema handling: Draft 2020-12, compiled once, never fetching a remote ``$ref``."""
+"""JSON Schema handling: Draft 2020-12, compiled once, never fetching a remote ``$ref``.
+
+Validation uses ``runner.keywords.SafeValidator`` (RE2 patterns, stoppable, recording
+``x-sensitive`` values); ``check_params`` is the one validation of a call's params.
+"""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import SchemaError, ValidationError
+from jsonschema.protocols import Validator
 from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource, Unresolvable
+
+from runner.keywords import FORMAT_CHECKER, SafeValidator, ValidationExpired, validation_run
+from runner.redaction import Scrubber, holds_marked, nodes_at, redact_nodes
 
 
 def _refuse_retrieval(uri: str) -> Resource[Any]:
@@ -17,79 +27,173 @@ def _refuse_retrieval(uri: str) -> Resource[Any]:
 
 
 _OFFLINE = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
+MAX_PROBLEM = 200
+# Keywords whose messages name properties but never quote the value they reject.
+_QUOTE_FREE = frozenset(
+    {"required", "additionalProperties", "unevaluatedProperties", "dependentRequired", "dependencies"}
+)
 
 
 class SchemaProblem(ValueError):
     """The schema itself is not a valid Draft 2020-12 schema."""
 
 
-def compile_schema(schema: dict[str, Any] | bool) -> Draft202012Validator:
+def compile_schema(schema: dict[str, Any] | bool) -> Validator:
     """A reusable validator for ``schema``.
 
     Raises:
-        SchemaProblem: the schema is invalid.
+        SchemaProblem: the schema is invalid, or RE2 cannot compile one of its patterns.
     """
     try:
-        Draft202012Validator.check_schema(schema)
+        # The metaschema asks ``format: regex`` of every pattern: FORMAT_CHECKER means RE2.
+        Draft202012Validator.check_schema(schema, format_checker=FORMAT_CHECKER)
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        if exc.validator == "format" and exc.validator_value == "regex":
+            raise SchemaProblem(
+                f"pattern {exc.instance!r} at {where} is not supported: patterns are matched by RE2,"
+                f" which has no lookarounds or backreferences ({exc.cause})"
+            ) from exc
         raise SchemaProblem(f"invalid JSON Schema at {where}: {exc.message}") from exc
-    return Draft202012Validator(schema, registry=_OFFLINE, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    return SafeValidator(schema, registry=_OFFLINE)
 
 
-def first_error(validator: Draft202012Validator, instance: Any) -> dict[str, str] | None:
-    """The most relevant validation error as ``{"field", "problem"}``, or None when valid."""
+def _sorted_errors(validator: Validator, instance: Any) -> list[ValidationError]:
+    return sorted(validator.iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path])
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_PROBLEM else text[:MAX_PROBLEM] + "..."
+
+
+def _field(error: ValidationError) -> str:
+    return "/".join(str(p) for p in error.absolute_path) or "(root)"
+
+
+def _unresolvable(exc: Unresolvable) -> dict[str, str]:
+    return {
+        "field": "(schema)",
+        "problem": f"unresolvable $ref {exc}; remote refs are never fetched",
+        "validator": "$ref",
+    }
+
+
+def first_error(validator: Validator, instance: Any) -> dict[str, str] | None:
+    """The most relevant validation error as ``{"field", "problem", "validator"}``, or None."""
     try:
-        errors = sorted(validator.iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path])
+        errors = _sorted_errors(validator, instance)
     except Unresolvable as exc:
-        return {
-            "field": "(schema)",
-            "problem": f"unresolvable $ref {exc}; remote refs are never fetched",
-            "validator": "$ref",
-        }
+        return _unresolvable(exc)
+    except RecursionError:
+        return {"field": "(root)", "problem": "too deeply nested to validate", "validator": "(depth)"}
     if not errors:
         return None
     error = errors[0]
-    field = "/".join(str(p) for p in error.absolute_path) or "(root)"
-    message = error.message
-    if len(message) > 200:
-        message = message[:200] + "..."
-    return {"field": field, "problem": message, "validator": str(error.validator)}
+    return {"field": _field(error), "problem": _cut(error.message), "validator": str(error.validator)}
+
+
+@dataclass(frozen=True)
+class ParamsCheck:
+    """What validating a call's params found.
+
+    ``problem`` is the first error (no secret in it), ``expired`` says the validation ran
+    out of time, ``scrubber`` holds the request's sensitive strings and ``audit_params``
+    are the params with every sensitive value as ``***``.
+    """
+
+    problem: dict[str, str] | None
+    expired: bool
+    scrubber: Scrubber
+    audit_params: Any
+
+
+def check_params(
+    validator: Validator,
+    params: dict[str, Any],
+    sensitive: frozenset[SensitivePath],
+    budget_s: float,
+) -> ParamsCheck:
+    """Validate ``params`` within ``budget_s`` seconds, finding their sensitive values.
+
+    Sensitive values are those the schema marks ``x-sensitive`` where validation applied
+    the mark, plus those at the statically found ``sensitive`` paths (which also cover an
+    ``anyOf`` branch the validation did not need to try).
+    """
+    marked: list[object] = []
+    expired = False
+    errors: list[ValidationError] = []
+    problem: dict[str, str] | None = None
+    with validation_run(time.monotonic() + budget_s, marked):
+        try:
+            errors = _sorted_errors(validator, params)
+        except ValidationExpired:
+            expired = True
+        except Unresolvable as exc:
+            problem = _unresolvable(exc)
+        except RecursionError:
+            problem = {"field": "(root)", "problem": "too deeply nested to validate", "validator": "(depth)"}
+    nodes = [*marked, *nodes_at(params, sensitive)]
+    marked_ids = frozenset(id(node) for node in nodes)
+    scrubber = Scrubber.of(nodes)
+    if errors:
+        error = errors[0]
+        field = _field(error)
+        keyword = str(error.validator)
+        if is_sensitive(field, sensitive) or (
+            keyword not in _QUOTE_FREE and holds_marked(error.instance, marked_ids)
+        ):
+            # jsonschema quotes the value it rejects, a parent object with its secrets too.
+            text = f"value rejected by '{keyword}'"
+        else:
+            text = _cut(scrubber.scrub_text(error.message))
+        problem = {"field": field, "problem": text, "validator": keyword}
+    return ParamsCheck(
+        problem=scrubber.scrub(problem) if problem is not None else None,
+        expired=expired,
+        scrubber=scrubber,
+        audit_params=redact_nodes(params, marked_ids),
+    )
 
 
 SensitivePath = tuple[str, ...]  # object keys, "*" for every item of an array
 MAX_SCHEMA_WALK = 32
+# Local $refs can make a small schema describe exponentially many paths; the walk stops
+# here (validation still finds every applied mark, see ``check_params``).
+MAX_WALK_STEPS = 10_000
 
 
-def sensitive_paths(
-    schema: object, root: object = None, prefix: SensitivePath = (), depth: int = 0
-) -> frozenset[SensitivePath]:
+def sensitive_paths(schema: object) -> frozenset[SensitivePath]:
     """Where in the params the schema marks values ``"x-sensitive": true``.
 
-    Follows ``properties``, ``items``, ``allOf``/``anyOf``/``oneOf`` and local ``$ref``s.
+    Follows ``properties``, ``items``, ``allOf``/``anyOf``/``oneOf`` and local ``$ref``s,
+    for at most ``MAX_WALK_STEPS`` subschemas.
     """
-    root = schema if root is None else root
-    if depth > MAX_SCHEMA_WALK or not isinstance(schema, dict):
-        return frozenset()
-    if schema.get("x-sensitive") is True:
-        return frozenset({prefix})
     found: set[SensitivePath] = set()
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#/"):
-        target: object = root
-        for part in ref[2:].split("/"):
-            target = (
-                target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, dict) else None
-            )
-        found |= sensitive_paths(target, root, prefix, depth + 1)
-    properties = schema.get("properties")
-    if isinstance(properties, dict):
-        for name, sub in properties.items():
-            found |= sensitive_paths(sub, root, (*prefix, name), depth + 1)
-    found |= sensitive_paths(schema.get("items"), root, (*prefix, "*"), depth + 1)
-    for key in ("allOf", "anyOf", "oneOf"):
-        for sub in schema.get(key) or []:
-            found |= sensitive_paths(sub, root, prefix, depth + 1)
+    stack: list[tuple[object, SensitivePath, int]] = [(schema, (), 0)]
+    steps = 0
+    while stack and steps < MAX_WALK_STEPS:
+        node, prefix, depth = stack.pop()
+        steps += 1
+        if depth > MAX_SCHEMA_WALK or not isinstance(node, dict):
+            continue
+        if node.get("x-sensitive") is True:
+            found.add(prefix)
+            continue
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/"):
+            target: object = schema
+            for part in ref[2:].split("/"):
+                key = part.replace("~1", "/").replace("~0", "~")
+                target = target.get(key) if isinstance(target, dict) else None
+            stack.append((target, prefix, depth + 1))
+        properties = node.get("properties")
+        if isinstance(properties, dict):
+            stack.extend((sub, (*prefix, name), depth + 1) for name, sub in properties.items())
+        stack.append((node.get("items"), (*prefix, "*"), depth + 1))
+        for key in ("allOf", "anyOf", "oneOf"):
+            subs = node.get(key)
+            if isinstance(subs, list):
+                stack.extend((sub, prefix, depth + 1) for sub in subs)
     return frozenset(found)
 
 

@@ -1,0 +1,78 @@
+"""Reading the runner's YAML files (``tool.yaml``, ``policies.yaml``) without being stalled.
+
+A few hundred bytes of YAML aliases ("billion laughs") describe a document of billions of
+nodes, and every later walk over it (schema checks, validation) pays for all of them. So
+a file is read only if it is a regular file of at most ``MAX_YAML_BYTES``, its events are
+scanned before anything is built, and any alias, or nesting deeper than
+``MAX_YAML_DEPTH``, refuses it. Anchors alone are harmless and allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import yaml
+
+MAX_YAML_BYTES = 256 * 1024
+MAX_YAML_DEPTH = 64
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: the same result, faster
+
+
+class YamlFileError(ValueError):
+    """A YAML file that cannot be used; the message says why (one line)."""
+
+
+def _read_bounded(path: Path, max_bytes: int) -> bytes:
+    # O_NONBLOCK: a FIFO put in a file's place must not block the runner on open.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise YamlFileError("not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_bytes:
+            chunk = os.read(fd, max_bytes + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > max_bytes:
+        raise YamlFileError(f"larger than {max_bytes} bytes")
+    return b"".join(chunks)
+
+
+def _refuse_expansion(text: str) -> None:
+    depth = 0
+    for event in yaml.parse(text, Loader=_LOADER):
+        if isinstance(event, yaml.AliasEvent):
+            raise YamlFileError(f"YAML aliases (*{event.anchor}) are not allowed")
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise YamlFileError(f"nested deeper than {MAX_YAML_DEPTH} levels")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def load_yaml_file(path: Path, max_bytes: int = MAX_YAML_BYTES) -> object:
+    """The document in ``path``.
+
+    Raises:
+        OSError: the file cannot be opened or read.
+        YamlFileError: not a regular file, too large, not UTF-8, not YAML, uses an alias,
+            or nests too deep.
+    """
+    data = _read_bounded(path, max_bytes)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise YamlFileError("not UTF-8 text") from exc
+    try:
+        _refuse_expansion(text)
+        return yaml.load(text, Loader=_LOADER)  # noqa: S506  # a safe loader, see _LOADER
+    except yaml.YAMLError as exc:
+        raise YamlFileError(f"bad YAML: {' '.join(str(exc).split())}") from exc

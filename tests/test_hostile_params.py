@@ -1,0 +1,321 @@
+"""Hostile params and schemas: secrets quoted by parent keywords, catastrophic patterns,
+validations slower than the deadline, NaN and Infinity. Real tools, real sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from conftest import REPO, ToolBench
+
+ECHO = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
+SECRET = "s3cr3t-TOKEN-1f9d"
+EVIL = "^(a+)+$"
+EVIL_INPUT = "a" * 27 + "!"  # 6.9 s with a backtracking engine
+
+
+def secret_schema(**extra: Any) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"user": {"type": "string"}, "token": {"type": "string", "x-sensitive": True}},
+        **extra,
+    }
+
+
+# -- x-sensitive values (issue 8, item 5) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schema", "params"),
+    [
+        (secret_schema(maxProperties=1), {"user": "ann", "token": SECRET}),
+        (secret_schema(minProperties=3), {"user": "ann", "token": SECRET}),
+        (
+            {
+                "type": "object",
+                "oneOf": [{"required": ["user"]}, {"required": ["token"]}],
+                "properties": {"token": {"x-sensitive": True}},
+            },
+            {"user": "ann", "token": SECRET},
+        ),
+        (
+            {"type": "object", "not": {"required": ["token"]}, "additionalProperties": {"x-sensitive": True}},
+            {"token": SECRET},
+        ),
+    ],
+    ids=["maxProperties", "minProperties", "oneOf", "not-over-additionalProperties"],
+)
+def test_a_secret_quoted_by_a_failing_parent_keyword_stays_out_of_the_answer_and_the_log(
+    bench: ToolBench, schema: dict[str, Any], params: dict[str, Any]
+) -> None:
+    bench.tool("login", ECHO, parameters=schema)
+    answer = bench.runner().handle({"toolName": "login", "params": params})
+    assert answer["error"]["code"] == "INVALID_PARAMS"
+    assert SECRET not in json.dumps(answer)
+    assert SECRET not in bench.audit_log.read_text()
+
+
+def test_a_sensitive_number_quoted_by_a_parent_keyword_stays_out_of_the_answer(bench: ToolBench) -> None:
+    schema = {
+        "type": "object",
+        "maxProperties": 1,
+        "properties": {"pin": {"type": "integer", "x-sensitive": True}, "user": {"type": "string"}},
+    }
+    bench.tool("pin", ECHO, parameters=schema)
+    answer = bench.runner().handle({"toolName": "pin", "params": {"pin": 73195524, "user": "ann"}})
+    assert answer["error"]["code"] == "INVALID_PARAMS"
+    assert "73195524" not in json.dumps(answer)
+    assert "73195524" not in bench.audit_log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("schema", "params"),
+    [
+        (
+            {"type": "object", "additionalProperties": {"type": "string", "x-sensitive": True}},
+            {"token": SECRET},
+        ),
+        (
+            {"type": "object", "patternProperties": {"^tok": {"x-sensitive": True}}},
+            {"token": SECRET},
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {"pair": {"type": "array", "prefixItems": [{}, {"x-sensitive": True}]}},
+            },
+            {"pair": ["user", SECRET]},
+        ),
+        (
+            {
+                "type": "object",
+                "if": {"required": ["kind"]},
+                "then": {"properties": {"token": {"x-sensitive": True}}},
+            },
+            {"kind": "bearer", "token": SECRET},
+        ),
+    ],
+    ids=["additionalProperties", "patternProperties", "prefixItems", "if-then"],
+)
+def test_a_secret_marked_under_any_applicator_never_reaches_the_log(
+    bench: ToolBench, schema: dict[str, Any], params: dict[str, Any]
+) -> None:
+    bench.tool("login", ECHO, parameters=schema)
+    answer = bench.runner().handle({"toolName": "login", "params": params})
+    assert answer["success"] is True
+    events = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
+    assert [e["event"] for e in events] == ["policy.decision", "call.attempt", "call.finished"]
+    assert SECRET not in json.dumps(events)
+    assert "***" in json.dumps(events[0]["params"])
+
+
+def test_a_secret_a_failing_tool_echoes_is_scrubbed_from_the_answer_and_every_event(
+    bench: ToolBench,
+) -> None:
+    code = (
+        "import json, sys\n"
+        "token = json.load(sys.stdin)['params']['creds']['token']\n"
+        "print('login failed for', token, file=sys.stderr)\n"
+        "print(json.dumps({'error': {'message': 'bad token ' + token}}))\n"
+        "sys.exit(3)\n"
+    )
+    schema = {"type": "object", "additionalProperties": {"type": "object", "x-sensitive": True}}
+    bench.tool("leaky", code, parameters=schema)
+    answer = bench.runner().handle(
+        {"toolName": "leaky", "params": {"creds": {"token": SECRET}}, "options": {"retries": 1}}
+    )
+    assert answer["error"]["code"] == "RETRY_EXHAUSTED"
+    assert SECRET not in json.dumps(answer)
+    events = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
+    assert [e["event"] for e in events] == [
+        "policy.decision",
+        "call.attempt",
+        "call.attempt",
+        "call.finished",
+    ]
+    assert SECRET not in json.dumps(events)
+    assert "***" in events[1]["stderr"]
+
+
+# -- patterns and validation time (issue 8, item 6) -----------------------------------
+
+
+def test_a_catastrophic_pattern_answers_at_once_and_does_not_stall_a_concurrent_call(
+    bench: ToolBench,
+) -> None:
+    bench.tool("evil", ECHO, parameters={"type": "object", "properties": {"s": {"pattern": EVIL}}})
+    bench.tool("ok", ECHO)
+    runner = bench.runner()
+
+    async def both() -> tuple[dict[str, Any], dict[str, Any], float]:
+        started = time.monotonic()
+        evil = asyncio.ensure_future(
+            runner.ahandle(
+                {
+                    "toolName": "evil",
+                    "params": {"s": EVIL_INPUT},
+                    "options": {"timeout": 100, "deadline": 100},
+                }
+            )
+        )
+        ok = await runner.ahandle({"toolName": "ok", "params": {"i": 1}})
+        ok_after = time.monotonic() - started
+        return await evil, ok, ok_after
+
+    started = time.monotonic()
+    evil, ok, ok_after = asyncio.run(both())
+    assert time.monotonic() - started < 2.0
+    assert evil["error"]["code"] == "INVALID_PARAMS"
+    assert ok["result"] == {"i": 1}
+    assert ok_after < 2.0
+
+
+def test_a_catastrophic_pattern_property_name_answers_at_once(bench: ToolBench) -> None:
+    schema = {"type": "object", "patternProperties": {EVIL: {}}, "additionalProperties": False}
+    bench.tool("evil", ECHO, parameters=schema)
+    runner = bench.runner()
+    started = time.monotonic()
+    answer = runner.handle({"toolName": "evil", "params": {EVIL_INPUT: 1}, "options": {"deadline": 100}})
+    assert time.monotonic() - started < 1.0
+    assert answer["error"]["code"] == "INVALID_PARAMS"
+    assert runner.handle({"toolName": "evil", "params": {"aaa": 1}})["success"] is True
+
+
+@pytest.mark.parametrize("pattern", ["^(?=a)a$", r"^(a)\1$", "(?<!x)y"])
+def test_a_pattern_re2_cannot_compile_leaves_the_tool_out_with_a_reason(
+    bench: ToolBench, pattern: str
+) -> None:
+    bench.tool("lookaround", ECHO, parameters={"type": "object", "properties": {"s": {"pattern": pattern}}})
+    bench.tool("keyed", ECHO, parameters={"type": "object", "patternProperties": {pattern: {}}})
+    bench.tool("ok", ECHO)
+    bench.runner()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "--tools",
+            str(bench.tools),
+            "--policies",
+            str(bench.root / "policies.yaml"),
+            "validate",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        env={**os.environ, "RUNNER_AUDIT_LOG": os.devnull},
+    )
+    assert done.returncode == 1
+    invalid = [line for line in done.stdout.splitlines() if line.startswith("invalid:")]
+    assert len(invalid) == 2
+    assert all("tool.yaml" in line for line in invalid)
+    assert [line.split()[1] for line in done.stdout.splitlines() if line.startswith("ok:")] == ["ok"]
+    assert done.stderr == ""  # RE2 does not print its complaints
+
+
+def _slow_to_validate(bench: ToolBench) -> None:
+    item = {"type": "string", "minLength": 1, "maxLength": 5}
+    schema = {"type": "object", "properties": {"xs": {"type": "array", "items": item}}}
+    bench.tool("slow", ECHO, parameters=schema)
+
+
+SLOW_PARAMS = {"xs": ["ab"] * 400_000}  # 2.4 MB; about 4 s of jsonschema here
+
+
+@pytest.mark.slow
+def test_a_validation_slower_than_the_deadline_answers_timeout_on_time(bench: ToolBench) -> None:
+    _slow_to_validate(bench)
+    runner = bench.runner()
+    started = time.monotonic()
+    answer = runner.handle({"toolName": "slow", "params": SLOW_PARAMS, "options": {"deadline": 200}})
+    assert time.monotonic() - started < 1.5
+    assert answer["error"]["code"] == "TIMEOUT"
+    assert answer["metadata"]["attempts"] == 0
+
+
+@pytest.mark.slow
+def test_validation_runs_off_the_event_loop(bench: ToolBench) -> None:
+    _slow_to_validate(bench)
+    bench.tool("ok", ECHO)
+    runner = bench.runner()
+
+    async def both() -> tuple[dict[str, Any], float]:
+        started = time.monotonic()
+        slow = asyncio.ensure_future(
+            runner.ahandle({"toolName": "slow", "params": SLOW_PARAMS, "options": {"deadline": 30_000}})
+        )
+        await asyncio.sleep(0)  # the slow call starts validating first
+        ok = await runner.ahandle({"toolName": "ok", "params": {"i": 1}})
+        ok_after = time.monotonic() - started
+        await slow
+        return ok, ok_after
+
+    ok, ok_after = asyncio.run(both())
+    assert ok["result"] == {"i": 1}
+    assert ok_after < 2.0
+
+
+# -- NaN and Infinity in (issue 8, item 9) --------------------------------------------
+
+
+def _cli(bench: ToolBench, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    bench.runner()  # writes the policy file
+    argv = [
+        sys.executable,
+        "-m",
+        "runner",
+        "--tools",
+        str(bench.tools),
+        "--policies",
+        str(bench.root / "policies.yaml"),
+    ]
+    return subprocess.run(
+        [*argv, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        env={**os.environ, "RUNNER_AUDIT_LOG": str(bench.audit_log)},
+    )
+
+
+def _strict(text: str) -> Any:
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} printed")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_nan_and_infinity_params_from_the_command_line_are_invalid_params(
+    bench: ToolBench, number: str
+) -> None:
+    bench.tool("ok", ECHO)
+    by_flag = _cli(bench, "exec", "ok", "--params", f'{{"a": {number}}}')
+    by_stdin = _cli(bench, "exec", "-", stdin=f'{{"toolName": "ok", "params": {{"a": [{number}]}}}}')
+    for done in (by_flag, by_stdin):
+        assert done.returncode == 1, done.stderr
+        answer = _strict(done.stdout)
+        assert answer["error"]["code"] == "INVALID_PARAMS"
+        assert answer["metadata"]["attempts"] == 0
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_nan_and_infinity_floats_handed_to_handle_are_invalid_params(bench: ToolBench, value: float) -> None:
+    bench.tool("ok", ECHO)
+    runner = bench.runner()
+    for params in ({"a": value}, {"deep": {"list": [1, value]}}):
+        answer = runner.handle({"toolName": "ok", "params": params})
+        assert answer["error"]["code"] == "INVALID_PARAMS"
+        assert answer["metadata"]["attempts"] == 0
+    assert runner.handle({"toolName": "ok", "params": {}, "metadata": {"x": value}})["error"]["code"] == (
+        "INVALID_PARAMS"
+    )
