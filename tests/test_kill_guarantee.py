@@ -95,6 +95,7 @@ def test_two_hundred_runners_killed_at_random_points_leave_no_process_behind(ben
         if left:
             survivors.append((killed["pids"], [_describe(pid) for pid in left]))
             subprocess.run(["kill", "-9", *map(str, left)], check=False)
+    harness.stdout.close()
     assert harness.wait() == 0
     assert survivors == []
 
@@ -115,6 +116,7 @@ def test_containers_of_killed_runners_are_gone_within_a_second(bench: ToolBench,
         for pid in killed["pids"]:
             left = docker_client.containers(filters={"label": f"{LABEL_OWNER}={pid}"})  # running only
             running += [c["Id"][:12] for c in left]
+    harness.stdout.close()
     assert harness.wait() == 0
     assert running == []
     # And removed, not just stopped, a moment later (the session fixture checks the rest).
