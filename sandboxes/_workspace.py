@@ -22,6 +22,7 @@ import stat
 from pathlib import Path
 
 from sandboxes._identity import SANDBOX_GID
+from sandboxes.base import LaunchSpec, SandboxUnavailable
 
 _TRUSTED_OWNERS = frozenset({0, os.geteuid()})
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -122,3 +123,39 @@ def strip_setid_files(fd: int) -> int:
     finally:
         os.close(start)
     return changed
+
+
+def open_granted_workspace(spec: LaunchSpec) -> int | None:
+    """The granted workspace, opened safely (as root) and made writable when granted so.
+
+    Raises:
+        SandboxUnavailable: the workspace path cannot be trusted.
+    """
+    if spec.workspace is None or spec.workspace_mode == "none":
+        return None
+    if os.geteuid() != 0:
+        # Nothing to misuse: an unprivileged runner can only reach what its user can.
+        spec.workspace.mkdir(parents=True, exist_ok=True)
+        return os.open(spec.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = open_workspace(spec.workspace, create=True)
+    except WorkspaceRefused as exc:
+        raise SandboxUnavailable(str(exc)) from exc
+    if spec.workspace_mode == "write":
+        try:
+            grant_group_write(fd)
+        except OSError:
+            os.close(fd)
+            raise
+    return fd
+
+
+def release_workspace(fd: int, mode: str) -> None:
+    """After the call: clear set-id files the tool may have left (when it could write),
+    then let go of the folder."""
+    try:
+        if mode == "write":
+            # Nothing the tool made may run as its uid (or group) for a local user.
+            strip_setid_files(fd)
+    finally:
+        os.close(fd)

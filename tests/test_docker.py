@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO, ToolBench
 
 from runner import Runner
+from sandboxes._identity import UID_BASE, UID_COUNT
 
 pytestmark = pytest.mark.docker
 
@@ -61,7 +62,7 @@ def test_the_container_has_no_network_no_capabilities_and_no_root(bench: ToolBen
     assert result["connected"] is False
     assert accepted == [False]
     assert result["interfaces"] == ["lo"]
-    assert result["uid"] == 65534
+    assert UID_BASE <= result["uid"] < UID_BASE + UID_COUNT  # a uid of its own, never root or nobody
     assert result["capeff"] == "0000000000000000"
     assert result["nonewprivs"] == "1"
 

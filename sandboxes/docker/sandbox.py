@@ -2,8 +2,8 @@
 
 The container gets: the tool's folder read-only at ``/tool`` (working directory), a
 size-limited tmpfs ``/tmp``, a read-only root, no network unless allowed, no
-capabilities, ``no-new-privileges``, uid/gid 65534, an init process, the memory (swap
-equal to memory), CPU and pids limits, and no daemon-side log (the output is read through
+capabilities, ``no-new-privileges``, a uid of its own (``sandboxes._identity``), an init
+process, the memory (swap equal to memory), CPU and pids limits, and no daemon-side log (the output is read through
 the attach socket only; a log would copy a flood onto the host's disk). Never a fallback
 to running outside a container: every failure to get one is ``SandboxUnavailable``.
 
@@ -29,10 +29,12 @@ import threading
 import time
 from typing import Any
 
+from sandboxes._identity import IdentityLease, NoFreeIdentity, shared_identities
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import pid_alive
 from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
 from sandboxes._watchdog import watch
+from sandboxes._workspace import open_granted_workspace, release_workspace
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
 from sandboxes.docker._cgroup import ContainerCgroup
 from sandboxes.docker._client import (
@@ -43,7 +45,6 @@ from sandboxes.docker._client import (
 )
 from sandboxes.docker._frames import STDOUT, FrameDecoder
 
-SANDBOX_USER = "65534:65534"
 TOOL_MOUNT = "/tool"
 SCRATCH = "/tmp"  # noqa: S108 - the container's own private tmpfs
 STDERR_TAIL_BYTES = 8 * 1024
@@ -91,8 +92,22 @@ class DockerSandbox:
             raise SandboxUnavailable(f"cannot start the runner's watchdog: {exc.strerror}") from exc
         client = await asyncio.to_thread(self.client)
         cgroup_v1 = await asyncio.to_thread(self._daemon_cgroup_v1, client)
-        container_id = await asyncio.to_thread(_create, client, spec, limits)
-        return PreparedContainer(client, container_id, limits, cgroup_v1=cgroup_v1)
+        try:
+            lease = shared_identities().lease()
+        except (NoFreeIdentity, OSError) as exc:
+            raise SandboxUnavailable(f"no sandbox identity: {exc}") from exc
+        workspace_fd = None
+        try:
+            workspace_fd = open_granted_workspace(spec)
+            container_id = await asyncio.to_thread(_create, client, spec, limits, lease)
+        except BaseException:
+            if workspace_fd is not None:
+                os.close(workspace_fd)
+            lease.release()
+            raise
+        prepared = PreparedContainer(client, container_id, limits, cgroup_v1=cgroup_v1)
+        prepared.hold(lease, workspace_fd, spec.workspace_mode)
+        return prepared
 
     def _daemon_cgroup_v1(self, client: Any) -> bool:
         """Whether the daemon's containers live in cgroup v1 (an older daemon that does not
@@ -119,7 +134,7 @@ def remove_leftovers(client: Any) -> int:
     return removed
 
 
-def _create(client: Any, spec: LaunchSpec, limits: Limits) -> str:
+def _create(client: Any, spec: LaunchSpec, limits: Limits, lease: IdentityLease) -> str:
     from docker.errors import APIError, DockerException, ImageNotFound
     from docker.types import Ulimit
 
@@ -161,7 +176,7 @@ def _create(client: Any, spec: LaunchSpec, limits: Limits) -> str:
             stdin_open=True,
             detach=False,  # with stdin_open: StdinOnce, so our half-close ends its input
             tty=False,
-            user=SANDBOX_USER,
+            user=f"{lease.uid}:{lease.gid}",  # a uid of its own, as in the subprocess backend
             working_dir=TOOL_MOUNT,
             environment=env,
             labels={LABEL_MANAGED: "true", LABEL_REQUEST: spec.request_id, LABEL_OWNER: str(os.getpid())},
@@ -185,6 +200,8 @@ class PreparedContainer:
         self._limits = limits
         self._cgroup_v1 = cgroup_v1
         self._closed = False
+        self._lease: IdentityLease | None = None
+        self._workspace: tuple[int, str] | None = None
         self._pids_refused = 0
         self._oom_killed = False
 
@@ -336,11 +353,25 @@ class PreparedContainer:
         except Exception:
             return {}
 
+    def hold(self, lease: IdentityLease, workspace_fd: int | None, workspace_mode: str) -> None:
+        """What this sandbox keeps until ``close``: its uid, and the workspace it may write."""
+        self._lease = lease
+        if workspace_fd is not None:
+            self._workspace = (workspace_fd, workspace_mode)
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        await asyncio.to_thread(_remove, self._client, self.container_id)
+        try:
+            await asyncio.to_thread(_remove, self._client, self.container_id)
+        finally:
+            if self._workspace is not None:
+                await asyncio.to_thread(release_workspace, *self._workspace)
+                self._workspace = None
+            if self._lease is not None:
+                self._lease.release()  # the container, and every process of that uid, is gone
+                self._lease = None
 
 
 def _remove(client: Any, container_id: str) -> None:

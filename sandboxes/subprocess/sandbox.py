@@ -31,7 +31,7 @@ from sandboxes._identity import IdentityLease, NoFreeIdentity, shared_identities
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import owner_alive
 from sandboxes._watchdog import watch
-from sandboxes._workspace import WorkspaceRefused, grant_group_write, open_workspace, strip_setid_files
+from sandboxes._workspace import open_granted_workspace, release_workspace
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory, CgroupUnavailable
 from sandboxes.subprocess._launch import (
@@ -143,7 +143,7 @@ class SubprocessSandbox:
         workspace_fd: int | None = None
         cgroup = None
         try:
-            workspace_fd = _open_workspace(spec)
+            workspace_fd = open_granted_workspace(spec)
             if self.cgroups is not None:
                 try:
                     cgroup = self.cgroups.create(limits.memory_mb, limits.max_pids)
@@ -432,39 +432,11 @@ class PreparedSubprocess:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
         if self._workspace_fd is not None:
-            if self._spec.workspace_mode == "write":
-                # Nothing the tool made may run as its uid (or group) for a local user.
-                strip_setid_files(self._workspace_fd)
-            os.close(self._workspace_fd)
+            release_workspace(self._workspace_fd, self._spec.workspace_mode)
             self._workspace_fd = None
         if self._lease is not None:
             self._lease.release()  # only now: every process of that uid is gone
             self._lease = None
-
-
-def _open_workspace(spec: LaunchSpec) -> int | None:
-    """The granted workspace, opened safely (as root) and made writable when granted so.
-
-    Raises:
-        SandboxUnavailable: the workspace path cannot be trusted.
-    """
-    if spec.workspace is None or spec.workspace_mode == "none":
-        return None
-    if os.geteuid() != 0:
-        # Nothing to misuse: an unprivileged runner can only reach what its user can.
-        spec.workspace.mkdir(parents=True, exist_ok=True)
-        return os.open(spec.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fd = open_workspace(spec.workspace, create=True)
-    except WorkspaceRefused as exc:
-        raise SandboxUnavailable(str(exc)) from exc
-    if spec.workspace_mode == "write":
-        try:
-            grant_group_write(fd)
-        except OSError:
-            os.close(fd)
-            raise
-    return fd
 
 
 @functools.lru_cache(maxsize=1024)
