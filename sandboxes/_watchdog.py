@@ -49,7 +49,7 @@ def watch(kind: str, value: str = "") -> None:
     """Make sure this process has a watchdog, and tell it to sweep ``kind``/``value``.
 
     ``kind`` is ``cgroups`` (value: ``<version>:<parent dir>``), ``scratch`` (a folder of
-    ``<pid>-*`` entries) or ``docker``.
+    ``<pid>-*`` entries), ``staging`` (a folder of staged workspaces) or ``docker``.
 
     Raises:
         OSError: the watchdog could not be started; the caller must not start a sandbox.
@@ -169,11 +169,13 @@ def main(argv: list[str]) -> int:
         signal.signal(signum, signal.SIG_IGN)
     # Everything the sweep needs is loaded now, while the runner waits for "ready".
     import sandboxes.subprocess._cgroup  # noqa: F401
+    from sandboxes._staging import remove_stale
 
     os.write(1, b"r")
     os.close(1)
     cgroups: list[tuple[int, Path]] = []
     scratch: list[Path] = []
+    staging: list[Path] = []
     docker_used = False
     for raw in sys.stdin.buffer:
         kind, _, value = raw.decode(errors="replace").rstrip("\n").partition("\t")
@@ -182,6 +184,8 @@ def main(argv: list[str]) -> int:
             cgroups.append((int(version), Path(parent)))
         elif kind == "scratch":
             scratch.append(Path(value))
+        elif kind == "staging":
+            staging.append(Path(value))
         elif kind == "docker" and not docker_used:
             docker_used = True
             with contextlib.suppress(ImportError):
@@ -195,6 +199,9 @@ def main(argv: list[str]) -> int:
     _sweep_scratch(owner, scratch)
     for thread in sweepers:
         thread.join()
+    # Last: a staged workspace may be unmounted only once no sandbox of ours can use it.
+    for root in staging:
+        remove_stale(root, lambda name: name.startswith(f"{owner}-"))
     return 0
 
 

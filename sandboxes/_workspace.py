@@ -22,6 +22,7 @@ import stat
 from pathlib import Path
 
 from sandboxes._identity import SANDBOX_GID
+from sandboxes._staging import StagedWorkspace, StagingUnavailable, staging_root
 from sandboxes.base import LaunchSpec, SandboxUnavailable
 
 _TRUSTED_OWNERS = frozenset({0, os.geteuid()})
@@ -125,37 +126,63 @@ def strip_setid_files(fd: int) -> int:
     return changed
 
 
-def open_granted_workspace(spec: LaunchSpec) -> int | None:
-    """The granted workspace, opened safely (as root) and made writable when granted so.
+class GrantedWorkspace:
+    """The workspace of one call: where the sandbox mounts it from, and what to do after.
 
-    Raises:
-        SandboxUnavailable: the workspace path cannot be trusted.
+    As root, a ``write`` grant is staged (``sandboxes._staging``): the sandbox mounts an
+    overlay whose writes stop at ``disk_mb`` and are applied when the call ends.
     """
-    if spec.workspace is None or spec.workspace_mode == "none":
-        return None
-    if os.geteuid() != 0:
-        # Nothing to misuse: an unprivileged runner can only reach what its user can.
-        spec.workspace.mkdir(parents=True, exist_ok=True)
-        return os.open(spec.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fd = open_workspace(spec.workspace, create=True)
-    except WorkspaceRefused as exc:
-        raise SandboxUnavailable(str(exc)) from exc
-    if spec.workspace_mode == "write":
+
+    def __init__(self, fd: int, mode: str, source: Path, staged: StagedWorkspace | None) -> None:
+        self.fd = fd
+        self.mode = mode
+        self.source = source  # what the sandbox binds at /workspace
+        self._staged = staged
+
+    @classmethod
+    def open(cls, spec: LaunchSpec, disk_mb: int, name: str) -> GrantedWorkspace | None:
+        """None when no workspace is granted.
+
+        Raises:
+            SandboxUnavailable: the workspace path cannot be trusted or staged.
+        """
+        if spec.workspace is None or spec.workspace_mode == "none":
+            return None
+        if os.geteuid() != 0:
+            # Nothing to misuse: an unprivileged runner can only reach what its user can
+            # (and cannot mount, so its tools' writes are bounded only by the disk).
+            spec.workspace.mkdir(parents=True, exist_ok=True)
+            fd = os.open(spec.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            return cls(fd, spec.workspace_mode, spec.workspace, None)
+        try:
+            fd = open_workspace(spec.workspace, create=True)
+        except WorkspaceRefused as exc:
+            raise SandboxUnavailable(str(exc)) from exc
+        if spec.workspace_mode != "write":
+            return cls(fd, spec.workspace_mode, spec.workspace, None)
         try:
             grant_group_write(fd)
-        except OSError:
+            staged = StagedWorkspace(staging_root() / name, spec.workspace, disk_mb)
+            staged.create(os.fstat(fd))
+        except (OSError, StagingUnavailable) as exc:
             os.close(fd)
-            raise
-    return fd
+            raise SandboxUnavailable(f"cannot stage the workspace: {exc}") from exc
+        return cls(fd, spec.workspace_mode, staged.merged, staged)
 
-
-def release_workspace(fd: int, mode: str) -> None:
-    """After the call: clear set-id files the tool may have left (when it could write),
-    then let go of the folder."""
-    try:
-        if mode == "write":
-            # Nothing the tool made may run as its uid (or group) for a local user.
-            strip_setid_files(fd)
-    finally:
-        os.close(fd)
+    def release(self) -> None:
+        """After the sandbox is gone: apply staged writes, or clear set-id files left by
+        direct ones; then let go of everything. Safe to call twice."""
+        if self.fd < 0:
+            return
+        try:
+            if self._staged is not None:
+                try:
+                    self._staged.apply(self.fd)
+                finally:
+                    self._staged.remove()
+            elif self.mode == "write":
+                # Nothing the tool made may run as its uid (or group) for a local user.
+                strip_setid_files(self.fd)
+        finally:
+            os.close(self.fd)
+            self.fd = -1

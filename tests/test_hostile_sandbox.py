@@ -132,36 +132,136 @@ def test_a_workspace_tool_cannot_leave_a_setuid_file_in_the_host_workspace(bench
         assert not path.lstat().st_mode & (stat.S_ISUID | stat.S_ISGID), path
 
 
-def test_setid_files_in_a_written_workspace_are_cleared_after_the_call(bench: ToolBench) -> None:
-    # Belt and braces behind the filter: whatever set-uid file appears during a call
-    # (here the host planted one mid-call, as a racing process could) is cleared at close.
+@pytest.mark.docker
+def test_a_setuid_file_made_in_a_docker_workspace_reaches_the_host_without_its_bit(
+    bench: ToolBench, docker_client
+) -> None:
+    # Docker's own seccomp profile lets a tool chmod u+s; the workspace still gets none.
+    workspace = bench.root / "workspace"
+    bench.policy["workspace"] = str(workspace)
+    report = _run(
+        bench,
+        "dplanter",
+        """
+        import json, os, shutil, sys
+        sys.stdin.read()
+        target = os.path.join(os.environ["WORKSPACE"], "py")
+        shutil.copyfile("/usr/bin/python3", target)
+        os.chmod(target, 0o6755)
+        print(json.dumps({"mode": os.stat(target).st_mode & 0o7777}))
+        """,
+        workspace="write",
+        sandbox="docker",
+        image="runner/base:latest",
+    )
+    assert report["mode"] == 0o6755  # the tool did set it, inside
+    assert (workspace / "py").exists()
+    assert not (workspace / "py").stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
+
+
+WORKSPACE_FLOOD = """
+import json, os, sys
+sys.stdin.read()
+written = 0
+try:
+    with open(os.path.join(os.environ["WORKSPACE"], "flood"), "wb") as f:
+        while written < 200 * 1024 * 1024:
+            f.write(b"x" * 1024 * 1024)
+            f.flush()
+            written += 1024 * 1024
+except OSError as exc:
+    print(json.dumps({"written_mb": written // (1024 * 1024), "errno": exc.errno}))
+else:
+    print(json.dumps({"written_mb": written // (1024 * 1024), "errno": 0}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["subprocess", pytest.param("docker", marks=pytest.mark.docker)])
+def test_workspace_writes_stop_at_disk_mb(bench: ToolBench, backend: str, request) -> None:
+    if backend == "docker":
+        request.getfixturevalue("docker_client")
+    workspace = bench.root / "workspace"
+    bench.policy["workspace"] = str(workspace)
+    extra = {"sandbox": "docker", "image": "runner/base:latest"} if backend == "docker" else {}
+    report = _run(
+        bench, "flood", WORKSPACE_FLOOD, workspace="write", limits={"disk_mb": 32, "memory_mb": 256}, **extra
+    )
+    assert report["errno"] == 28  # ENOSPC
+    assert report["written_mb"] <= 32
+    assert (workspace / "flood").stat().st_size <= 32 * 1024 * 1024
+
+
+def test_staged_writes_reach_the_workspace_with_deletions_and_replacements(bench: ToolBench) -> None:
     workspace = bench.root / "workspace"
     workspace.mkdir()
+    (workspace / "old.txt").write_text("old")
+    (workspace / "gone.txt").write_text("gone")
+    (workspace / "dir").mkdir()
+    (workspace / "dir" / "inner.txt").write_text("inner")
+    (workspace / "was_file").write_text("file")
+    for path in workspace.rglob("*"):  # the sandboxes' own to change (they have other uids)
+        path.chmod(0o777 if path.is_dir() else 0o666)
+    bench.policy["workspace"] = str(workspace)
+    _run(
+        bench,
+        "editor",
+        """
+        import json, os, shutil, sys
+        sys.stdin.read()
+        ws = os.environ["WORKSPACE"]
+        open(os.path.join(ws, "old.txt"), "a").write("+new")
+        os.unlink(os.path.join(ws, "gone.txt"))
+        shutil.rmtree(os.path.join(ws, "dir"))
+        os.mkdir(os.path.join(ws, "dir"))
+        open(os.path.join(ws, "dir", "fresh.txt"), "w").write("fresh")
+        os.unlink(os.path.join(ws, "was_file"))
+        os.makedirs(os.path.join(ws, "was_file", "deep"))
+        os.symlink("old.txt", os.path.join(ws, "link"))
+        print("{}")
+        """,
+        workspace="write",
+    )
+    assert (workspace / "old.txt").read_text() == "old+new"
+    assert not (workspace / "gone.txt").exists()
+    assert sorted(p.name for p in (workspace / "dir").iterdir()) == ["fresh.txt"]
+    assert (workspace / "was_file" / "deep").is_dir()
+    assert os.readlink(workspace / "link") == "old.txt"
+
+
+def test_applying_writes_never_follows_a_symlink_planted_during_the_call(bench: ToolBench) -> None:
+    # A local user (or another sandbox) swaps a folder of the workspace for a symlink to a
+    # folder of root's while the call runs; the apply must write into neither.
+    workspace = bench.root / "workspace"
+    workspace.mkdir()
+    (workspace / "out").mkdir()
+    (workspace / "out").chmod(0o777)
+    victim = bench.root / "victim"
+    victim.mkdir(mode=0o700)
     bench.policy["workspace"] = str(workspace)
     bench.tool(
-        "writer",
+        "slowwriter",
         """
-        import json, os, sys, time
+        import os, sys, time
         sys.stdin.read()
-        open(os.path.join(os.environ["WORKSPACE"], "note"), "w").write("x")
-        time.sleep(0.5)
+        open(os.path.join(os.environ["WORKSPACE"], "out", "report.txt"), "w").write("data")
+        time.sleep(0.8)
         print("{}")
         """,
         workspace="write",
     )
     runner = bench.runner()
 
-    async def call_and_plant() -> None:
-        call = asyncio.ensure_future(runner.acall("writer", {}))
-        while not (workspace / "note").exists():
-            await asyncio.sleep(0.02)
-        planted = workspace / "planted"
-        planted.write_bytes(b"#!/bin/sh\n")
-        planted.chmod(0o4755)
+    async def call_and_swap() -> None:
+        call = asyncio.ensure_future(runner.acall("slowwriter", {}))
+        await asyncio.sleep(0.4)
+        (workspace / "out").rmdir()
+        (workspace / "out").symlink_to(victim)
         assert (await call).success
 
-    asyncio.run(call_and_plant())
-    assert not (workspace / "planted").stat().st_mode & stat.S_ISUID
+    asyncio.run(call_and_swap())
+    assert list(victim.iterdir()) == []
+    assert not (workspace / "out").is_symlink()
+    assert (workspace / "out" / "report.txt").read_text() == "data"
 
 
 def test_a_symlinked_workspace_is_refused_and_its_target_left_untouched(bench: ToolBench) -> None:

@@ -3,8 +3,9 @@
 The container gets: the tool's folder read-only at ``/tool`` (working directory), a
 size-limited tmpfs ``/tmp``, a read-only root, no network unless allowed, no
 capabilities, ``no-new-privileges``, a uid of its own (``sandboxes._identity``), an init
-process, the memory (swap equal to memory), CPU and pids limits, and no daemon-side log (the output is read through
-the attach socket only; a log would copy a flood onto the host's disk). Never a fallback
+process, the memory (swap equal to memory), CPU and pids limits, and no daemon-side log
+(the output is read through the attach socket only; a log would copy a flood onto the
+host's disk). Never a fallback
 to running outside a container: every failure to get one is ``SandboxUnavailable``.
 
 The tool's command waits behind a gate (a shell reading one line) until the container's
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import os
 import signal
 import socket
@@ -32,9 +34,10 @@ from typing import Any
 from sandboxes._identity import IdentityLease, NoFreeIdentity, shared_identities
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import pid_alive
+from sandboxes._staging import STAGING_ROOT
 from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
 from sandboxes._watchdog import watch
-from sandboxes._workspace import open_granted_workspace, release_workspace
+from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
 from sandboxes.docker._cgroup import ContainerCgroup
 from sandboxes.docker._client import (
@@ -72,6 +75,7 @@ class DockerSandbox:
         self._swept = False
         self._lock = threading.Lock()
         self._cgroup_v1: bool | None = None
+        self._sequence = itertools.count(1)
 
     def client(self) -> Any:
         client = shared_client()
@@ -88,6 +92,8 @@ class DockerSandbox:
             # Before any container exists: this process's watchdog removes every container
             # labelled with our pid should we die (the daemon, not we, is their parent).
             watch("docker")
+            if os.geteuid() == 0:
+                watch("staging", str(STAGING_ROOT))
         except OSError as exc:
             raise SandboxUnavailable(f"cannot start the runner's watchdog: {exc.strerror}") from exc
         client = await asyncio.to_thread(self.client)
@@ -96,17 +102,18 @@ class DockerSandbox:
             lease = shared_identities().lease()
         except (NoFreeIdentity, OSError) as exc:
             raise SandboxUnavailable(f"no sandbox identity: {exc}") from exc
-        workspace_fd = None
+        workspace = None
         try:
-            workspace_fd = open_granted_workspace(spec)
-            container_id = await asyncio.to_thread(_create, client, spec, limits, lease)
+            name = f"{os.getpid()}-docker-{next(self._sequence)}"
+            workspace = await asyncio.to_thread(GrantedWorkspace.open, spec, limits.disk_mb, name)
+            container_id = await asyncio.to_thread(_create, client, spec, limits, lease, workspace)
         except BaseException:
-            if workspace_fd is not None:
-                os.close(workspace_fd)
+            if workspace is not None:
+                await asyncio.to_thread(workspace.release)
             lease.release()
             raise
         prepared = PreparedContainer(client, container_id, limits, cgroup_v1=cgroup_v1)
-        prepared.hold(lease, workspace_fd, spec.workspace_mode)
+        prepared.hold(lease, workspace)
         return prepared
 
     def _daemon_cgroup_v1(self, client: Any) -> bool:
@@ -134,7 +141,9 @@ def remove_leftovers(client: Any) -> int:
     return removed
 
 
-def _create(client: Any, spec: LaunchSpec, limits: Limits, lease: IdentityLease) -> str:
+def _create(
+    client: Any, spec: LaunchSpec, limits: Limits, lease: IdentityLease, workspace: GrantedWorkspace | None
+) -> str:
     from docker.errors import APIError, DockerException, ImageNotFound
     from docker.types import Ulimit
 
@@ -146,8 +155,8 @@ def _create(client: Any, spec: LaunchSpec, limits: Limits, lease: IdentityLease)
         "TMPDIR": SCRATCH,
     }
     binds = {str(spec.tool_dir): {"bind": TOOL_MOUNT, "mode": "ro"}}
-    if spec.workspace is not None and spec.workspace_mode != "none":
-        binds[str(spec.workspace)] = {
+    if workspace is not None:
+        binds[str(workspace.source)] = {
             "bind": "/workspace",
             "mode": "rw" if spec.workspace_mode == "write" else "ro",
         }
@@ -201,7 +210,7 @@ class PreparedContainer:
         self._cgroup_v1 = cgroup_v1
         self._closed = False
         self._lease: IdentityLease | None = None
-        self._workspace: tuple[int, str] | None = None
+        self._workspace: GrantedWorkspace | None = None
         self._pids_refused = 0
         self._oom_killed = False
 
@@ -353,11 +362,10 @@ class PreparedContainer:
         except Exception:
             return {}
 
-    def hold(self, lease: IdentityLease, workspace_fd: int | None, workspace_mode: str) -> None:
-        """What this sandbox keeps until ``close``: its uid, and the workspace it may write."""
+    def hold(self, lease: IdentityLease, workspace: GrantedWorkspace | None) -> None:
+        """What this sandbox keeps until ``close``: its uid, and the workspace it was granted."""
         self._lease = lease
-        if workspace_fd is not None:
-            self._workspace = (workspace_fd, workspace_mode)
+        self._workspace = workspace
 
     async def close(self) -> None:
         if self._closed:
@@ -367,7 +375,7 @@ class PreparedContainer:
             await asyncio.to_thread(_remove, self._client, self.container_id)
         finally:
             if self._workspace is not None:
-                await asyncio.to_thread(release_workspace, *self._workspace)
+                await asyncio.to_thread(self._workspace.release)  # applies staged writes
                 self._workspace = None
             if self._lease is not None:
                 self._lease.release()  # the container, and every process of that uid, is gone

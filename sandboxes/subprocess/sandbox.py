@@ -30,8 +30,10 @@ from pathlib import Path
 from sandboxes._identity import IdentityLease, NoFreeIdentity, shared_identities
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import owner_alive
+from sandboxes._staging import STAGING_ROOT
+from sandboxes._staging import remove_stale as remove_stale_staging
 from sandboxes._watchdog import watch
-from sandboxes._workspace import open_granted_workspace, release_workspace
+from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory, CgroupUnavailable
 from sandboxes.subprocess._launch import (
@@ -103,6 +105,9 @@ class SubprocessSandbox:
                 for parent in self.cgroups.parents:
                     watch("cgroups", f"{self.cgroups.version}:{parent}")
             watch("scratch", str(self.scratch_root))
+            if os.geteuid() == 0:
+                watch("staging", str(STAGING_ROOT))
+                remove_stale_staging(STAGING_ROOT, lambda name: not owner_alive(name))
         except OSError as exc:
             self.watch_problem = f"cannot start the runner's watchdog: {exc.strerror}"
 
@@ -140,10 +145,10 @@ class SubprocessSandbox:
             lease = shared_identities().lease()
         except (NoFreeIdentity, OSError) as exc:
             raise SandboxUnavailable(f"no sandbox identity: {exc}") from exc
-        workspace_fd: int | None = None
+        workspace: GrantedWorkspace | None = None
         cgroup = None
         try:
-            workspace_fd = open_granted_workspace(spec)
+            workspace = GrantedWorkspace.open(spec, limits.disk_mb, self.next_name())
             if self.cgroups is not None:
                 try:
                     cgroup = self.cgroups.create(limits.memory_mb, limits.max_pids)
@@ -152,11 +157,11 @@ class SubprocessSandbox:
                         raise SandboxUnavailable(str(exc)) from exc
                     missing.append(str(exc))
         except BaseException:
-            if workspace_fd is not None:
-                os.close(workspace_fd)
+            if workspace is not None:
+                workspace.release()
             lease.release()
             raise
-        return PreparedSubprocess(self, spec, limits, cgroup, tuple(missing), lease, workspace_fd)
+        return PreparedSubprocess(self, spec, limits, cgroup, tuple(missing), lease, workspace)
 
     # -- housekeeping -------------------------------------------------------------------
 
@@ -209,7 +214,7 @@ class PreparedSubprocess:
         cgroup: CallCgroup | None,
         missing: tuple[str, ...],
         lease: IdentityLease,
-        workspace_fd: int | None,
+        workspace: GrantedWorkspace | None,
     ) -> None:
         self._owner = owner
         self._spec = spec
@@ -218,7 +223,7 @@ class PreparedSubprocess:
         self._missing = missing
         self._hardened = not missing
         self._lease: IdentityLease | None = lease
-        self._workspace_fd = workspace_fd
+        self._workspace = workspace
         self._fds: list[int] = []
         self._scratch: Path | None = None
         self._pgid: int | None = None
@@ -285,7 +290,7 @@ class PreparedSubprocess:
 
     def _hardened_command(self) -> tuple[list[str], dict[str, str], str, tuple[int, ...]]:
         spec, owner = self._spec, self._owner
-        workspace = spec.workspace if self._workspace_fd is not None else None
+        workspace = self._workspace.source if self._workspace is not None else None
         launcher_env = self._launcher_env({"PATH": "/usr/bin:/bin"})
         tool_dir, workspace = self._stage(launcher_env, workspace)
         sources = Sources(tool_dir, workspace, owner.etc_dir)
@@ -335,7 +340,7 @@ class PreparedSubprocess:
         self._scratch.mkdir(mode=0o700)
         vmem = {} if self._cgroup else {"RUNNER_VMEM_KB": str(self._limits.memory_mb * 1024)}
         launcher_env: dict[str, str] = {}
-        granted = spec.workspace if self._workspace_fd is not None else None
+        granted = self._workspace.source if self._workspace is not None else None
         tool_dir, workspace = self._stage(launcher_env, granted)
         launcher_env["RUNNER_CHDIR"] = str(tool_dir)
         env = tool_env(spec, str(self._scratch), str(workspace) if workspace is not None else None)
@@ -431,9 +436,9 @@ class PreparedSubprocess:
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
-        if self._workspace_fd is not None:
-            release_workspace(self._workspace_fd, self._spec.workspace_mode)
-            self._workspace_fd = None
+        if self._workspace is not None:
+            self._workspace.release()  # staged writes applied only now: the tool is gone
+            self._workspace = None
         if self._lease is not None:
             self._lease.release()  # only now: every process of that uid is gone
             self._lease = None

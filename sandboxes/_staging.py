@@ -1,0 +1,224 @@
+"""Workspace writes staged within ``disk_mb``, then applied to the workspace.
+
+A tool granted ``workspace: write`` used to write into the host folder directly, with no
+bound (2 GB written under ``disk_mb: 64``). Now, when the runner is root, the sandbox gets
+an overlay instead: the workspace as its lower layer (read as it is) and, as its upper
+layer, a tmpfs of ``disk_mb`` that the runner mounts for this one call. Every write lands
+in that tmpfs and stops at ``disk_mb`` (ENOSPC). When the call ends the runner applies the
+upper layer to the workspace (new and changed files, deletions, replaced folders) and
+unmounts it.
+
+Applying runs as root in a folder that sandboxes and local users may write, so it never
+follows a symlink: every entry is reached relative to an open folder with ``O_NOFOLLOW``,
+files are written under a fresh name and renamed into place (replacing, not following,
+whatever stood there), and set-uid/set-gid bits are never carried over.
+
+The overlay is made by the runner in its own mount namespace under
+``/run/runner-ws/<runner pid>-<n>``; the watchdog unmounts those of a runner that died.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+import shutil
+import stat
+from pathlib import Path
+
+MNT_DETACH = 2
+_WHITEOUT_RDEV = 0
+_OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_SETID = stat.S_ISUID | stat.S_ISGID
+COPY_CHUNK = 1024 * 1024
+
+
+# Host-wide, root's own: every runner stages its calls' workspaces here.
+STAGING_ROOT = Path("/run/runner-ws")
+
+
+def staging_root() -> Path:
+    """The staging folder, made if need be and checked to be root's own (never a symlink).
+
+    Raises:
+        StagingUnavailable: someone else owns it.
+    """
+    with contextlib.suppress(FileExistsError):
+        STAGING_ROOT.mkdir(mode=0o700)
+    info = STAGING_ROOT.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o077:
+        raise StagingUnavailable(f"{STAGING_ROOT} is not a folder of root's alone")
+    return STAGING_ROOT
+
+
+class StagingUnavailable(Exception):
+    """The overlay could not be made; the message says why."""
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _mount(source: str, target: Path, fstype: str, options: str) -> None:
+    result = _libc().mount(source.encode(), str(target).encode(), fstype.encode(), 0, options.encode())
+    if result != 0:
+        code = ctypes.get_errno()
+        raise StagingUnavailable(f"cannot mount the workspace's {fstype}: {os.strerror(code)}")
+
+
+def unmount(target: Path) -> None:
+    """Detach ``target`` (lazily: a straggler holding it open cannot block us)."""
+    _libc().umount2(str(target).encode(), MNT_DETACH)
+
+
+class StagedWorkspace:
+    """The overlay of one call: ``merged`` is what the sandbox mounts at /workspace."""
+
+    def __init__(self, root: Path, workspace: Path, disk_mb: int) -> None:
+        self.root = root
+        self.workspace = workspace
+        self.merged = root / "merged"
+        self._disk_mb = disk_mb
+        self._mounted: list[Path] = []
+
+    def create(self, like: os.stat_result) -> None:
+        """Mount the tmpfs and the overlay; the overlay's top folder looks ``like`` that.
+
+        Raises:
+            StagingUnavailable: the kernel refused a mount (no overlayfs, not root).
+        """
+        self.root.mkdir(mode=0o700)
+        try:
+            _mount("tmpfs", self.root, "tmpfs", f"size={self._disk_mb}m,mode=0700")
+            self._mounted.append(self.root)
+            for name in ("upper", "work", "merged"):
+                (self.root / name).mkdir(mode=0o755)
+            upper, work = self.root / "upper", self.root / "work"
+            # The overlay's top folder takes the upper layer's owner and mode: the
+            # workspace's own, so the sandbox may write where it was granted to.
+            os.chown(upper, like.st_uid, like.st_gid)
+            upper.chmod(stat.S_IMODE(like.st_mode))
+            options = f"lowerdir={self.workspace},upperdir={upper},workdir={work}"
+            _mount("overlay", self.merged, "overlay", options)
+            self._mounted.append(self.merged)
+        except BaseException:
+            self.remove()
+            raise
+
+    def apply(self, workspace_fd: int) -> None:
+        """Carry the call's writes over to the workspace (the sandbox is gone by now)."""
+        if self.merged in self._mounted:
+            unmount(self.merged)
+            self._mounted.remove(self.merged)
+        upper = os.open(self.root / "upper", _OPEN_DIR)
+        try:
+            _apply_folder(upper, workspace_fd)
+        finally:
+            os.close(upper)
+
+    def remove(self) -> None:
+        """Unmount everything and remove the folder. Safe to call twice."""
+        for target in reversed(self._mounted):
+            unmount(target)
+        self._mounted.clear()
+        with contextlib.suppress(OSError):
+            self.root.rmdir()
+
+
+def remove_stale(ws_root: Path, is_stale: object) -> None:
+    """Unmount and remove the staging folders of runners that are gone."""
+    with contextlib.suppress(OSError):
+        for child in ws_root.iterdir():
+            if is_stale(child.name):  # type: ignore[operator]
+                unmount(child / "merged")
+                unmount(child)
+                with contextlib.suppress(OSError):
+                    child.rmdir()
+
+
+def _remove_entry(parent: int, name: str) -> None:
+    """Remove ``name`` in folder ``parent`` whatever it is, following nothing."""
+    try:
+        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(name, dir_fd=parent)  # fd-based, never leaves the tree by a symlink
+    else:
+        os.unlink(name, dir_fd=parent)
+
+
+def _is_opaque(folder: int) -> bool:
+    for attribute in _OPAQUE_XATTRS:
+        with contextlib.suppress(OSError):
+            if os.getxattr(folder, attribute) == b"y":
+                return True
+    return False
+
+
+def _open_or_make_folder(parent: int, name: str, mode: int) -> int:
+    try:
+        return os.open(name, _OPEN_DIR, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+            raise
+    _remove_entry(parent, name)  # a symlink or a file stood where a folder is wanted
+    os.mkdir(name, mode & 0o777, dir_fd=parent)
+    return os.open(name, _OPEN_DIR, dir_fd=parent)
+
+
+def _copy_file(source_dir: int, dest_dir: int, name: str, info: os.stat_result) -> None:
+    temporary = f".runner-apply-{os.getpid()}-{name}"[:255]
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(temporary, dir_fd=dest_dir)
+    source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=source_dir)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        target = os.open(temporary, flags, 0o600, dir_fd=dest_dir)
+        try:
+            while chunk := os.read(source, COPY_CHUNK):
+                os.write(target, chunk)
+            os.fchown(target, info.st_uid, info.st_gid)
+            os.fchmod(target, stat.S_IMODE(info.st_mode) & ~_SETID)
+        finally:
+            os.close(target)
+    finally:
+        os.close(source)
+    try:
+        os.rename(temporary, name, src_dir_fd=dest_dir, dst_dir_fd=dest_dir)
+    except IsADirectoryError:
+        _remove_entry(dest_dir, name)
+        os.rename(temporary, name, src_dir_fd=dest_dir, dst_dir_fd=dest_dir)
+
+
+def _apply_folder(source_dir: int, dest_dir: int) -> None:
+    for name in os.listdir(source_dir):
+        info = os.stat(name, dir_fd=source_dir, follow_symlinks=False)
+        mode = info.st_mode
+        if stat.S_ISCHR(mode) and info.st_rdev == _WHITEOUT_RDEV:
+            _remove_entry(dest_dir, name)  # deleted in the sandbox
+        elif stat.S_ISDIR(mode):
+            source = os.open(name, _OPEN_DIR, dir_fd=source_dir)
+            try:
+                target = _open_or_make_folder(dest_dir, name, mode)
+                try:
+                    if _is_opaque(source):  # replaced as a whole in the sandbox
+                        for child in os.listdir(target):  # noqa: PTH208 - by descriptor
+                            _remove_entry(target, child)
+                    _apply_folder(source, target)
+                    os.fchown(target, info.st_uid, info.st_gid)
+                    os.fchmod(target, stat.S_IMODE(mode) & ~stat.S_ISUID)
+                finally:
+                    os.close(target)
+            finally:
+                os.close(source)
+        elif stat.S_ISLNK(mode):
+            _remove_entry(dest_dir, name)
+            os.symlink(os.readlink(name, dir_fd=source_dir), name, dir_fd=dest_dir)
+            os.chown(name, info.st_uid, info.st_gid, dir_fd=dest_dir, follow_symlinks=False)
+        elif stat.S_ISREG(mode):
+            _copy_file(source_dir, dest_dir, name, info)
+        # fifos, sockets and devices are not carried over
