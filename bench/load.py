@@ -1,0 +1,101 @@
+"""Many calls at once through one ``Runner``: correctness, latency and leftovers under load.
+
+    python3 bench/load.py [--calls 1000] [--concurrency 64]
+
+Each call adds two numbers chosen for it, so a wrong or swapped answer is caught. Prints
+p50/p99 of the calls' own durations and the throughput, next to a bare ``python3 main.py``
+spawn of the same tool measured in the same run (the cold-call ratio), then checks that no
+sandbox process, cgroup or staged workspace of this process is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from _timing import timed  # noqa: E402
+
+from runner import Runner  # noqa: E402
+
+TOOL = REPO / "tools" / "add_numbers"
+PYTHON = "/usr/bin/python3"
+
+
+def bare() -> None:
+    payload = b'{"params": {"a": 1, "b": 2}, "context": {"requestId": "b", "toolName": "add_numbers"}}'
+    subprocess.run([PYTHON, "main.py"], input=payload, capture_output=True, cwd=TOOL, check=True)
+
+
+def leftovers() -> list[str]:
+    """Anything of this process's calls still there: cgroups, sandbox processes, mounts."""
+    found = []
+    mine = f"{os.getpid()}-"
+    for calls in Path("/sys/fs/cgroup").glob("**/runner-calls"):
+        found += [str(p) for p in calls.iterdir() if p.name.startswith(mine)]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"runner-exec" in cmdline or b"runner-launch" in cmdline:  # run it alone
+                found.append(f"process {entry.name}")
+    mounts = Path("/proc/self/mounts").read_text()
+    found += [line.split()[1] for line in mounts.splitlines() if f"/runner-ws/{mine}" in line]
+    return found
+
+
+async def load(runner: Runner, calls: int, concurrency: int) -> tuple[list[float], int]:
+    gate = asyncio.Semaphore(concurrency)
+    durations: list[float] = []
+    correct = 0
+
+    async def one(i: int) -> None:
+        nonlocal correct
+        async with gate:
+            started = time.perf_counter()
+            result = await runner.acall("add_numbers", {"a": i, "b": 1000 * i}, timeout=30000, deadline=60000)
+            durations.append((time.perf_counter() - started) * 1000)
+            if result.success and result.result == 1001 * i:
+                correct += 1
+            elif not result.success:
+                print(f"call {i}: {result.error}", file=sys.stderr)
+
+    await asyncio.gather(*(one(i) for i in range(calls)))
+    return durations, correct
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    args = parser.parse_args()
+    runner = Runner.load(tools=REPO / "tools", policies=REPO / "policies.yaml", audit_log=os.devnull)
+    bare_ms = statistics.median(timed(bare, 20))
+    cold_ms = statistics.median(timed(lambda: runner.call("add_numbers", {"a": 1, "b": 2}), 20))
+    started = time.perf_counter()
+    durations, correct = asyncio.run(load(runner, args.calls, args.concurrency))
+    wall = time.perf_counter() - started
+    ordered = sorted(durations)
+    p50 = ordered[len(ordered) // 2]
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    print(f"bare python3 main.py      median {bare_ms:7.1f} ms")
+    print(f"Runner.call, one at once  median {cold_ms:7.1f} ms   {cold_ms / bare_ms:5.2f}x bare")
+    print(f"{args.calls} calls at concurrency {args.concurrency}: {correct} correct, "
+          f"p50 {p50:.0f} ms, p99 {p99:.0f} ms, {args.calls / wall:.0f} calls/s")
+    left = leftovers()
+    print(f"leftovers: {left or 'none'}")
+    sys.exit(0 if correct == args.calls and not left else 1)
+
+
+if __name__ == "__main__":
+    main()
