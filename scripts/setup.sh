@@ -16,6 +16,8 @@ command -v setpriv >/dev/null || need_apt+=(util-linux)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 [ -x /usr/bin/runsc ] || need_apt+=(runsc)
 [ -e /usr/bin/docker-init ] || need_apt+=(tini)
+# The subprocess sandbox's seccomp filter is compiled with libseccomp.
+ldconfig -p | grep -q 'libseccomp.so.2 ' || need_apt+=(libseccomp2)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing ${need_apt[*]}"
   apt-get update -qq
