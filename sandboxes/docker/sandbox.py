@@ -47,11 +47,15 @@ from sandboxes.docker._client import (
     shared_client,
 )
 from sandboxes.docker._frames import STDOUT, FrameDecoder
+from sandboxes.view import (
+    READ_CHUNK,
+    SCRATCH_MOUNT,
+    STDERR_TAIL_BYTES,
+    TOOL_MOUNT,
+    WORKSPACE_MOUNT,
+    tool_env,
+)
 
-TOOL_MOUNT = "/tool"
-SCRATCH = "/tmp"  # noqa: S108 - the container's own private tmpfs
-STDERR_TAIL_BYTES = 8 * 1024
-READ_CHUNK = 64 * 1024
 # After the output ends, the exit status is a moment away; bound the wait anyway.
 EXIT_GRACE_S = 5.0
 BUILD_HINT = "run `runner images build`"
@@ -147,24 +151,17 @@ def _create(
     from docker.errors import APIError, DockerException, ImageNotFound
     from docker.types import Ulimit
 
-    env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        **spec.env,
-        "HOME": SCRATCH,
-        "TMPDIR": SCRATCH,
-    }
+    env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace is not None else None)
     binds = {str(spec.tool_dir): {"bind": TOOL_MOUNT, "mode": "ro"}}
     if workspace is not None:
         binds[str(workspace.source)] = {
-            "bind": "/workspace",
+            "bind": WORKSPACE_MOUNT,
             "mode": "rw" if spec.workspace_mode == "write" else "ro",
         }
-        env["WORKSPACE"] = "/workspace"
     memory = f"{limits.memory_mb}m"
     host_config = client.create_host_config(
         binds=binds,
-        tmpfs={SCRATCH: f"rw,nosuid,nodev,size={limits.disk_mb}m,mode=1777"},
+        tmpfs={SCRATCH_MOUNT: f"rw,nosuid,nodev,size={limits.disk_mb}m,mode=1777"},
         read_only=True,
         network_mode="bridge" if limits.network else "none",
         cap_drop=["ALL"],

@@ -14,19 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxes.base import LaunchSpec, Limits
+from sandboxes.view import INSIDE_UID, SCRATCH_MOUNT, TOOL_MOUNT, WORKSPACE_MOUNT
 
 # Inside its user namespace the tool is "nobody"; on the host it is a uid of its own
 # (``sandboxes._identity``), never root.
-SANDBOX_UID = 65534
-TOOL_MOUNT = "/tool"
-SCRATCH_MOUNT = "/tmp"  # noqa: S108 - the sandbox's own private tmpfs, not the host's
-WORKSPACE_MOUNT = "/workspace"
+SANDBOX_UID = INSIDE_UID
 SYSTEM_DIRS = ("/usr", "/opt/runner-system")  # the second is a hook for vendored runtimes
 MERGED_USR_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # The few /etc files ordinary programs read; nothing with secrets or host identity.
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "localtime", "alternatives", "mime.types")
 NETWORK_ETC_FILES = ("resolv.conf", "hosts", "nsswitch.conf", "ssl", "ca-certificates")
-DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 PASSWD = f"nobody:x:{SANDBOX_UID}:{SANDBOX_UID}:nobody:{SCRATCH_MOUNT}:/usr/sbin/nologin\n"
 GROUP = f"nogroup:x:{SANDBOX_UID}:\n"
@@ -39,14 +36,6 @@ class Sources:
     tool_dir: Path
     workspace: Path | None
     etc_dir: Path
-
-
-def tool_env(spec: LaunchSpec, home: str, workspace: str | None) -> dict[str, str]:
-    """The whole environment of the tool: the SPEC's minimal set and the manifest's env."""
-    env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", **spec.env, "HOME": home, "TMPDIR": home}
-    if workspace is not None:
-        env["WORKSPACE"] = workspace
-    return env
 
 
 def bwrap_argv(

@@ -16,9 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
+from sandboxes.view import READ_CHUNK, STDERR_TAIL_BYTES
 
-READ_CHUNK = 64 * 1024
-STDERR_TAIL_BYTES = 8 * 1024
 # How often the limits of the whole tool (CPU time, OOM kills, over all its processes)
 # are checked.
 LIMITS_POLL_S = 0.05

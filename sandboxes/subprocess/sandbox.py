@@ -41,17 +41,10 @@ from sandboxes.subprocess._launch import (
     launcher_argv,
     started_shim_argv,
 )
-from sandboxes.subprocess._layout import (
-    GROUP,
-    PASSWD,
-    SCRATCH_MOUNT,
-    WORKSPACE_MOUNT,
-    Sources,
-    bwrap_argv,
-    tool_env,
-)
+from sandboxes.subprocess._layout import GROUP, PASSWD, Sources, bwrap_argv
 from sandboxes.subprocess._process import Ending, ProcessResult, drive
 from sandboxes.subprocess._seccomp import SeccompUnavailable, filter_fd, sealed_memfd
+from sandboxes.view import SCRATCH_MOUNT, WORKSPACE_MOUNT, tool_env
 
 SHELL = "/bin/sh"
 _HOST_PATH = re.compile(r"/[^\s:'\"]+")
