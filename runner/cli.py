@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from runner.errors import ConfigError
+
+if TYPE_CHECKING:
+    from runner.policy import Policy
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -161,15 +164,28 @@ def doctor_command(as_json: bool) -> None:
     """Which isolation layers work on this machine, and what is missing."""
     from runner.doctor import check_layers
 
-    layers = check_layers()
+    layers = check_layers(_policy_if_any())
     if as_json:
         _print_json([layer.__dict__ for layer in layers])
     else:
         for layer in layers:
             mark = "ok     " if layer.ok else "MISSING"
             hint = "" if layer.ok else f"  -> {layer.hint}"
-            click.echo(f"{mark} {layer.name:<22} {layer.detail}{hint}")
+            click.echo(f"{mark} {layer.backend + ': ' + layer.name:<34} {layer.detail}{hint}")
     sys.exit(EXIT_OK if all(layer.ok for layer in layers) else EXIT_FAILED)
+
+
+def _policy_if_any() -> Policy | None:
+    """The policy the other commands would use, when there is one (its backend settings)."""
+    import os
+
+    from runner.policy import Policy
+
+    path = Path(os.environ.get("RUNNER_POLICIES") or "policies.yaml")
+    try:
+        return Policy.load(path)
+    except ConfigError:
+        return None
 
 
 @cli.group("images")

@@ -12,9 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from runner.schemas import SchemaProblem, SensitivePath, compile_schema, sensitive_paths
 from runner.yaml_files import YamlFileError, load_yaml_file
+from sandboxes import ToolRequirements
 
 MANIFEST_FILE = "tool.yaml"
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
+BACKEND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Variables the runner sets itself; a manifest may not override them.
 RESERVED_ENV = frozenset({"HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "WORKSPACE"})
@@ -44,7 +46,7 @@ class ManifestModel(BaseModel):
     version: str | None = None
     tags: list[str] = Field(default_factory=list)
     command: list[str] = Field(min_length=1)
-    sandbox: Literal["subprocess", "docker"] = "subprocess"
+    sandbox: str = "subprocess"  # any installed backend (entry point group runner.sandboxes)
     image: str | None = None
     parameters: dict[str, Any]
     output_schema: dict[str, Any] | bool | None = None
@@ -58,6 +60,13 @@ class ManifestModel(BaseModel):
     def _name(cls, value: str) -> str:
         if not NAME_PATTERN.fullmatch(value):
             raise ValueError("must match [a-z][a-z0-9_.-]{0,63}")
+        return value
+
+    @field_validator("sandbox")
+    @classmethod
+    def _sandbox(cls, value: str) -> str:
+        if not BACKEND_NAME.fullmatch(value):
+            raise ValueError("must match [a-z][a-z0-9_-]{0,63}")
         return value
 
     @field_validator("command")
@@ -99,6 +108,17 @@ class Tool:
     def name(self) -> str:
         return self.manifest.name
 
+    def requirements(self) -> ToolRequirements:
+        """What the manifest asks of its backend, for the backend's own rules."""
+        manifest = self.manifest
+        return ToolRequirements(
+            name=manifest.name,
+            command=tuple(manifest.command),
+            image=manifest.image,
+            network=manifest.network,
+            workspace_mode=manifest.workspace,
+        )
+
 
 class ManifestError(ValueError):
     """A manifest that cannot be registered; ``path`` and ``reason`` say where and why."""
@@ -137,8 +157,6 @@ def load_tool(directory: Path) -> Tool:
         manifest = ManifestModel.model_validate(raw)
     except ValidationError as exc:
         raise ManifestError(path, _describe(exc)) from exc
-    if manifest.sandbox == "docker" and not manifest.image:
-        raise ManifestError(path, "image: required when sandbox is docker")
     try:
         params_validator = compile_schema(manifest.parameters)
         output_validator = None if manifest.output_schema is None else compile_schema(manifest.output_schema)

@@ -80,7 +80,7 @@ def resolve_plan(tool: Tool, policy: Policy, options: CallOptions) -> CallPlan:
         network=tool.manifest.network and model.limits.network,
     )
     sandbox = (override.sandbox if override else None) or tool.manifest.sandbox
-    runtime = (override.runtime if override else None) or model.sandbox.docker_runtime
+    runtime = override.runtime if override else None  # else the backend's own default
     return CallPlan(
         limits=limits,
         retries=values["retries"],

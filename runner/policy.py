@@ -11,7 +11,7 @@ import fnmatch
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -57,7 +57,7 @@ class ToolOverrideModel(_Strict):
     retries: int | None = Field(default=None, ge=0, le=10)
     retry_delay_ms: int | None = Field(default=None, ge=0)
     deadline_ms: int | None = Field(default=None, gt=0)
-    sandbox: Literal["subprocess", "docker"] | None = None
+    sandbox: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,63}$")  # an installed backend
     runtime: str | None = None  # OCI runtime for docker tools, e.g. runsc
 
 
@@ -70,11 +70,25 @@ class AuditModel(_Strict):
     path: str | None = None
 
 
+# Settings that moved into the backends' own configuration, and where they live now.
+_MOVED = {
+    "allow_degraded": "sandbox.backends.subprocess.allow_degraded",
+    "docker_runtime": "sandbox.backends.docker.runtime",
+}
+
+
 class SandboxModel(_Strict):
-    # Running with less isolation than the hardened sandbox must be asked for by name;
-    # every such call is marked degraded in its answer and in the audit trail.
-    allow_degraded: bool = False
-    docker_runtime: str | None = None
+    # Each backend's own settings, by backend name; the backend validates its mapping.
+    backends: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old, new in _MOVED.items():
+                if old in data:
+                    raise ValueError(f"sandbox.{old} is now {new}")
+        return data
 
 
 class PolicyModel(_Strict):
@@ -141,9 +155,10 @@ def matching_rule(patterns: list[str], tool: Tool) -> str | None:
 class Policy:
     """A loaded policy file and the decisions it makes."""
 
-    def __init__(self, model: PolicyModel, base_dir: Path) -> None:
+    def __init__(self, model: PolicyModel, base_dir: Path, source: str = "policy") -> None:
         self.model = model
         self.base_dir = base_dir
+        self.source = source  # the file it came from, for messages
         self._roles = {name: _expand_role(model.roles, name, ()) for name in model.roles}
 
     @classmethod
@@ -169,7 +184,7 @@ class Policy:
             error = exc.errors()[0]
             where = ".".join(str(p) for p in error["loc"]) or "(root)"
             raise ConfigError(source, f"{where}: {error['msg']}") from exc
-        return cls(model, path.resolve().parent)
+        return cls(model, path.resolve().parent, source)
 
     @property
     def workspace(self) -> Path | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +25,12 @@ class Registry:
         self.problems = list(problems)
 
     @classmethod
-    def load(cls, directories: Iterable[Path]) -> Registry:
-        """Load every ``*/tool.yaml`` under ``directories``; bad ones become problems."""
+    def load(
+        cls, directories: Iterable[Path], backend_problems: Callable[[Tool], list[str]] | None = None
+    ) -> Registry:
+        """Load every ``*/tool.yaml`` under ``directories``; bad ones become problems, and so
+        do tools whose backend refuses them (``backend_problems``: not installed, or a rule
+        of the backend's own such as docker's ``image``)."""
         tools: dict[str, Tool] = {}
         problems: list[LoadProblem] = []
         for root in directories:
@@ -38,6 +42,10 @@ class Registry:
                     tool = load_tool(folder)
                 except ManifestError as exc:
                     problems.append(LoadProblem(exc.path, exc.reason))
+                    continue
+                refused = backend_problems(tool) if backend_problems is not None else []
+                if refused:
+                    problems.append(LoadProblem(folder / MANIFEST_FILE, "; ".join(refused)))
                     continue
                 if tool.name in tools:
                     first = tools[tool.name].directory / MANIFEST_FILE

@@ -6,6 +6,11 @@ never the reverse.
 """
 
 from sandboxes.base import (
+    BackendConfigError,
+    Check,
+    ChecksMachine,
+    ChecksTools,
+    Closable,
     LaunchSpec,
     Limits,
     PreparedSandbox,
@@ -13,9 +18,15 @@ from sandboxes.base import (
     SandboxOutcome,
     SandboxUnavailable,
     StopReason,
+    ToolRequirements,
 )
 
 __all__ = [
+    "BackendConfigError",
+    "Check",
+    "ChecksMachine",
+    "ChecksTools",
+    "Closable",
     "LaunchSpec",
     "Limits",
     "PreparedSandbox",
@@ -23,4 +34,5 @@ __all__ = [
     "SandboxOutcome",
     "SandboxUnavailable",
     "StopReason",
+    "ToolRequirements",
 ]

@@ -12,7 +12,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 WorkspaceMode = Literal["none", "read", "write"]
 
@@ -102,8 +102,37 @@ class PreparedSandbox(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ToolRequirements:
+    """What a manifest asks of its backend, for the backend's own rules at load time."""
+
+    name: str
+    command: tuple[str, ...]
+    image: str | None = None
+    network: bool = False
+    workspace_mode: WorkspaceMode = "none"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of ``runner doctor``: an isolation layer, whether it works here, and the fix."""
+
+    name: str
+    ok: bool
+    detail: str
+    hint: str = ""
+
+
+class BackendConfigError(ValueError):
+    """The policy's ``sandbox.backends.NAME`` mapping is not valid for that backend."""
+
+
 class Sandbox(Protocol):
-    """An isolation backend."""
+    """An isolation backend. Made by its entry point's factory, which does no I/O.
+
+    Beyond ``prepare``, a backend may have (each optional, found with ``isinstance``):
+    ``ChecksTools.tool_problems``, ``ChecksMachine.checks`` and ``Closable.aclose``.
+    """
 
     name: str
 
@@ -113,4 +142,31 @@ class Sandbox(Protocol):
         Raises:
             SandboxUnavailable: this machine cannot give the isolation required.
         """
+        ...
+
+
+@runtime_checkable
+class ChecksTools(Protocol):
+    """A backend with rules of its own for manifests (e.g. docker needs an ``image``)."""
+
+    def tool_problems(self, tool: ToolRequirements) -> list[str]:
+        """What is wrong with this tool for this backend; empty when nothing is."""
+        ...
+
+
+@runtime_checkable
+class ChecksMachine(Protocol):
+    """A backend that can say which of its layers work on this machine (``runner doctor``)."""
+
+    def checks(self) -> list[Check]:
+        """Each layer checked for real (this may take a moment and spawn processes)."""
+        ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """A backend holding something beyond single sandboxes (a connection, a pool)."""
+
+    async def aclose(self) -> None:
+        """Release it; no sandbox of this backend may be alive afterwards."""
         ...

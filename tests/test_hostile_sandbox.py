@@ -321,7 +321,7 @@ def test_socket_buffers_count_against_the_memory_limit(bench: ToolBench) -> None
 
 def test_a_degraded_run_still_drops_root_and_says_what_is_missing(bench: ToolBench, monkeypatch) -> None:
     monkeypatch.setenv("RUNNER_BWRAP", "/nonexistent/bwrap")
-    bench.policy["sandbox"] = {"allow_degraded": True}
+    bench.policy["sandbox"] = {"backends": {"subprocess": {"allow_degraded": True}}}
     bench.tool(
         "shadow",
         """

@@ -39,7 +39,7 @@ PLAIN = pytest.param(
 def mode(request: pytest.FixtureRequest, bench: ToolBench, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "plain":
         monkeypatch.setenv("RUNNER_BWRAP", "/nonexistent/bwrap")
-        bench.policy["sandbox"] = {"allow_degraded": True}
+        bench.policy["sandbox"] = {"backends": {"subprocess": {"allow_degraded": True}}}
     return request.param
 
 
@@ -327,7 +327,7 @@ def test_a_missing_launcher_fails_closed_with_sandbox_unavailable(bench: ToolBen
 
 def test_degraded_runs_need_the_policy_to_say_so_and_are_marked(bench: ToolBench, monkeypatch) -> None:
     monkeypatch.setenv("RUNNER_BWRAP", "/nonexistent/bwrap")
-    bench.policy["sandbox"] = {"allow_degraded": True}
+    bench.policy["sandbox"] = {"backends": {"subprocess": {"allow_degraded": True}}}
     bench.tool("ok", "import sys\nsys.stdin.read()\nprint('{}')\n")
     answer = bench.runner().handle({"toolName": "ok"})
     assert answer["success"] is True
@@ -342,12 +342,12 @@ def test_leftovers_of_a_killed_runner_are_removed_on_start(tmp_path: Path) -> No
 
     dead_pid = 4_000_000  # above pid_max: never alive
     factory = CgroupFactory()
-    stale = [parent / f"{dead_pid}-1-1" for parent in factory._parents]
+    stale = [parent / f"{dead_pid}-1-1" for parent in factory.parents]
     for d in stale:
         d.mkdir()
     scratch = tmp_path / "state" / "scratch" / f"{dead_pid}-7"
     scratch.mkdir(parents=True)
-    SubprocessSandbox(SubprocessConfig(state_dir=tmp_path / "state"))
+    SubprocessSandbox(SubprocessConfig(state_dir=tmp_path / "state")).set_up()  # what first use does
     assert not any(d.exists() for d in stale)
     assert not scratch.exists()
 

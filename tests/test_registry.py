@@ -21,7 +21,8 @@ def test_bad_manifests_are_reported_with_path_and_reason_and_the_rest_load(bench
     bench.tool("no_command", "", command=[])
     bench.tool("docker_no_image", "", sandbox="docker")
     bench.tool("env_clash", "", env={"HOME": "/root"})
-    registry = Registry.load([bench.tools])
+    bench.tool("no_such_backend", "", sandbox="nsjail")
+    registry = bench.runner().registry  # with the installed backends' own rules
     assert [tool.name for tool in registry] == ["good"]
     reasons = {problem.path.parent.name: problem.reason for problem in registry.problems}
     assert set(reasons) == {
@@ -33,9 +34,11 @@ def test_bad_manifests_are_reported_with_path_and_reason_and_the_rest_load(bench
         "no_command",
         "docker_no_image",
         "env_clash",
+        "no_such_backend",
     }
     assert "color" in reasons["unknown_key"]
     assert "image" in reasons["docker_no_image"]
+    assert "nsjail" in reasons["no_such_backend"]
     assert all(str(problem.path).endswith("tool.yaml") for problem in registry.problems)
 
 

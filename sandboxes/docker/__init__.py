@@ -1,5 +1,5 @@
 """The ``docker`` backend: one fresh container per attempt, through the Docker SDK."""
 
-from sandboxes.docker.sandbox import DockerSandbox
+from sandboxes.docker.sandbox import DockerConfig, DockerSandbox, create
 
-__all__ = ["DockerSandbox"]
+__all__ = ["DockerConfig", "DockerSandbox", "create"]

@@ -29,7 +29,10 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sandboxes._identity import IdentityLease, NoFreeIdentity, shared_identities
 from sandboxes._kernel import signal_from_init_status
@@ -38,7 +41,16 @@ from sandboxes._staging import STAGING_ROOT
 from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
 from sandboxes._watchdog import watch
 from sandboxes._workspace import GrantedWorkspace
-from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
+from sandboxes.base import (
+    BackendConfigError,
+    Check,
+    LaunchSpec,
+    Limits,
+    SandboxOutcome,
+    SandboxUnavailable,
+    StopReason,
+    ToolRequirements,
+)
 from sandboxes.docker._cgroup import ContainerCgroup
 from sandboxes.docker._client import (
     LABEL_MANAGED,
@@ -70,16 +82,48 @@ GATE = 'read -r _ && unset PWD && exec "$@"'  # the shell exports PWD
 RELEASE = b"\n"
 
 
+class DockerConfig(BaseModel):
+    """The policy's ``sandbox.backends.docker`` mapping."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    runtime: str | None = None  # OCI runtime of every docker tool (e.g. runsc); per tool: tools.NAME.runtime
+
+
+def create(config: Mapping[str, Any]) -> DockerSandbox:
+    """The entry point of ``docker`` in ``runner.sandboxes``.
+
+    Raises:
+        BackendConfigError: an unknown key or a wrong type in ``config``.
+    """
+    try:
+        return DockerSandbox(DockerConfig.model_validate(config))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"]) or "(root)"
+        raise BackendConfigError(f"sandbox.backends.docker: {where}: {error['msg']}") from exc
+
+
 class DockerSandbox:
     """Creates a fresh container per attempt. The daemon is contacted on first use."""
 
     name = "docker"
 
-    def __init__(self) -> None:
+    def __init__(self, config: DockerConfig | None = None) -> None:
+        self.config = config or DockerConfig()
         self._swept = False
         self._lock = threading.Lock()
         self._cgroup_v1: bool | None = None
         self._sequence = itertools.count(1)
+
+    def tool_problems(self, tool: ToolRequirements) -> list[str]:
+        return [] if tool.image else ["image: required when sandbox is docker"]
+
+    def checks(self) -> list[Check]:
+        """``runner doctor``: the daemon, the base image, gVisor."""
+        from sandboxes.docker._checks import daemon_checks
+
+        return daemon_checks()
 
     def client(self) -> Any:
         client = shared_client()
@@ -110,7 +154,9 @@ class DockerSandbox:
         try:
             name = f"{os.getpid()}-docker-{next(self._sequence)}"
             workspace = await asyncio.to_thread(GrantedWorkspace.open, spec, limits.disk_mb, name)
-            container_id = await asyncio.to_thread(_create, client, spec, limits, lease, workspace)
+            container_id = await asyncio.to_thread(
+                _create, client, spec, limits, lease, workspace, self.config.runtime
+            )
         except BaseException:
             if workspace is not None:
                 await asyncio.to_thread(workspace.release)
@@ -146,7 +192,12 @@ def remove_leftovers(client: Any) -> int:
 
 
 def _create(
-    client: Any, spec: LaunchSpec, limits: Limits, lease: IdentityLease, workspace: GrantedWorkspace | None
+    client: Any,
+    spec: LaunchSpec,
+    limits: Limits,
+    lease: IdentityLease,
+    workspace: GrantedWorkspace | None,
+    runtime: str | None,
 ) -> str:
     from docker.errors import APIError, DockerException, ImageNotFound
     from docker.types import Ulimit
@@ -172,7 +223,7 @@ def _create(
         pids_limit=limits.max_pids,
         nano_cpus=1_000_000_000,  # one CPU at most: a spinner cannot starve the host
         ulimits=[Ulimit(name="cpu", soft=limits.cpu_seconds, hard=limits.cpu_seconds + 1)],
-        runtime=spec.runtime,
+        runtime=spec.runtime or runtime,
         log_config={"Type": "none", "Config": {}},
     )
     try:

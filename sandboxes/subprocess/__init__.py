@@ -1,5 +1,5 @@
 """The hardened ``subprocess`` backend (bubblewrap + cgroups)."""
 
-from sandboxes.subprocess.sandbox import PreparedSubprocess, SubprocessConfig, SubprocessSandbox
+from sandboxes.subprocess.sandbox import PreparedSubprocess, SubprocessConfig, SubprocessSandbox, create
 
-__all__ = ["PreparedSubprocess", "SubprocessConfig", "SubprocessSandbox"]
+__all__ = ["PreparedSubprocess", "SubprocessConfig", "SubprocessSandbox", "create"]

@@ -23,9 +23,13 @@ import shutil
 import signal
 import stat
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sandboxes._identity import IdentityLease, NoFreeIdentity, shared_identities
 from sandboxes._kernel import signal_from_init_status
@@ -34,7 +38,15 @@ from sandboxes._staging import STAGING_ROOT
 from sandboxes._staging import remove_stale as remove_stale_staging
 from sandboxes._watchdog import watch
 from sandboxes._workspace import GrantedWorkspace
-from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
+from sandboxes.base import (
+    BackendConfigError,
+    Check,
+    LaunchSpec,
+    Limits,
+    SandboxOutcome,
+    SandboxUnavailable,
+    StopReason,
+)
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory, CgroupUnavailable
 from sandboxes.subprocess._launch import (
     drop_privileges_argv,
@@ -56,21 +68,58 @@ def default_state_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"runner-{os.geteuid()}"
 
 
-@dataclass(frozen=True)
-class SubprocessConfig:
-    bwrap: str | None = None  # None: look for ``bwrap`` on PATH
+class SubprocessConfig(BaseModel):
+    """The policy's ``sandbox.backends.subprocess`` mapping."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bwrap: str | None = None  # None: $RUNNER_BWRAP, else ``bwrap`` on PATH
+    # Running with less isolation than the hardened sandbox must be asked for by name;
+    # every such call is marked degraded in its answer and in the audit trail.
     allow_degraded: bool = False
     state_dir: Path | None = None
 
 
+def create(config: Mapping[str, Any]) -> SubprocessSandbox:
+    """The entry point of ``subprocess`` in ``runner.sandboxes``.
+
+    Raises:
+        BackendConfigError: an unknown key or a wrong type in ``config``.
+    """
+    try:
+        return SubprocessSandbox(SubprocessConfig.model_validate(config))
+    except ValidationError as exc:
+        raise BackendConfigError(f"sandbox.backends.subprocess: {_first_problem(exc)}") from exc
+
+
+def _first_problem(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"]) or "(root)"
+    return f"{where}: {error['msg']}"
+
+
 class SubprocessSandbox:
-    """Creates one hardened sandbox per attempt. Construction only looks around."""
+    """Creates one hardened sandbox per attempt. Construction does no I/O: the machine is
+    looked at (and the watchdog started) on first use, off the event loop."""
 
     name = "subprocess"
 
     def __init__(self, config: SubprocessConfig | None = None) -> None:
         self.config = config or SubprocessConfig()
-        self.bwrap = self.config.bwrap or shutil.which("bwrap")
+        self._set_up_lock = threading.Lock()
+        self._is_set_up = False
+        self._sequence = itertools.count(1)
+
+    def set_up(self) -> None:
+        """Look at the machine, sweep what dead runners left, start the watchdog. Once;
+        blocking (call it from a thread when on an event loop)."""
+        with self._set_up_lock:
+            if not self._is_set_up:
+                self._set_up()
+                self._is_set_up = True
+
+    def _set_up(self) -> None:
+        self.bwrap = self.config.bwrap or os.environ.get("RUNNER_BWRAP") or shutil.which("bwrap")
         if self.bwrap is not None and not os.access(self.bwrap, os.X_OK):
             self.bwrap = None
         # As root, drop to the sandbox user (setpriv) and stage mounts in a private
@@ -79,7 +128,6 @@ class SubprocessSandbox:
         self.setpriv = shutil.which("setpriv") if is_root else None
         self.unshare = shutil.which("unshare") if is_root else None
         self.state_dir = self.config.state_dir or default_state_dir()
-        self._sequence = itertools.count(1)
         self.cgroups: CgroupFactory | None = None
         self.cgroup_problem: str | None = None
         try:
@@ -103,6 +151,13 @@ class SubprocessSandbox:
                 remove_stale_staging(STAGING_ROOT, lambda name: not owner_alive(name))
         except OSError as exc:
             self.watch_problem = f"cannot start the runner's watchdog: {exc.strerror}"
+
+    def checks(self) -> list[Check]:
+        """``runner doctor``: each layer of the hardened sandbox, tried for real."""
+        from sandboxes.subprocess._checks import machine_checks
+
+        self.set_up()
+        return machine_checks(self)
 
     # -- what this machine can give ---------------------------------------------------
 
@@ -128,6 +183,8 @@ class SubprocessSandbox:
         return refused
 
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
+        if not self._is_set_up:
+            await asyncio.to_thread(self.set_up)
         missing = self.missing_layers()
         if missing and not self.config.allow_degraded:
             raise SandboxUnavailable("hardened sandbox unavailable: " + "; ".join(missing))

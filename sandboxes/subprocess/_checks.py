@@ -1,0 +1,100 @@
+"""``runner doctor`` for the subprocess backend: each layer, then a real sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sandboxes.base import Check, LaunchSpec, Limits, SandboxUnavailable
+from sandboxes.subprocess._seccomp import SeccompUnavailable, compiled_filter
+
+if TYPE_CHECKING:
+    from sandboxes.subprocess.sandbox import SubprocessSandbox
+
+PROBE_TIMEOUT_S = 10
+
+
+def _run(argv: list[str]) -> tuple[bool, str]:
+    try:
+        done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, type(exc).__name__
+    output = (done.stdout + done.stderr).strip().splitlines()
+    return done.returncode == 0, (output[-1] if output else "")[:120]
+
+
+def _user_namespaces() -> Check:
+    limit = Path("/proc/sys/user/max_user_namespaces")
+    value = limit.read_text().strip() if limit.exists() else "?"
+    ok, detail = _run(["unshare", "--user", "--map-root-user", "true"])
+    return Check(
+        "user namespaces",
+        ok,
+        f"max_user_namespaces={value} {detail}".strip(),
+        "sysctl -w user.max_user_namespaces=15000 (and kernel.unprivileged_userns_clone=1 where it exists)",
+    )
+
+
+def _seccomp() -> Check:
+    try:
+        size = len(compiled_filter()) // 8
+    except SeccompUnavailable as exc:
+        return Check("seccomp filter", False, str(exc), "apt-get install libseccomp2")
+    return Check("seccomp filter", True, f"compiled with libseccomp, {size} instructions")
+
+
+def _probe(backend: SubprocessSandbox) -> Check:
+    """A real call: a shell that prints one JSON document, in the real sandbox."""
+    outcome: list[object] = []
+
+    async def once() -> None:
+        with tempfile.TemporaryDirectory(prefix="runner-doctor-") as folder:
+            Path(folder).chmod(0o755)  # a tool folder the sandbox user may enter
+            command = ("/bin/sh", "-c", "cat >/dev/null; echo '{}'")
+            spec = LaunchSpec("doctor", "doctor", command, Path(folder))
+            prepared = await backend.prepare(spec, Limits(timeout_ms=10_000))
+            try:
+                outcome.append(await prepared.run(b"{}"))
+            finally:
+                await prepared.close()
+
+    def in_thread() -> None:  # the caller may be on an event loop of its own
+        try:
+            asyncio.run(once())
+        except SandboxUnavailable as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=in_thread)
+    worker.start()
+    worker.join()
+    result = outcome[0] if outcome else None
+    if isinstance(result, SandboxUnavailable):
+        return Check("hardened sandbox", False, result.message[:160], "see the layers above")
+    ok = result is not None and getattr(result, "ok", False)
+    detail = "a tool ran: own uid, namespaces, cgroup, seccomp" if ok else f"probe failed: {result}"[:160]
+    return Check("hardened sandbox", ok, detail, "see the layers above")
+
+
+def machine_checks(backend: SubprocessSandbox) -> list[Check]:
+    checks = [_user_namespaces()]
+    bwrap = backend.bwrap
+    if bwrap is None:
+        checks.append(Check("bubblewrap", False, "not found", "apt-get install bubblewrap"))
+    else:
+        checks.append(Check("bubblewrap", True, _run([bwrap, "--version"])[1]))
+    if backend.cgroups is None:
+        hint = "run as root, or in a delegated cgroup v2 subtree"
+        checks.append(Check("cgroups", False, str(backend.cgroup_problem)[:160], hint))
+    else:
+        version = backend.cgroups.version
+        controllers = "memory, pids, cpuacct" if version == 1 else "memory, pids, cpu"
+        checks.append(Check(f"cgroup v{version}", True, f"per-call cgroups with {controllers}"))
+    checks.append(_seccomp())
+    for refused in backend.refusals():
+        checks.append(Check("sandbox prerequisites", False, refused, "apt-get install util-linux"))
+    checks.append(_probe(backend))
+    return checks
