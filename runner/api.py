@@ -12,7 +12,6 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,16 +28,11 @@ from runner.plan import CallPlan, resolve_plan
 from runner.policy import Policy
 from runner.redaction import Scrubber, nodes_at, redact_nodes
 from runner.registry import Registry, matches_filter
-from runner.schemas import ParamsCheck, check_params
+from runner.schemas import VALIDATION_THREADS, ParamsCheck, check_params
 from sandboxes import LaunchSpec, Sandbox
 
 SandboxFactory = Callable[[str], Sandbox]
 _NO_OPTIONS = CallOptions()
-# Params are validated in these threads, never on the event loop. Shared by every Runner
-# and event loop of the process (``asyncio.run`` would otherwise wait for a straggler).
-_VALIDATION_THREADS = ThreadPoolExecutor(
-    max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="runner-validate"
-)
 # How long past its budget a validation may take before the call answers without it: a
 # validation stops by itself at the next keyword, this covers one slow keyword.
 VALIDATION_GRACE_S = 0.05
@@ -206,7 +200,7 @@ class Runner:
         """
         budget_s = max(0.0, deadline_at - self._clock.monotonic())
         work = asyncio.get_running_loop().run_in_executor(
-            _VALIDATION_THREADS,
+            VALIDATION_THREADS,
             check_params,
             tool.params_validator,
             params,

@@ -6,6 +6,7 @@ to prepare, run and close, once per attempt.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from dataclasses import dataclass, replace
@@ -18,6 +19,7 @@ from runner.manifest import Tool
 from runner.outcomes import failure_error, parse_result
 from runner.plan import CallPlan
 from runner.redaction import NO_SECRETS, Scrubber
+from runner.schemas import VALIDATION_THREADS
 from sandboxes import LaunchSpec, Limits, Sandbox, SandboxOutcome, SandboxUnavailable, StopReason
 
 # An attempt with less time than this left before the deadline is not worth starting:
@@ -106,7 +108,10 @@ class Executor:
             try:
                 if not outcome.ok:
                     raise failure_error(tool, outcome, timeout_ms, by_deadline)
-                result = parse_result(tool, outcome.stdout, plan.format)
+                # Up to max_output_bytes of JSON and an output_schema: off the event loop.
+                result = await asyncio.get_running_loop().run_in_executor(
+                    VALIDATION_THREADS, parse_result, tool, outcome.stdout, plan.format
+                )
             except CallError as error:
                 errors.append(error)
                 self._attempt_event(tool, ctx, attempt, sandbox, outcome, started, error)

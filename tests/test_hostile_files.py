@@ -46,11 +46,11 @@ def alias_bomb(levels: int = 9, fan_out: int = 9) -> str:
 
 def test_a_yaml_alias_bomb_manifest_is_reported_and_left_out_in_milliseconds(bench: ToolBench) -> None:
     bench.tool("ok", ECHO)
+    bench.runner()  # writes the policy file
     bomb = bench.tools / "bomb"
     bomb.mkdir()
     (bomb / "tool.yaml").write_text(alias_bomb())
     assert len(alias_bomb()) < 1024
-    bench.runner()  # writes the policy file (and loads the tools once: must be quick too)
     started = time.monotonic()
     done = runner_cli(bench, "validate")
     assert time.monotonic() - started < 5.0  # mostly the interpreter's start
@@ -66,11 +66,11 @@ def test_a_yaml_alias_bomb_manifest_is_reported_and_left_out_in_milliseconds(ben
 
 
 def test_a_manifest_larger_than_256_kib_is_left_out(bench: ToolBench) -> None:
+    bench.tool("ok", ECHO)
+    bench.runner()  # writes the policy file
     folder = bench.tool("big", ECHO)
     padding = "".join(f"# {'x' * 76}\n" for _ in range(4000))  # 320 KB of comments
     (folder / "tool.yaml").write_text((folder / "tool.yaml").read_text() + padding)
-    bench.tool("ok", ECHO)
-    bench.runner()
     done = runner_cli(bench, "validate")
     assert done.returncode == 1
     assert [line.split()[1] for line in done.stdout.splitlines() if line.startswith("ok:")] == ["ok"]
@@ -103,7 +103,9 @@ def test_a_policy_file_that_expands_or_is_oversized_stops_the_runner_quickly(
     assert "Traceback" not in done.stderr
 
 
-def test_a_policy_file_that_is_a_fifo_stops_the_runner_without_blocking(bench: ToolBench, tmp_path: Path) -> None:
+def test_a_policy_file_that_is_a_fifo_stops_the_runner_without_blocking(
+    bench: ToolBench, tmp_path: Path
+) -> None:
     bench.tool("ok", ECHO)
     bench.runner()
     policy = bench.root / "policies.yaml"

@@ -220,6 +220,16 @@ def test_a_pattern_re2_cannot_compile_leaves_the_tool_out_with_a_reason(
     assert done.stderr == ""  # RE2 does not print its complaints
 
 
+def test_a_regex_param_that_breaks_pythons_regex_compiler_is_invalid_params(bench: ToolBench) -> None:
+    schema = {"type": "object", "properties": {"expr": {"type": "string", "format": "regex"}}}
+    bench.tool("grep", ECHO, parameters=schema)
+    runner = bench.runner()
+    for expr in ["(" * 5000, "(?=lookahead)", "a[", "x{2,1}"]:
+        answer = runner.handle({"toolName": "grep", "params": {"expr": expr}})
+        assert answer["error"]["code"] == "INVALID_PARAMS", expr
+    assert runner.handle({"toolName": "grep", "params": {"expr": "^a+$"}})["success"] is True
+
+
 def _slow_to_validate(bench: ToolBench) -> None:
     item = {"type": "string", "minLength": 1, "maxLength": 5}
     schema = {"type": "object", "properties": {"xs": {"type": "array", "items": item}}}
