@@ -18,6 +18,7 @@ from typing import Any
 
 from runner.answers import AnswerMetadata, CallResult, answer
 from runner.audit import AuditLog, iso_now
+from runner.backends import Backends
 from runner.breaker import CircuitBreaker
 from runner.clock import Clock, SystemClock
 from runner.errors import CallError, ConfigError, ErrorCode
@@ -85,18 +86,20 @@ class Runner:
         """
         policy_path = Path(policies or os.environ.get("RUNNER_POLICIES") or "policies.yaml")
         policy = Policy.load(policy_path)
-        registry = Registry.load(_paths(tools, "RUNNER_TOOLS", "tools"))
+        backends = Backends(policy)
+        backends.check_config()
+        # A fake factory (the executor's own tests) serves any name: no backend rules then.
+        registry = Registry.load(
+            _paths(tools, "RUNNER_TOOLS", "tools"),
+            None if sandbox_factory else backends.manifest_problems,
+        )
         audit_value = audit_log or os.environ.get("RUNNER_AUDIT_LOG")
         audit_path = Path(audit_value) if audit_value else policy.audit_path
         try:
             audit = AuditLog(audit_path)
         except OSError as exc:
             raise ConfigError(str(audit_path), f"cannot open audit log: {exc.strerror}") from exc
-        if sandbox_factory is None:
-            from runner.backends import DefaultSandboxes
-
-            sandbox_factory = DefaultSandboxes(policy)
-        return cls(registry, policy, audit, sandbox_factory, clock)
+        return cls(registry, policy, audit, sandbox_factory or backends, clock)
 
     # -- the Python API -------------------------------------------------------------
 
