@@ -1,0 +1,282 @@
+"""The contract every backend keeps, as checks a backend's own tests can run.
+
+Each check is an ``async`` function taking a ``Harness`` and raising ``AssertionError``
+when the backend breaks a promise of the interface (``sandboxes.base``). They drive the
+backend directly (``prepare`` -> ``run`` -> ``close``), with real tools written on the fly,
+so they hold for any backend, ours or a plugin's::
+
+    import asyncio, pytest
+    from sandboxes.testing import CONTRACT, Harness
+    from my_backend import create
+
+    @pytest.mark.parametrize("check", CONTRACT, ids=lambda check: check.__name__)
+    def test_my_backend_keeps_the_contract(check, tmp_path):
+        asyncio.run(check(Harness(make=lambda: create({}), workdir=tmp_path)))
+
+The tools are Python programs (``python3`` on the sandbox's PATH). ``Harness.alive`` tells
+whether anything started for a request is still running; the default looks through this
+host's ``/proc`` for the ``REQUEST_ID`` the harness puts in each tool's environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import textwrap
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from sandboxes.base import LaunchSpec, Limits, Sandbox, SandboxOutcome, SandboxUnavailable, StopReason
+
+# How long after ``close`` (or a kill) the processes of a call may take to be reaped.
+GONE_WITHIN_S = 2.0
+Check = Callable[["Harness"], Awaitable[None]]
+
+
+def processes_alive(request_id: str) -> bool:
+    """Whether any live process on this host has ``REQUEST_ID=<request_id>`` in its environment."""
+    needle = f"REQUEST_ID={request_id}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and needle in environ.split(b"\0"):
+            return True
+    return False
+
+
+@dataclass
+class Harness:
+    """What the checks need of a backend.
+
+    ``make`` builds a working backend; ``workdir`` is a folder the backend can mount tools
+    from; ``image`` is given to container backends; ``unavailable`` builds a backend whose
+    ``prepare`` must raise ``SandboxUnavailable`` (None skips that check's subject: the check
+    then fails, so say how your backend refuses); ``alive`` is as above.
+    """
+
+    make: Callable[[], Sandbox]
+    workdir: Path
+    image: str | None = None
+    unavailable: Callable[[], Sandbox] | None = None
+    alive: Callable[[str], bool] = processes_alive
+    limits: Limits = field(default_factory=lambda: Limits(timeout_ms=20_000))
+
+    def tool(self, code: str) -> LaunchSpec:
+        """A fresh tool folder holding ``code`` as ``main.py``, and its launch spec."""
+        request_id = f"contract-{uuid.uuid4().hex[:12]}"
+        folder = self.workdir / request_id
+        folder.mkdir(parents=True)
+        (folder / "main.py").write_text(textwrap.dedent(code))
+        folder.chmod(0o755)
+        (folder / "main.py").chmod(0o644)
+        env = {"TOOL_NAME": "contract", "REQUEST_ID": request_id}
+        return LaunchSpec("contract", request_id, ("python3", "main.py"), folder, env=env, image=self.image)
+
+    async def run(self, code: str, payload: bytes = b"{}", **limits: int) -> tuple[SandboxOutcome, str]:
+        """One whole attempt: prepare, run, close. Returns the outcome and the request id."""
+        spec = self.tool(code)
+        prepared = await self.make().prepare(spec, replace(self.limits, **limits))
+        try:
+            return await prepared.run(payload), spec.request_id
+        finally:
+            await prepared.close()
+
+    async def gone(self, request_id: str) -> bool:
+        deadline = time.monotonic() + GONE_WITHIN_S
+        while self.alive(request_id):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+
+async def check_success_returns_stdout(h: Harness) -> None:
+    outcome, _ = await h.run(
+        """
+        import json, sys
+        request = json.load(sys.stdin)
+        print(json.dumps({"echo": request["x"]}))
+        """,
+        payload=b'{"x": 42}',
+    )
+    assert outcome.ok and outcome.reason is None, outcome
+    assert outcome.exit_code == 0, outcome
+    try:
+        document = json.loads(outcome.stdout)
+    except ValueError:
+        document = None
+    assert document == {"echo": 42}, outcome.stdout
+
+
+async def check_exit_status_is_reported(h: Harness) -> None:
+    outcome, _ = await h.run("import sys\nsys.stdin.read()\nsys.exit(3)\n")
+    assert outcome.reason is StopReason.EXIT_CODE, outcome
+    assert outcome.exit_code == 3, outcome
+
+
+async def check_stderr_is_kept_as_a_tail(h: Harness) -> None:
+    outcome, _ = await h.run(
+        """
+        import sys
+        sys.stdin.read()
+        sys.stderr.write("x" * 100000 + "the-end")
+        print("{}")
+        """
+    )
+    assert outcome.ok, outcome
+    assert outcome.stderr_tail.endswith("the-end"), outcome.stderr_tail[-40:]
+    assert len(outcome.stderr_tail) < 100000
+
+
+async def check_a_timeout_kills_the_whole_tree(h: Harness) -> None:
+    outcome, request_id = await h.run(
+        """
+        import os, signal, sys, time
+        sys.stdin.read()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(60)
+        time.sleep(60)
+        """,
+        timeout_ms=1000,
+    )
+    assert outcome.reason is StopReason.TIMEOUT, outcome
+    assert outcome.duration_ms < 10_000, outcome
+    assert await h.gone(request_id), "a process of the tool outlived its timeout"
+
+
+async def check_output_past_the_cap_is_an_output_limit(h: Harness) -> None:
+    outcome, _ = await h.run(
+        """
+        import sys
+        sys.stdin.read()
+        while True:
+            sys.stdout.write("y" * 65536)
+        """,
+        max_output_bytes=100_000,
+    )
+    assert outcome.reason is StopReason.OUTPUT_LIMIT, outcome
+    assert len(outcome.stdout) <= 100_000
+
+
+async def check_memory_past_the_limit_is_a_memory_limit(h: Harness) -> None:
+    outcome, _ = await h.run(
+        """
+        import sys
+        sys.stdin.read()
+        hog = []
+        while True:
+            hog.append(bytearray(8 * 1024 * 1024))
+        """,
+        memory_mb=64,
+    )
+    assert outcome.reason is StopReason.MEMORY_LIMIT, outcome
+
+
+async def check_forks_past_the_limit_are_a_pids_limit(h: Harness) -> None:
+    outcome, _ = await h.run(
+        """
+        import os, sys, time
+        sys.stdin.read()
+        try:
+            for _ in range(200):
+                if os.fork() == 0:
+                    time.sleep(30)
+                    os._exit(0)
+        except OSError:
+            sys.exit(1)
+        print("{}")
+        """,
+        max_pids=16,
+    )
+    assert outcome.reason is StopReason.PIDS_LIMIT, outcome
+
+
+async def check_cpu_time_past_the_budget_is_a_cpu_limit(h: Harness) -> None:
+    outcome, _ = await h.run(
+        "import sys\nsys.stdin.read()\nwhile True:\n    pass\n",
+        cpu_seconds=1,
+        timeout_ms=20_000,
+    )
+    assert outcome.reason is StopReason.CPU_LIMIT, outcome
+    assert outcome.duration_ms < 15_000, outcome
+
+
+async def check_close_twice_is_safe(h: Harness) -> None:
+    spec = h.tool("import sys\nsys.stdin.read()\nprint('{}')\n")
+    prepared = await h.make().prepare(spec, h.limits)
+    outcome = await prepared.run(b"{}")
+    await prepared.close()
+    try:
+        await prepared.close()
+    except Exception as exc:
+        raise AssertionError(f"a second close raised {type(exc).__name__}: {exc}") from exc
+    assert outcome.ok, outcome
+
+
+async def check_prepare_then_close_without_run_leaves_nothing(h: Harness) -> None:
+    spec = h.tool("import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
+    prepared = await h.make().prepare(spec, h.limits)
+    await prepared.close()
+    assert await h.gone(spec.request_id), "something of a sandbox that never ran is alive"
+
+
+async def check_an_unavailable_backend_raises_from_prepare(h: Harness) -> None:
+    assert h.unavailable is not None, "the harness names no way to make the backend unavailable"
+    spec = h.tool("print('{}')\n")
+    raised = False
+    try:
+        prepared = await h.unavailable().prepare(spec, h.limits)
+    except SandboxUnavailable as exc:
+        raised = bool(exc.message)
+    else:
+        await prepared.close()
+    assert raised, "prepare did not raise SandboxUnavailable (with a message)"
+
+
+async def check_a_cancelled_run_leaves_nothing(h: Harness) -> None:
+    spec = h.tool(
+        """
+        import os, sys, time
+        sys.stdin.read()
+        if os.fork() == 0:
+            time.sleep(60)
+        time.sleep(60)
+        """
+    )
+    prepared = await h.make().prepare(spec, replace(h.limits, timeout_ms=5000))
+    running = asyncio.ensure_future(prepared.run(b"{}"))
+    deadline = time.monotonic() + 10
+    while not h.alive(spec.request_id) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
+    await asyncio.shield(prepared.close())  # what a caller's teardown does
+    assert await h.gone(spec.request_id), "the tool outlived the cancelled run"
+
+
+CONTRACT: tuple[Check, ...] = (
+    check_success_returns_stdout,
+    check_exit_status_is_reported,
+    check_stderr_is_kept_as_a_tail,
+    check_a_timeout_kills_the_whole_tree,
+    check_output_past_the_cap_is_an_output_limit,
+    check_memory_past_the_limit_is_a_memory_limit,
+    check_forks_past_the_limit_are_a_pids_limit,
+    check_cpu_time_past_the_budget_is_a_cpu_limit,
+    check_close_twice_is_safe,
+    check_prepare_then_close_without_run_leaves_nothing,
+    check_an_unavailable_backend_raises_from_prepare,
+    check_a_cancelled_run_leaves_nothing,
+)

@@ -1,0 +1,72 @@
+"""``sandboxes.testing`` against both backends, and proof that each of its checks can fail."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from naive_backend import NaiveSandbox
+
+from sandboxes import plugins
+from sandboxes.testing import CONTRACT, Harness
+
+IDS = [check.__name__ for check in CONTRACT]
+
+
+@pytest.fixture(scope="module")
+def subprocess_backend():
+    return plugins.create("subprocess", {})
+
+
+@pytest.mark.parametrize("check", CONTRACT, ids=IDS)
+def test_the_subprocess_backend_keeps_the_contract(check, subprocess_backend, tmp_path: Path) -> None:
+    harness = Harness(
+        make=lambda: subprocess_backend,
+        workdir=tmp_path,
+        unavailable=lambda: plugins.create("subprocess", {"bwrap": "/nonexistent/bwrap"}),
+    )
+    asyncio.run(check(harness))
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("check", CONTRACT, ids=IDS)
+def test_the_docker_backend_keeps_the_contract(check, docker_client, tmp_path: Path) -> None:
+    backend = plugins.create("docker", {})
+    harness = Harness(
+        make=lambda: backend,
+        workdir=tmp_path,
+        image="runner/base:latest",
+        unavailable=lambda: plugins.create("docker", {"runtime": "no-such-runtime"}),
+    )
+    asyncio.run(check(harness))
+
+
+# For each check, a backend that breaks what it checks (the naive one breaks the limits).
+MUTANTS = {
+    "check_success_returns_stdout": "wrong_stdout",
+    "check_exit_status_is_reported": "exit_zero",
+    "check_stderr_is_kept_as_a_tail": "no_stderr",
+    "check_close_twice_is_safe": "close_twice_raises",
+    "check_prepare_then_close_without_run_leaves_nothing": "leaky_prepare",
+}
+
+
+@pytest.mark.parametrize("check", CONTRACT, ids=IDS)
+def test_every_check_fails_against_a_backend_that_breaks_it(check, tmp_path: Path) -> None:
+    flaw = MUTANTS.get(check.__name__, "")
+    harness = Harness(make=lambda: NaiveSandbox(flaw), workdir=tmp_path, unavailable=NaiveSandbox)
+    with pytest.raises(AssertionError):
+        asyncio.run(check(harness))
+    _kill_what_the_mutant_left(tmp_path)
+
+
+def _kill_what_the_mutant_left(workdir: Path) -> None:
+    from naive_backend import LEAKED, kill_leftovers
+
+    for folder in workdir.iterdir():
+        kill_leftovers(folder.name)
+    while LEAKED:
+        leaked = LEAKED.pop()
+        leaked.kill()
+        leaked.wait()
