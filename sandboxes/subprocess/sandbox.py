@@ -183,8 +183,18 @@ class SubprocessSandbox:
         return refused
 
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
-        if not self._is_set_up:
-            await asyncio.to_thread(self.set_up)
+        # Files, mounts and cgroups: blocking work, done in a thread. A caller cancelled
+        # meanwhile does not stop the thread, so what it made is closed before re-raising.
+        work = asyncio.ensure_future(asyncio.to_thread(self._prepare, spec, limits))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            with contextlib.suppress(SandboxUnavailable):
+                await (await work).close()
+            raise
+
+    def _prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
+        self.set_up()
         missing = self.missing_layers()
         if missing and not self.config.allow_degraded:
             raise SandboxUnavailable("hardened sandbox unavailable: " + "; ".join(missing))
@@ -275,6 +285,7 @@ class PreparedSubprocess:
         self._lease: IdentityLease | None = lease
         self._workspace = workspace
         self._fds: list[int] = []
+        self._teardown_lock = threading.Lock()
         self._scratch: Path | None = None
         self._pgid: int | None = None
 
@@ -316,7 +327,7 @@ class PreparedSubprocess:
                 payload,
                 self._limits.timeout_ms / 1000,
                 self._limits.max_output_bytes,
-                self._kill_all,
+                self._kill_now,
                 self._breached if self._cgroup else None,
             )
         finally:
@@ -408,9 +419,10 @@ class PreparedSubprocess:
             env["RUNNER_CGROUPS"] = " ".join(str(p) for p in self._cgroup.procs_files)
         return env
 
-    def _kill_all(self) -> None:
+    def _kill_now(self) -> None:
+        """Kill what can be killed without waiting (on the event loop, at the end of a run)."""
         if self._cgroup is not None:
-            self._cgroup.kill_all()
+            self._cgroup.kill_once()
         if self._pgid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._pgid, signal.SIGKILL)
@@ -478,10 +490,19 @@ class PreparedSubprocess:
         self._fds.clear()
 
     async def close(self) -> None:
-        self._kill_all()
+        self._kill_now()
         self._close_fds()
+        # Waiting for a fork bomb's last members to die, applying staged writes: blocking
+        # work, in a thread. Once started it finishes even if this close is cancelled.
+        await asyncio.to_thread(self._teardown)
+
+    def _teardown(self) -> None:
+        with self._teardown_lock:  # a second close (after a cancel) may run at the same time
+            self._teardown_locked()
+
+    def _teardown_locked(self) -> None:
         if self._cgroup is not None:
-            self._cgroup.remove()  # sub-millisecond: a thread hop would cost more
+            self._cgroup.remove()  # kills until empty, then removes
             self._cgroup = None
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
