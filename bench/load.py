@@ -4,8 +4,9 @@
 
 Each call adds two numbers chosen for it, so a wrong or swapped answer is caught. Prints
 p50/p99 of the calls' own durations and the throughput, next to a bare ``python3 main.py``
-spawn of the same tool measured in the same run (the cold-call ratio), then checks that no
-sandbox process, cgroup or staged workspace of this process is left.
+spawn of the same tool measured in the same run (the cold-call ratio), the runner's own
+memory and descriptors before and after (psutil), then checks that no sandbox process,
+cgroup or staged workspace of this process is left.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -82,9 +85,12 @@ def main() -> None:
     runner = Runner.load(tools=REPO / "tools", policies=REPO / "policies.yaml", audit_log=os.devnull)
     bare_ms = statistics.median(timed(bare, 20))
     cold_ms = statistics.median(timed(lambda: runner.call("add_numbers", {"a": 1, "b": 2}), 20))
+    me = psutil.Process()
+    rss_before, fds_before = me.memory_info().rss, me.num_fds()
     started = time.perf_counter()
     durations, correct = asyncio.run(load(runner, args.calls, args.concurrency))
     wall = time.perf_counter() - started
+    rss_after, fds_after = me.memory_info().rss, me.num_fds()
     ordered = sorted(durations)
     p50 = ordered[len(ordered) // 2]
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
@@ -92,6 +98,8 @@ def main() -> None:
     print(f"Runner.call, one at once  median {cold_ms:7.1f} ms   {cold_ms / bare_ms:5.2f}x bare")
     print(f"{args.calls} calls at concurrency {args.concurrency}: {correct} correct, "
           f"p50 {p50:.0f} ms, p99 {p99:.0f} ms, {args.calls / wall:.0f} calls/s")
+    print(f"runner process: RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB, "
+          f"open descriptors {fds_before} -> {fds_after}")
     left = leftovers()
     print(f"leftovers: {left or 'none'}")
     sys.exit(0 if correct == args.calls and not left else 1)
