@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, cast
 
 from sandboxes.base import LaunchSpec, Limits, Sandbox, SandboxOutcome, SandboxUnavailable, StopReason
 
@@ -37,9 +38,10 @@ GONE_WITHIN_S = 2.0
 Check = Callable[["Harness"], Awaitable[None]]
 
 
-def processes_alive(request_id: str) -> bool:
-    """Whether any live process on this host has ``REQUEST_ID=<request_id>`` in its environment."""
-    needle = f"REQUEST_ID={request_id}".encode()
+def processes_with_env(marker: str) -> list[int]:
+    """Pids of live processes on this host whose environment holds ``marker`` (``K=V``)."""
+    needle = marker.encode()
+    found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -49,8 +51,13 @@ def processes_alive(request_id: str) -> bool:
         except (OSError, IndexError):
             continue
         if state != "Z" and needle in environ.split(b"\0"):
-            return True
-    return False
+            found.append(int(entry.name))
+    return found
+
+
+def processes_alive(request_id: str) -> bool:
+    """Whether any live process on this host has ``REQUEST_ID=<request_id>`` in its environment."""
+    return bool(processes_with_env(f"REQUEST_ID={request_id}"))
 
 
 @dataclass
@@ -84,7 +91,7 @@ class Harness:
     async def run(self, code: str, payload: bytes = b"{}", **limits: int) -> tuple[SandboxOutcome, str]:
         """One whole attempt: prepare, run, close. Returns the outcome and the request id."""
         spec = self.tool(code)
-        prepared = await self.make().prepare(spec, replace(self.limits, **limits))
+        prepared = await self.make().prepare(spec, replace(self.limits, **cast("dict[str, Any]", limits)))
         try:
             return await prepared.run(payload), spec.request_id
         finally:

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from runner import Runner
+from sandboxes.testing import processes_with_env
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_PARAMS: dict[str, Any] = {"type": "object", "additionalProperties": True}
@@ -90,23 +91,6 @@ def shipped() -> Iterator[Runner]:
     """A runner over the shipped tools and policy, with a workspace of its own."""
     runner = Runner.load(tools=REPO / "tools", policies=REPO / "policies.yaml", audit_log=os.devnull)
     yield runner
-
-
-def processes_with_env(marker: str) -> list[int]:
-    """Pids of live processes whose environment holds ``marker`` (e.g. REQUEST_ID=...)."""
-    needle = marker.encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and needle in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
 
 
 def assert_nothing_survives(request_id: str, grace_s: float = 2.0) -> None:

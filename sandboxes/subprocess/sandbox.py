@@ -29,8 +29,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
+from sandboxes._config import read_config
 from sandboxes._identity import IdentityLease, NoFreeIdentity, shared_identities
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import owner_alive
@@ -39,7 +40,6 @@ from sandboxes._staging import remove_stale as remove_stale_staging
 from sandboxes._watchdog import watch
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import (
-    BackendConfigError,
     Check,
     LaunchSpec,
     Limits,
@@ -86,16 +86,7 @@ def create(config: Mapping[str, Any]) -> SubprocessSandbox:
     Raises:
         BackendConfigError: an unknown key or a wrong type in ``config``.
     """
-    try:
-        return SubprocessSandbox(SubprocessConfig.model_validate(config))
-    except ValidationError as exc:
-        raise BackendConfigError(f"sandbox.backends.subprocess: {_first_problem(exc)}") from exc
-
-
-def _first_problem(exc: ValidationError) -> str:
-    error = exc.errors()[0]
-    where = ".".join(str(part) for part in error["loc"]) or "(root)"
-    return f"{where}: {error['msg']}"
+    return SubprocessSandbox(read_config(SubprocessConfig, "subprocess", config))
 
 
 class SubprocessSandbox:
