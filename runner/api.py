@@ -23,6 +23,7 @@ from runner.breaker import CircuitBreaker
 from runner.clock import Clock, SystemClock
 from runner.errors import CallError, ConfigError, ErrorCode
 from runner.executor import CallContext, Execution, Executor
+from runner.faults import OperatorLog, internal_error
 from runner.manifest import Tool
 from runner.models import CallOptions, CallRequest, DiscoverRequest, parse_request, peek
 from runner.plan import CallPlan, resolve_plan
@@ -95,8 +96,9 @@ class Runner:
         )
         audit_value = audit_log or os.environ.get("RUNNER_AUDIT_LOG")
         audit_path = Path(audit_value) if audit_value else policy.audit_path
+        operator = OperatorLog.open(policy.operator_log_path)
         try:
-            audit = AuditLog(audit_path)
+            audit = AuditLog(audit_path, required=policy.model.audit.required, operator=operator)
         except OSError as exc:
             raise ConfigError(str(audit_path), f"cannot open audit log: {exc.strerror}") from exc
         return cls(registry, policy, audit, sandbox_factory or backends, clock)
@@ -164,11 +166,9 @@ class Runner:
         except CallError as exc:
             error = exc
         except Exception as exc:  # handle() never raises: a runner bug still gets the shell
-            error = CallError(
-                ErrorCode.EXECUTION_ERROR,
-                f"internal error in the runner: {type(exc).__name__}",
-                {"reason": "internal"},
-            )
+            ids = {"requestId": request_id, "traceId": trace_id, "toolName": tool_name}
+            self.audit.operator.fault(exc, ctx.scrubber, **ids)  # the traceback, for the operator only
+            error = internal_error(exc)
         if error is not None and ctx.scrubber:
             error = _scrubbed(error, ctx.scrubber)
         duration = round((self._clock.monotonic() - received) * 1000)

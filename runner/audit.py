@@ -5,25 +5,35 @@ timestamp, bounding of every field, JSON rendering. The last link is a sink whos
 ``os.write`` on an ``O_APPEND`` descriptor puts the whole line at the end of the file,
 so several runner processes sharing one log never interleave partial lines.
 
-The runner owns the structlog configuration of its process (``configure_structlog``).
+The logger is the runner's own (``structlog.wrap_logger`` with every setting given), so
+a host application's ``structlog.configure``, before or after the runner loads, changes
+neither the audit trail nor is changed by it: the runner never calls ``configure``.
+Tests inject a sink (``AuditLog.captured``) instead of ``structlog.testing.capture_logs``.
+
+An event that cannot be written is never dropped silently: it is counted
+(``AuditLog.dropped``) and the first one is warned about on standard error. With
+``required``, a call whose ``policy.decision`` cannot be written is refused before
+anything runs (``EXECUTION_ERROR``, reason ``audit_unavailable``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
-from structlog.typing import EventDict, WrappedLogger
+from structlog.typing import EventDict, Processor, WrappedLogger
 
+from runner.errors import CallError, ErrorCode
+from runner.faults import OperatorLog
 from runner.redaction import NO_SECRETS, Scrubber
 
 MAX_STRING = 512  # any string field is cut to this many characters
@@ -31,6 +41,10 @@ MAX_FIELD_JSON = 2048  # any container field is replaced by a cut JSON text past
 MAX_LINE = 16 * 1024
 # The fields that identify a call are never scrubbed: they are how ``runner audit`` finds it.
 IDENTITY_FIELDS = frozenset({"event", "timestamp", "requestId", "traceId", "toolName", "role", "stepId"})
+# Written before anything of a call runs: under ``required``, a call whose decision is not
+# on record does not run.
+GATE_EVENTS = frozenset({"policy.decision"})
+AUDIT_UNAVAILABLE = "audit_unavailable"
 
 
 def iso_now() -> str:
@@ -77,63 +91,183 @@ def render_line(_: WrappedLogger, __: str, event_dict: EventDict) -> str:
     return line
 
 
-class AuditSink:
-    """Where rendered lines go: a file opened for appending, or standard error."""
+PROCESSORS: tuple[Processor, ...] = (add_timestamp, bound_fields, render_line)
 
-    def __init__(self, path: Path | None) -> None:
+
+class LineSink(Protocol):
+    """Where rendered lines go."""
+
+    def write(self, line: str) -> None:
+        """Append one whole line (given without its newline).
+
+        Raises:
+            OSError: the line was not written whole.
+        """
+
+    def close(self) -> None: ...
+
+
+class FileSink:
+    """A file opened for appending; each line is one ``os.write``."""
+
+    def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._fd: int | None = None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
-    def msg(self, line: str) -> None:
+    def write(self, line: str) -> None:
         data = (line + "\n").encode("utf-8")
-        fd = self._fd if self._fd is not None else sys.stderr.fileno()
-        with self._lock, contextlib.suppress(OSError):
-            os.write(fd, data)
-
-    info = msg  # structlog calls the wrapped logger's method of the same level
+        with self._lock:
+            if self._fd is None:
+                raise OSError(9, "the audit log is closed")
+            written = os.write(self._fd, data)
+        if written != len(data):  # a full disk can take part of a line: that line is lost
+            raise OSError(28, f"only {written} of {len(data)} bytes written")
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
-def _sink_factory(*args: Any) -> Any:
-    # ``structlog.get_logger(sink)`` hands the sink through to here.
-    return args[0] if args else AuditSink(None)
+class StderrSink:
+    """Standard error (file descriptor 2, one ``os.write`` per line), when no file is set."""
+
+    path = None
+
+    def write(self, line: str) -> None:
+        data = (line + "\n").encode("utf-8")
+        written = os.write(sys.stderr.fileno(), data)
+        if written != len(data):
+            raise OSError(28, f"only {written} of {len(data)} bytes written")
+
+    def close(self) -> None:
+        pass
 
 
-@functools.cache  # once per process (a racing second call would only configure the same again)
-def configure_structlog() -> None:
-    structlog.configure(
-        processors=[add_timestamp, bound_fields, render_line],
-        logger_factory=_sink_factory,
+class MemorySink:
+    """Keeps the events it is given, parsed back from their lines (for tests)."""
+
+    path = None
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def write(self, line: str) -> None:
+        self.events.append(json.loads(line))
+
+    def close(self) -> None:
+        pass
+
+
+class _LineLogger:
+    """What structlog wraps: the last processor's line goes to ``sink``."""
+
+    def __init__(self, sink: LineSink) -> None:
+        self.sink = sink
+
+    def info(self, line: str) -> None:  # structlog calls the method of the event's level
+        self.sink.write(line)
+
+
+def _own_logger(sink: LineSink) -> Any:
+    # Every setting given: none is read from structlog's global configuration.
+    return structlog.wrap_logger(
+        _LineLogger(sink),
+        processors=list(PROCESSORS),
         wrapper_class=structlog.BoundLogger,
-        cache_logger_on_first_use=False,
+        context_class=dict,
+        cache_logger_on_first_use=True,
     )
 
 
 class AuditLog:
-    """Writes the audit events of calls. ``emit`` never raises."""
+    """Writes the audit events of calls.
 
-    def __init__(self, path: Path | None) -> None:
-        configure_structlog()
-        self.sink = AuditSink(path)
+    ``emit`` never raises, except under ``required`` for a gate event (``policy.decision``)
+    that could not be written: then ``CallError`` (``EXECUTION_ERROR``, reason
+    ``audit_unavailable``, not retryable), so that the call is refused.
+    """
+
+    def __init__(
+        self,
+        path: Path | None = None,
+        *,
+        sink: LineSink | None = None,
+        required: bool = False,
+        operator: OperatorLog | None = None,
+    ) -> None:
+        """Raises ``OSError`` when ``path`` cannot be opened for appending."""
+        self._sink: LineSink = sink if sink is not None else FileSink(path) if path else StderrSink()
+        self.path = path
+        self.required = required
+        self.operator = operator or OperatorLog()
+        self._logger = _own_logger(self._sink)
+        self._lock = threading.Lock()
+        self._dropped = 0
+
+    @property
+    def sink(self) -> LineSink:
+        return self._sink
+
+    @property
+    def dropped(self) -> int:
+        """How many events could not be written."""
+        return self._dropped
 
     def emit(self, event: str, scrubber: Scrubber = NO_SECRETS, **fields: Any) -> None:
-        """Write one event; every field but the call's ids is scrubbed of ``scrubber``'s secrets."""
-        logger = structlog.get_logger(self.sink)
-        with contextlib.suppress(Exception):  # the audit trail never breaks a call
+        """Write one event; every field but the call's ids is scrubbed of ``scrubber``'s secrets.
+
+        Raises:
+            CallError: only with ``required``, for a gate event that was not written.
+        """
+        try:
             if scrubber:
                 fields = {
                     key: value if key in IDENTITY_FIELDS else scrubber.scrub(value)
                     for key, value in fields.items()
                 }
-            logger.info(event, **fields)
+            self._logger.info(event, **fields)
+        except Exception as exc:  # never silent: counted, warned, and a gate refuses
+            self._count_drop(event, exc)
+            if self.required and event in GATE_EVENTS:
+                raise CallError(
+                    ErrorCode.EXECUTION_ERROR,
+                    "the audit trail cannot be written and the policy requires it; the call was refused",
+                    {"reason": AUDIT_UNAVAILABLE},
+                    retryable=False,
+                ) from exc
+
+    def _count_drop(self, event: str, exc: Exception) -> None:
+        with self._lock:
+            self._dropped += 1
+            first = self._dropped == 1
+        if not first:
+            return
+        where = str(self.path) if self.path is not None else "the audit sink"
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        self.operator.warn(
+            f"audit event {event!r} could not be written to {where} ({why}); "
+            "events that cannot be written are counted in Runner.audit.dropped, "
+            "and this warning is given once"
+        )
+        if not isinstance(exc, OSError):  # not the disk: a fault of the runner's own
+            self.operator.fault(exc, event=event)
+
+    @contextlib.contextmanager
+    def captured(self) -> Iterator[list[dict[str, Any]]]:
+        """Send the events to memory while the block runs, and yield them (for tests; the
+        file is left alone). Not for use while other calls are running."""
+        sink = MemorySink()
+        previous = self._sink, self._logger
+        self._sink, self._logger = sink, _own_logger(sink)
+        try:
+            yield sink.events
+        finally:
+            self._sink, self._logger = previous
 
     def close(self) -> None:
-        self.sink.close()
+        self._sink.close()
+        self.operator.close()

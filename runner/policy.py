@@ -68,6 +68,9 @@ class BreakerModel(_Strict):
 
 class AuditModel(_Strict):
     path: str | None = None
+    # Refuse a call whose policy.decision event cannot be written, rather than run it unrecorded.
+    required: bool = False
+    operator_log: str | None = None  # runner faults' tracebacks; standard error when unset
 
 
 # Settings that moved into the backends' own configuration, and where they live now.
@@ -198,6 +201,12 @@ class Policy:
         if self.model.audit.path is None:
             return None
         return self.base_dir / self.model.audit.path
+
+    @property
+    def operator_log_path(self) -> Path | None:
+        if self.model.audit.operator_log is None:
+            return None
+        return self.base_dir / self.model.audit.operator_log
 
     def resolve_role(self, role: str | None) -> str | None:
         return role if role is not None else self.model.default_role

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from conftest import REPO, ToolBench
 from fakes import FakeSandbox, ManualClock, failed
-from structlog.testing import capture_logs
 
 REQUIRED = {"timestamp", "event", "requestId", "traceId", "toolName", "role"}
 OK = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
@@ -24,7 +23,7 @@ SECRET_PARAMS = {
 
 def events_of(bench: ToolBench, request: dict, **runner_kwargs) -> list[dict]:
     runner = bench.runner(**runner_kwargs)
-    with capture_logs() as logs:
+    with runner.audit.captured() as logs:  # the lines the file would get, parsed back
         runner.handle(request)
     return logs
 
@@ -104,7 +103,7 @@ def test_an_open_breaker_is_logged_with_zero_attempts(bench: ToolBench) -> None:
     sandbox = FakeSandbox(lambda n, _: failed(), clock)
     runner = bench.runner(clock=clock, sandbox_factory=lambda name: sandbox)
     runner.handle({"toolName": "t"})
-    with capture_logs() as logs:
+    with runner.audit.captured() as logs:
         runner.handle({"toolName": "t"})
     assert names(logs) == ["policy.decision", "call.finished"]
     assert logs[-1]["code"] == "CIRCUIT_OPEN"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from sandboxes.base import SandboxUnavailable
@@ -60,3 +63,38 @@ def shared_client() -> Any:
             client = api_client()
             _shared[key] = client
         return client
+
+
+@functools.cache
+def daemon_failures() -> tuple[type[Exception], ...]:
+    """The exceptions through which the daemon fails a call, and only those (anything else
+    is a bug of ours and goes up, for the runner to report as ``internal``)::
+
+        docker.errors.DockerException   the daemon refused or answered an error (APIError,
+                                        NotFound, ImageNotFound, InvalidVersion, ...)
+        requests.RequestException       the HTTP exchange failed: connection refused or
+                                        reset, read timeout (a subclass of OSError)
+        urllib3.exceptions.HTTPError    the same, raised from below requests (an answer
+                                        cut off mid-stream)
+        OSError                         the socket itself: the connection to the daemon lost
+    """
+    from docker.errors import DockerException
+    from requests.exceptions import RequestException
+    from urllib3.exceptions import HTTPError
+
+    return (DockerException, RequestException, HTTPError, OSError)
+
+
+@contextlib.contextmanager
+def daemon_call(doing: str) -> Iterator[None]:
+    """Turn the daemon's known failures inside the block into ``SandboxUnavailable``.
+
+    Raises:
+        SandboxUnavailable: the block raised one of ``daemon_failures()``; the message
+            names what was being done and the exception's type, never its text (which may
+            hold host paths).
+    """
+    try:
+        yield
+    except daemon_failures() as exc:
+        raise SandboxUnavailable(f"docker failed to {doing}: {type(exc).__name__}") from exc

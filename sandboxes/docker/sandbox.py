@@ -56,6 +56,8 @@ from sandboxes.docker._client import (
     LABEL_MANAGED,
     LABEL_OWNER,
     LABEL_REQUEST,
+    daemon_call,
+    daemon_failures,
     shared_client,
 )
 from sandboxes.docker._frames import STDOUT, FrameDecoder
@@ -170,22 +172,27 @@ class DockerSandbox:
         """Whether the daemon's containers live in cgroup v1 (an older daemon that does not
         say is taken to be v1: the stricter case)."""
         if self._cgroup_v1 is None:
-            try:
-                version = str(client.info().get("CgroupVersion", "1"))
-            except Exception as exc:
-                raise SandboxUnavailable(f"docker info failed: {type(exc).__name__}") from exc
-            self._cgroup_v1 = version != "2"
+            with daemon_call("describe itself (docker info)"):
+                info = client.info()
+            self._cgroup_v1 = str(info.get("CgroupVersion", "1")) != "2"
         return self._cgroup_v1
 
 
 def remove_leftovers(client: Any) -> int:
-    """Remove containers of ours whose runner process is gone (a killed runner)."""
+    """Remove containers of ours whose runner process is gone (a killed runner).
+
+    Raises:
+        SandboxUnavailable: the daemon cannot list containers.
+    """
     removed = 0
-    for container in client.containers(all=True, filters={"label": f"{LABEL_MANAGED}=true"}):
+    with daemon_call("list containers"):
+        containers = client.containers(all=True, filters={"label": f"{LABEL_MANAGED}=true"})
+    for container in containers:
         owner = container.get("Labels", {}).get(LABEL_OWNER, "")
         if owner.isdigit() and pid_alive(int(owner)):
             continue
-        with contextlib.suppress(Exception):
+        # Best effort: another runner may be removing the same leftover right now.
+        with contextlib.suppress(*daemon_failures()):
             client.remove_container(container["Id"], force=True)
             removed += 1
     return removed
@@ -199,7 +206,7 @@ def _create(
     workspace: GrantedWorkspace | None,
     runtime: str | None,
 ) -> str:
-    from docker.errors import APIError, DockerException, ImageNotFound
+    from docker.errors import APIError, ImageNotFound
     from docker.types import Ulimit
 
     env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace is not None else None)
@@ -210,23 +217,24 @@ def _create(
             "mode": "rw" if spec.workspace_mode == "write" else "ro",
         }
     memory = f"{limits.memory_mb}m"
-    host_config = client.create_host_config(
-        binds=binds,
-        tmpfs={SCRATCH_MOUNT: f"rw,nosuid,nodev,size={limits.disk_mb}m,mode=1777"},
-        read_only=True,
-        network_mode="bridge" if limits.network else "none",
-        cap_drop=["ALL"],
-        security_opt=["no-new-privileges"],
-        init=True,
-        mem_limit=memory,
-        memswap_limit=memory,
-        pids_limit=limits.max_pids,
-        nano_cpus=1_000_000_000,  # one CPU at most: a spinner cannot starve the host
-        ulimits=[Ulimit(name="cpu", soft=limits.cpu_seconds, hard=limits.cpu_seconds + 1)],
-        runtime=spec.runtime or runtime,
-        log_config={"Type": "none", "Config": {}},
-    )
     try:
+        # Checked against the daemon's API version (InvalidVersion): inside the try.
+        host_config = client.create_host_config(
+            binds=binds,
+            tmpfs={SCRATCH_MOUNT: f"rw,nosuid,nodev,size={limits.disk_mb}m,mode=1777"},
+            read_only=True,
+            network_mode="bridge" if limits.network else "none",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            init=True,
+            mem_limit=memory,
+            memswap_limit=memory,
+            pids_limit=limits.max_pids,
+            nano_cpus=1_000_000_000,  # one CPU at most: a spinner cannot starve the host
+            ulimits=[Ulimit(name="cpu", soft=limits.cpu_seconds, hard=limits.cpu_seconds + 1)],
+            runtime=spec.runtime or runtime,
+            log_config={"Type": "none", "Config": {}},
+        )
         created = client.create_container(
             spec.image,
             command=["/bin/sh", "-c", GATE, "sh", *spec.command],
@@ -245,8 +253,8 @@ def _create(
     except APIError as exc:
         explanation = " ".join(str(exc.explanation or exc).split())[:200]
         raise SandboxUnavailable(f"docker refused the container: {explanation}") from exc
-    except DockerException as exc:
-        raise SandboxUnavailable(f"docker failed: {type(exc).__name__}") from exc
+    except daemon_failures() as exc:
+        raise SandboxUnavailable(f"docker failed to create the container: {type(exc).__name__}") from exc
     return str(created["Id"])
 
 
@@ -265,16 +273,15 @@ class PreparedContainer:
     async def run(self, payload: bytes) -> SandboxOutcome:
         started = time.monotonic()
         client, cid = self._client, self.container_id
-        try:
+        with daemon_call("attach to the container"):
             sock = await asyncio.to_thread(
                 client.attach_socket, cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
             )
-            await asyncio.to_thread(client.start, cid)
-        except Exception as exc:
-            raise SandboxUnavailable(f"docker could not start the container: {type(exc).__name__}") from exc
         raw: socket.socket = getattr(sock, "_sock", sock)  # SocketIO is read-only as returned
         stdout, stderr = CappedBuffer(self._limits.max_output_bytes), TailBuffer(STDERR_TAIL_BYTES)
         try:
+            with daemon_call("start the container"):
+                await asyncio.to_thread(client.start, cid)
             cgroup = await asyncio.to_thread(self._complete_cgroup)
             reason = await self._attend(raw, RELEASE + payload, stdout, stderr, cgroup)
         except OSError as exc:
@@ -284,7 +291,7 @@ class PreparedContainer:
         finally:
             with contextlib.suppress(OSError):
                 raw.close()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(OSError):
                 sock.close()
         if reason is not None:
             await asyncio.to_thread(self._kill)
@@ -395,20 +402,25 @@ class PreparedContainer:
                     (stdout if stream == STDOUT else stderr).feed(part)
         finally:
             writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await writer
+            await asyncio.wait({writer})  # never raises the writer's end; our own cancel goes up
+            if not writer.cancelled() and (problem := writer.exception()) is not None:
+                raise problem  # feed() ends quietly on OSError: anything else is a bug
 
     def _kill(self) -> None:
-        with contextlib.suppress(Exception):
+        # Best effort: a container that already exited answers 409; close() removes it anyway.
+        with contextlib.suppress(*daemon_failures()):
             self._client.kill(self.container_id)
 
     def _final_state(self) -> dict[str, Any]:
-        with contextlib.suppress(Exception):
+        """The container's state; empty when the daemon cannot tell (then the outcome is
+        ``sandbox_unavailable``). Any other exception is a bug and goes up."""
+        with contextlib.suppress(*daemon_failures()):  # a wait past the grace: inspect tells
             self._client.wait(self.container_id, timeout=EXIT_GRACE_S)
         try:
-            return dict(self._client.inspect_container(self.container_id)["State"])
-        except Exception:
+            inspected = self._client.inspect_container(self.container_id)
+        except daemon_failures():
             return {}
+        return dict(inspected["State"])
 
     def hold(self, lease: IdentityLease, workspace: GrantedWorkspace | None) -> None:
         """What this sandbox keeps until ``close``: its uid, and the workspace it was granted."""
@@ -431,7 +443,9 @@ class PreparedContainer:
 
 
 def _remove(client: Any, container_id: str) -> None:
-    with contextlib.suppress(Exception):
+    # A daemon failure leaves the container to the watchdog, which removes this process's
+    # containers when it exits, or to the next runner's sweep (remove_leftovers).
+    with contextlib.suppress(*daemon_failures()):
         client.remove_container(container_id, force=True)
 
 
