@@ -32,8 +32,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
+from sandboxes._config import read_config
 from sandboxes._identity import IdentityLease, NoFreeIdentity, shared_identities
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import pid_alive
@@ -42,7 +43,6 @@ from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
 from sandboxes._watchdog import watch
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import (
-    BackendConfigError,
     Check,
     LaunchSpec,
     Limits,
@@ -98,12 +98,7 @@ def create(config: Mapping[str, Any]) -> DockerSandbox:
     Raises:
         BackendConfigError: an unknown key or a wrong type in ``config``.
     """
-    try:
-        return DockerSandbox(DockerConfig.model_validate(config))
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"]) or "(root)"
-        raise BackendConfigError(f"sandbox.backends.docker: {where}: {error['msg']}") from exc
+    return DockerSandbox(read_config(DockerConfig, "docker", config))
 
 
 class DockerSandbox:
