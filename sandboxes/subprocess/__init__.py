@@ -1,5 +1,21 @@
-"""The hardened ``subprocess`` backend (bubblewrap + cgroups)."""
+"""The hardened ``subprocess`` backend (bubblewrap + cgroups).
 
-from sandboxes.subprocess.sandbox import PreparedSubprocess, SubprocessConfig, SubprocessSandbox, create
+Its names load on first use, so that the runner's watchdog, which needs only the cgroup
+code, starts in milliseconds.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sandboxes.subprocess.sandbox import PreparedSubprocess, SubprocessConfig, SubprocessSandbox, create
 
 __all__ = ["PreparedSubprocess", "SubprocessConfig", "SubprocessSandbox", "create"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("sandboxes.subprocess.sandbox"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
