@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sandboxes.base import Check, SandboxUnavailable
-from sandboxes.docker._client import START_DOCKER_HINT, api_client
+from sandboxes.docker._client import START_DOCKER_HINT, api_client, daemon_failures
 from sandboxes.docker.images import BASE_IMAGE
 
 
@@ -20,7 +20,7 @@ def daemon_checks() -> list[Check]:
         try:
             client.inspect_image(BASE_IMAGE)
             checks.append(Check("docker base image", True, BASE_IMAGE))
-        except Exception:  # any answer but the image's own: not usable
+        except daemon_failures():  # not found, or the daemon could not say: not usable
             checks.append(Check("docker base image", False, f"{BASE_IMAGE} missing", "runner images build"))
         runtimes = info.get("Runtimes", {})
         checks.append(
