@@ -26,7 +26,7 @@ import json
 import textwrap
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -35,7 +35,7 @@ from sandboxes.base import LaunchSpec, Limits, Sandbox, SandboxOutcome, SandboxU
 
 # How long after ``close`` (or a kill) the processes of a call may take to be reaped.
 GONE_WITHIN_S = 2.0
-Check = Callable[["Harness"], Awaitable[None]]
+Check = Callable[["Harness"], Coroutine[Any, Any, None]]
 
 
 def processes_with_env(marker: str) -> list[int]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from docker import APIClient
 
 from runner import Runner
 from sandboxes.testing import processes_with_env
@@ -120,7 +121,7 @@ def docker_ready() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def docker_client():
+def docker_client() -> Iterator[APIClient]:
     """The Docker API client; in CI a missing daemon or image fails instead of skipping."""
     problem = docker_ready()
     if problem is not None:

@@ -6,21 +6,23 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from docker import APIClient
 from naive_backend import NaiveSandbox
 
-from sandboxes import plugins
+from sandboxes import Sandbox, plugins
 from sandboxes.testing import CONTRACT, Harness
+from sandboxes.testing import Check as ContractCheck
 
 IDS = [check.__name__ for check in CONTRACT]
 
 
 @pytest.fixture(scope="module")
-def subprocess_backend():
+def subprocess_backend() -> Sandbox:
     return plugins.create("subprocess", {})
 
 
 @pytest.mark.parametrize("check", CONTRACT, ids=IDS)
-def test_the_subprocess_backend_keeps_the_contract(check, subprocess_backend, tmp_path: Path) -> None:
+def test_the_subprocess_backend_keeps_the_contract(check: ContractCheck, subprocess_backend: Sandbox, tmp_path: Path) -> None:
     harness = Harness(
         make=lambda: subprocess_backend,
         workdir=tmp_path,
@@ -31,7 +33,7 @@ def test_the_subprocess_backend_keeps_the_contract(check, subprocess_backend, tm
 
 @pytest.mark.docker
 @pytest.mark.parametrize("check", CONTRACT, ids=IDS)
-def test_the_docker_backend_keeps_the_contract(check, docker_client, tmp_path: Path) -> None:
+def test_the_docker_backend_keeps_the_contract(check: ContractCheck, docker_client: APIClient, tmp_path: Path) -> None:
     backend = plugins.create("docker", {})
     harness = Harness(
         make=lambda: backend,
@@ -53,7 +55,7 @@ MUTANTS = {
 
 
 @pytest.mark.parametrize("check", CONTRACT, ids=IDS)
-def test_every_check_fails_against_a_backend_that_breaks_it(check, tmp_path: Path) -> None:
+def test_every_check_fails_against_a_backend_that_breaks_it(check: ContractCheck, tmp_path: Path) -> None:
     flaw = MUTANTS.get(check.__name__, "")
     harness = Harness(make=lambda: NaiveSandbox(flaw), workdir=tmp_path, unavailable=NaiveSandbox)
     with pytest.raises(AssertionError):

@@ -8,9 +8,11 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO, ToolBench
+from docker import APIClient
 
 from runner import Runner
 from sandboxes._identity import UID_BASE, UID_COUNT
@@ -38,17 +40,18 @@ def docker_tool(bench: ToolBench, name: str, code: str, **manifest: object) -> N
     bench.tool(name, code, sandbox="docker", image="runner/base:latest", **manifest)
 
 
-def ours(client, request_id: str) -> list:
-    return client.containers(all=True, filters={"label": f"io.runner.request-id={request_id}"})
+def ours(client: APIClient, request_id: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = client.containers(all=True, filters={"label": f"io.runner.request-id={request_id}"})
+    return found
 
 
-def test_a_shipped_docker_tool_answers(docker_client) -> None:
+def test_a_shipped_docker_tool_answers(docker_client: APIClient) -> None:
     runner = Runner.load(tools=REPO / "tools", policies=REPO / "policies.yaml", audit_log=os.devnull)
     answer = runner.handle({"toolName": "word_count", "params": {"text": "one two\nthree"}})
     assert answer["result"] == {"lines": 2, "words": 3, "characters": 13}
 
 
-def test_the_container_has_no_network_no_capabilities_and_no_root(bench: ToolBench, docker_client) -> None:
+def test_the_container_has_no_network_no_capabilities_and_no_root(bench: ToolBench, docker_client: APIClient) -> None:
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(3)
     accepted: list[bool] = []
@@ -75,7 +78,7 @@ def _accepts(server: socket.socket) -> bool:
         return False
 
 
-def test_a_timed_out_container_is_killed_and_removed(bench: ToolBench, docker_client) -> None:
+def test_a_timed_out_container_is_killed_and_removed(bench: ToolBench, docker_client: APIClient) -> None:
     docker_tool(bench, "sleepy", "import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
     started = time.monotonic()
     answer = bench.runner().handle(
@@ -91,7 +94,7 @@ def test_a_timed_out_container_is_killed_and_removed(bench: ToolBench, docker_cl
     assert ours(docker_client, "req_docker_timeout") == []
 
 
-def test_a_fork_bomb_is_held_by_the_pids_limit(bench: ToolBench, docker_client) -> None:
+def test_a_fork_bomb_is_held_by_the_pids_limit(bench: ToolBench, docker_client: APIClient) -> None:
     bomb = """
 import os, sys, time
 sys.stdin.read()
@@ -118,7 +121,7 @@ except OSError:
     assert ours(docker_client, "req_docker_bomb") == []
 
 
-def test_an_unreachable_daemon_is_sandbox_unavailable_quickly(bench: ToolBench, monkeypatch) -> None:
+def test_an_unreachable_daemon_is_sandbox_unavailable_quickly(bench: ToolBench, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     docker_tool(bench, "any", "print(1)")
     started = time.monotonic()
@@ -129,7 +132,7 @@ def test_an_unreachable_daemon_is_sandbox_unavailable_quickly(bench: ToolBench, 
     assert "Docker daemon" in answer["error"]["message"]
 
 
-def test_a_missing_image_is_sandbox_unavailable_with_the_fix(bench: ToolBench, docker_client) -> None:
+def test_a_missing_image_is_sandbox_unavailable_with_the_fix(bench: ToolBench, docker_client: APIClient) -> None:
     bench.tool("lost", "print(1)", sandbox="docker", image="runner/does-not-exist:latest")
     answer = bench.runner().handle({"toolName": "lost"})
     assert answer["error"]["details"]["reason"] == "sandbox_unavailable"
@@ -137,7 +140,7 @@ def test_a_missing_image_is_sandbox_unavailable_with_the_fix(bench: ToolBench, d
     assert answer["metadata"]["attempts"] == 1
 
 
-def test_containers_left_by_a_killed_runner_are_removed_on_start(docker_client) -> None:
+def test_containers_left_by_a_killed_runner_are_removed_on_start(docker_client: APIClient) -> None:
     from sandboxes.docker import DockerSandbox
     from sandboxes.docker._client import LABEL_MANAGED, LABEL_OWNER, LABEL_REQUEST
 
@@ -151,7 +154,7 @@ def test_containers_left_by_a_killed_runner_are_removed_on_start(docker_client) 
     assert ours(docker_client, "req_leftover") == []
 
 
-def test_gvisor_runs_a_tool_when_the_policy_names_it(bench: ToolBench, docker_client) -> None:
+def test_gvisor_runs_a_tool_when_the_policy_names_it(bench: ToolBench, docker_client: APIClient) -> None:
     if "runsc" not in docker_client.info().get("Runtimes", {}):
         pytest.fail("runsc is not registered with dockerd (scripts/setup.sh registers it)")
     docker_tool(bench, "probe", PROBE)
@@ -166,7 +169,7 @@ def test_gvisor_runs_a_tool_when_the_policy_names_it(bench: ToolBench, docker_cl
 
 
 def test_a_container_left_by_a_killed_runner_is_removed_by_the_next_one(
-    bench: ToolBench, docker_client
+    bench: ToolBench, docker_client: APIClient
 ) -> None:
     import signal
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import ToolBench
+from docker import APIClient
 
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome
 from sandboxes.docker import DockerSandbox
@@ -60,7 +61,7 @@ json.dump({"queued": queued, "connections": len(connections)}, sys.stdout)
 
 
 def test_tcp_buffers_queued_on_loopback_are_held_within_the_memory_limit(
-    bench: ToolBench, docker_client
+    bench: ToolBench, docker_client: APIClient
 ) -> None:
     docker_tool(bench, "hoarder", TCP_HOARDER, limits={"memory_mb": 64})
     answer, _ = call(bench, "hoarder", timeout_ms=30000)
@@ -98,7 +99,7 @@ json.dump({"queued": total, "sockets": len(receivers)}, sys.stdout)
 
 
 def test_udp_datagrams_queued_on_loopback_are_held_within_the_memory_limit(
-    bench: ToolBench, docker_client
+    bench: ToolBench, docker_client: APIClient
 ) -> None:
     docker_tool(bench, "udp_hoarder", UDP_HOARDER, limits={"memory_mb": 64})
     answer, _ = call(bench, "udp_hoarder", timeout_ms=30000)
@@ -131,7 +132,7 @@ def run_directly(tool_dir: Path, limits: Limits, inspect: Any) -> tuple[SandboxO
 
 
 def test_a_stderr_flood_leaves_no_daemon_log_and_its_tail_still_arrives(
-    bench: ToolBench, docker_client
+    bench: ToolBench, docker_client: APIClient
 ) -> None:
     flood = """
 import sys
@@ -157,7 +158,7 @@ sys.stderr.buffer.write(b"END-OF-FLOOD\\n")
 
 
 def test_eight_spinning_processes_are_stopped_at_the_cpu_budget_of_the_whole_container(
-    bench: ToolBench, docker_client
+    bench: ToolBench, docker_client: APIClient
 ) -> None:
     spinners = """
 import os, sys
@@ -177,7 +178,7 @@ for _ in range(8):
 
 
 def test_a_child_killed_for_memory_while_its_parent_waits_ends_the_call_with_memory_limit(
-    bench: ToolBench, docker_client
+    bench: ToolBench, docker_client: APIClient
 ) -> None:
     parent = """
 import os, sys, time
@@ -198,7 +199,7 @@ time.sleep(60)  # the parent itself stays well under the limit and never exits
 
 
 def test_a_fork_bomb_that_then_waits_ends_with_pids_limit_not_timeout(
-    bench: ToolBench, docker_client
+    bench: ToolBench, docker_client: APIClient
 ) -> None:
     bomb = """
 import os, sys, time
@@ -219,7 +220,7 @@ time.sleep(60)  # holds every process it got until the call's timeout
 
 
 def test_a_v1_host_where_the_tcp_limit_cannot_be_set_refuses_to_run_the_tool(
-    bench: ToolBench, docker_client, monkeypatch
+    bench: ToolBench, docker_client: APIClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if str(docker_client.info().get("CgroupVersion")) == "2":
         pytest.skip("cgroup v2 charges socket buffers to memory.max; there is no separate limit")

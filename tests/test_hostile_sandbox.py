@@ -13,20 +13,23 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ToolBench
+from docker import APIClient
 
 from sandboxes._identity import UID_BASE, UID_COUNT
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="these attacks target a root runner")
 
 
-def _run(bench: ToolBench, name: str, code: str, **manifest) -> dict:
+def _run(bench: ToolBench, name: str, code: str, **manifest: Any) -> dict[str, Any]:
     bench.tool(name, code, **manifest)
     answer = bench.runner().handle({"toolName": name, "params": {}})
     assert answer["success"] is True, answer
-    return answer["result"]
+    result: dict[str, Any] = answer["result"]
+    return result
 
 
 SYSCALLS = """
@@ -93,7 +96,7 @@ def test_concurrent_sandboxes_run_as_distinct_host_uids_from_the_runners_range(b
 
 
 def _pids_with_env(marker: str) -> list[int]:
-    from conftest import processes_with_env
+    from sandboxes.testing import processes_with_env
 
     return processes_with_env(marker)
 
@@ -134,7 +137,7 @@ def test_a_workspace_tool_cannot_leave_a_setuid_file_in_the_host_workspace(bench
 
 @pytest.mark.docker
 def test_a_setuid_file_made_in_a_docker_workspace_reaches_the_host_without_its_bit(
-    bench: ToolBench, docker_client
+    bench: ToolBench, docker_client: APIClient
 ) -> None:
     # Docker's own seccomp profile lets a tool chmod u+s; the workspace still gets none.
     workspace = bench.root / "workspace"
@@ -177,7 +180,7 @@ else:
 
 
 @pytest.mark.parametrize("backend", ["subprocess", pytest.param("docker", marks=pytest.mark.docker)])
-def test_workspace_writes_stop_at_disk_mb(bench: ToolBench, backend: str, request) -> None:
+def test_workspace_writes_stop_at_disk_mb(bench: ToolBench, backend: str, request: pytest.FixtureRequest) -> None:
     if backend == "docker":
         request.getfixturevalue("docker_client")
     workspace = bench.root / "workspace"
@@ -319,7 +322,7 @@ def test_socket_buffers_count_against_the_memory_limit(bench: ToolBench) -> None
         assert answer["error"]["details"]["reason"] in {"memory_limit", "exit_code", "signal"}
 
 
-def test_a_degraded_run_still_drops_root_and_says_what_is_missing(bench: ToolBench, monkeypatch) -> None:
+def test_a_degraded_run_still_drops_root_and_says_what_is_missing(bench: ToolBench, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RUNNER_BWRAP", "/nonexistent/bwrap")
     bench.policy["sandbox"] = {"backends": {"subprocess": {"allow_degraded": True}}}
     bench.tool(
@@ -371,7 +374,7 @@ def test_host_paths_do_not_reach_setup_failures_or_the_sandboxes_proc(bench: Too
     assert "/run/runner" not in text
 
 
-def test_teardown_never_signals_a_pid_that_left_the_cgroup(monkeypatch) -> None:
+def test_teardown_never_signals_a_pid_that_left_the_cgroup(monkeypatch: pytest.MonkeyPatch) -> None:
     # pid reuse: a pid read from cgroup.procs may belong to an unrelated process by the
     # time it is signalled. Here the "member" is a bystander outside the cgroup.
     from sandboxes.subprocess._cgroup import CallCgroup

@@ -15,12 +15,16 @@ import subprocess
 import textwrap
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import REPO, ToolBench, processes_with_env
+from conftest import REPO, ToolBench
 
+from runner.answers import CallResult
 from sandboxes._identity import UID_BASE, UID_COUNT
+from sandboxes.testing import processes_with_env
 
 ATTACK = """
 import json, os, sys
@@ -40,16 +44,18 @@ def mode(request: pytest.FixtureRequest, bench: ToolBench, monkeypatch: pytest.M
     if request.param == "plain":
         monkeypatch.setenv("RUNNER_BWRAP", "/nonexistent/bwrap")
         bench.policy["sandbox"] = {"backends": {"subprocess": {"allow_degraded": True}}}
-    return request.param
+    name: str = request.param
+    return name
 
 
-def attack(bench: ToolBench, code: str, **params: object) -> dict:
+def attack(bench: ToolBench, code: str, **params: object) -> dict[str, Any]:
     bench.tool("attack", ATTACK, limits={"disk_mb": 8})
     answer = bench.runner().handle(
         {"toolName": "attack", "params": {"code": textwrap.dedent(code), **params}, "options": {"retries": 0}}
     )
     assert answer["success"], answer["error"]
-    return answer["result"]
+    result: dict[str, Any] = answer["result"]
+    return result
 
 
 def test_the_host_loopback_is_unreachable(bench: ToolBench, mode: str) -> None:
@@ -88,7 +94,7 @@ def _accept(server: socket.socket) -> object:
 
 
 @pytest.fixture
-def secrets(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+def secrets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Path]]:
     tmp_secret = Path("/tmp") / f"runner-secret-{os.getpid()}.txt"
     home = Path.home() / f".runner-secret-{os.getpid()}.txt"
     paths = [tmp_secret, home]
@@ -224,7 +230,7 @@ sys.exit(3)
 """
 
 
-def test_a_fork_bomb_hits_max_pids_and_the_host_can_still_fork(bench: ToolBench, no_survivors) -> None:
+def test_a_fork_bomb_hits_max_pids_and_the_host_can_still_fork(bench: ToolBench, no_survivors: Callable[[str], None]) -> None:
     bench.tool("bomb", FORK_BOMB, limits={"max_pids": 32})
     answer = bench.runner().handle({"toolName": "bomb", "requestId": "req_bomb", "options": {"retries": 0}})
     assert answer["error"]["code"] == "EXECUTION_ERROR"
@@ -249,7 +255,7 @@ print("{}")
 """
 
 
-def test_the_memory_limit_holds_for_all_children_together(bench: ToolBench, no_survivors) -> None:
+def test_the_memory_limit_holds_for_all_children_together(bench: ToolBench, no_survivors: Callable[[str], None]) -> None:
     bench.tool("family", FOUR_CHILDREN, limits={"memory_mb": 128, "timeout_ms": 8000})
     answer = bench.runner().handle(
         {"toolName": "family", "requestId": "req_family", "options": {"retries": 0}}
@@ -278,13 +284,13 @@ def test_six_hogs_in_parallel_are_each_held_to_their_own_limit(bench: ToolBench)
     )
     runner = bench.runner()
 
-    async def together() -> list:
+    async def together() -> list[CallResult]:
         calls = [runner.acall("hog", retries=0) for _ in range(6)]
         calls.append(runner.acall("modest", retries=0))
         return await asyncio.gather(*calls)
 
     results = asyncio.run(together())
-    reasons = [r.error.details["reason"] for r in results[:6]]
+    reasons = [r.error.details["reason"] if r.error else None for r in results[:6]]
     assert reasons == ["memory_limit"] * 6
     assert results[6].success is True
 
@@ -315,7 +321,7 @@ def test_killing_the_runner_mid_call_takes_every_tool_process_with_it(bench: Too
     assert processes_with_env(marker) == []
 
 
-def test_a_missing_launcher_fails_closed_with_sandbox_unavailable(bench: ToolBench, monkeypatch) -> None:
+def test_a_missing_launcher_fails_closed_with_sandbox_unavailable(bench: ToolBench, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RUNNER_BWRAP", "/nonexistent/bwrap")
     bench.tool("ok", "import sys\nsys.stdin.read()\nprint('{}')\n")
     answer = bench.runner().handle({"toolName": "ok", "options": {"retries": 3}})
@@ -325,7 +331,7 @@ def test_a_missing_launcher_fails_closed_with_sandbox_unavailable(bench: ToolBen
     assert answer["metadata"]["attempts"] == 1  # retrying cannot install bubblewrap
 
 
-def test_degraded_runs_need_the_policy_to_say_so_and_are_marked(bench: ToolBench, monkeypatch) -> None:
+def test_degraded_runs_need_the_policy_to_say_so_and_are_marked(bench: ToolBench, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RUNNER_BWRAP", "/nonexistent/bwrap")
     bench.policy["sandbox"] = {"backends": {"subprocess": {"allow_degraded": True}}}
     bench.tool("ok", "import sys\nsys.stdin.read()\nprint('{}')\n")
@@ -367,6 +373,7 @@ def test_sandbox_unavailable_messages_show_no_host_paths(bench: ToolBench) -> No
         reason=StopReason.SANDBOX_UNAVAILABLE,
         message=f"bwrap: Can't find source path {bench.root}/secret-place: No such file",
     )
+    assert tool is not None
     message = failure_error(tool, outcome, 1000, by_deadline=False).message
     assert "secret-place" not in message
     assert str(bench.root) not in message
@@ -397,7 +404,7 @@ def test_the_tool_has_a_uid_of_its_own_on_the_host_side(bench: ToolBench) -> Non
         pytest.skip("only a root runner changes user; otherwise the tool is the runner's own user")
     bench.tool("idle", "import sys, time\nsys.stdin.read()\ntime.sleep(1.5)\nprint('{}')\n")
     runner = bench.runner()
-    done: list[dict] = []
+    done: list[dict[str, Any]] = []
     caller = threading.Thread(
         target=lambda: done.append(runner.handle({"toolName": "idle", "requestId": "req_uid"}))
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ToolBench
+from docker import APIClient
 
 HERE = Path(__file__).resolve().parent
 GRACE_S = 1.0
@@ -69,7 +70,9 @@ def _describe(pid: int) -> str:
     return f"{pid} ppid={fields.get('PPid')} uid={uid} wchan={wchan} cgroup={cgroup} {cmdline[-60:]!r}"
 
 
-def _harness(bench: ToolBench, tool: str, rounds: int, runners: int, max_delay_ms: int):
+def _harness(
+    bench: ToolBench, tool: str, rounds: int, runners: int, max_delay_ms: int
+) -> subprocess.Popen[str]:
     bench.runner()  # writes the policy file
     argv = [sys.executable, str(HERE / "kill_harness.py"), str(bench.tools), str(bench.root / "policies.yaml")]
     return subprocess.Popen(
@@ -102,7 +105,7 @@ def test_two_hundred_runners_killed_at_random_points_leave_no_process_behind(ben
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_containers_of_killed_runners_are_gone_within_a_second(bench: ToolBench, docker_client) -> None:
+def test_containers_of_killed_runners_are_gone_within_a_second(bench: ToolBench, docker_client: APIClient) -> None:
     from sandboxes.docker._client import LABEL_OWNER
 
     bench.tool("dsleep", "import sys, time\nsys.stdin.read()\ntime.sleep(0.2)\nprint('{}')\n",

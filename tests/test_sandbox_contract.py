@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from conftest import ToolBench
 
@@ -14,7 +17,8 @@ ECHO = "import json, sys\njson.dump(json.load(sys.stdin), sys.stdout)\n"
 def backend(request: pytest.FixtureRequest) -> str:
     if request.param == "docker":
         request.getfixturevalue("docker_client")
-    return request.param
+    name: str = request.param
+    return name
 
 
 def tool(bench: ToolBench, backend: str, name: str, code: str, **manifest: object) -> None:
@@ -23,7 +27,7 @@ def tool(bench: ToolBench, backend: str, name: str, code: str, **manifest: objec
     bench.tool(name, code, **manifest)
 
 
-def call(bench: ToolBench, name: str, **options: object) -> dict:
+def call(bench: ToolBench, name: str, **options: object) -> dict[str, Any]:
     return bench.runner().handle(
         {
             "toolName": name,
@@ -55,7 +59,7 @@ def test_a_non_zero_exit_keeps_its_code_and_stderr(bench: ToolBench, backend: st
     assert "bad" in answer["error"]["details"]["stderr"]
 
 
-def test_a_timeout_kills_the_tool(bench: ToolBench, backend: str, no_survivors) -> None:
+def test_a_timeout_kills_the_tool(bench: ToolBench, backend: str, no_survivors: Callable[[str], None]) -> None:
     tool(bench, backend, "sleepy", "import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
     answer = call(bench, "sleepy", timeout=800)
     assert answer["error"]["code"] == "TIMEOUT"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+import pytest
 from conftest import ToolBench
 
 REPORT = """
@@ -23,7 +25,7 @@ json.dump({
 
 
 def test_the_tool_gets_exactly_the_minimal_environment_and_its_manifest_env(
-    bench: ToolBench, monkeypatch
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HOST_SECRET", "hunter2")
     bench.tool("report", REPORT, env={"GREETING": "hello"})
@@ -61,7 +63,7 @@ def test_the_tool_runs_in_its_own_folder_as_an_unprivileged_user(bench: ToolBenc
 
 
 def test_the_workspace_is_mounted_only_when_granted_and_read_only_for_read(
-    bench: ToolBench, tmp_path
+    bench: ToolBench, tmp_path: Path
 ) -> None:
     workspace = tmp_path / "ws"
     workspace.mkdir()

@@ -6,6 +6,8 @@ After every call, ``/proc`` is scanned for any process carrying the call's REQUE
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from conftest import ToolBench
 
@@ -74,14 +76,14 @@ while True:
 """
 
 
-def call(bench: ToolBench, tool: str, request_id: str, **options: object) -> dict:
+def call(bench: ToolBench, tool: str, request_id: str, **options: object) -> dict[str, Any]:
     return bench.runner().handle(
         {"toolName": tool, "requestId": request_id, "options": {"retries": 0, **options}}
     )
 
 
 def test_a_tool_that_ignores_sigterm_and_leaves_a_setsid_grandchild_is_killed_on_time(
-    bench: ToolBench, no_survivors
+    bench: ToolBench, no_survivors: Callable[[str], None]
 ) -> None:
     bench.tool("stubborn", IGNORE_SIGTERM_AND_DAEMONIZE)
     started = time.monotonic()
@@ -92,7 +94,7 @@ def test_a_tool_that_ignores_sigterm_and_leaves_a_setsid_grandchild_is_killed_on
 
 
 def test_a_child_holding_stdout_neither_delays_the_answer_nor_survives(
-    bench: ToolBench, no_survivors
+    bench: ToolBench, no_survivors: Callable[[str], None]
 ) -> None:
     bench.tool("holder", CHILD_HOLDS_STDOUT)
     started = time.monotonic()
@@ -103,7 +105,7 @@ def test_a_child_holding_stdout_neither_delays_the_answer_nor_survives(
     no_survivors("req_holder")
 
 
-def test_a_stdout_flood_is_cut_at_the_output_limit(bench: ToolBench, no_survivors) -> None:
+def test_a_stdout_flood_is_cut_at_the_output_limit(bench: ToolBench, no_survivors: Callable[[str], None]) -> None:
     bench.tool("flood", FLOOD_STDOUT, limits={"max_output_bytes": 100_000})
     answer = call(bench, "flood", "req_flood")
     assert answer["error"]["code"] == "EXECUTION_ERROR"
@@ -135,7 +137,7 @@ def test_a_tool_that_never_reads_a_large_stdin_still_answers(bench: ToolBench) -
     assert answer["result"] == {"ignored": "input"}
 
 
-def test_allocating_past_the_memory_limit_is_a_memory_limit_kill(bench: ToolBench, no_survivors) -> None:
+def test_allocating_past_the_memory_limit_is_a_memory_limit_kill(bench: ToolBench, no_survivors: Callable[[str], None]) -> None:
     bench.tool("hog", ALLOCATE, limits={"memory_mb": 64})
     answer = call(bench, "hog", "req_hog")
     assert answer["error"]["code"] == "EXECUTION_ERROR"
@@ -143,7 +145,7 @@ def test_allocating_past_the_memory_limit_is_a_memory_limit_kill(bench: ToolBenc
     no_survivors("req_hog")
 
 
-def test_spinning_past_the_cpu_limit_is_a_cpu_limit_kill(bench: ToolBench, no_survivors) -> None:
+def test_spinning_past_the_cpu_limit_is_a_cpu_limit_kill(bench: ToolBench, no_survivors: Callable[[str], None]) -> None:
     bench.tool("spinner", SPIN, limits={"cpu_seconds": 1, "timeout_ms": 10000})
     started = time.monotonic()
     answer = call(bench, "spinner", "req_spin")
