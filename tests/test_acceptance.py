@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from conftest import ToolBench
 
@@ -25,7 +27,7 @@ sys.exit(3)
 """
 
 
-def assert_shell(answer: dict) -> None:
+def assert_shell(answer: dict[str, Any]) -> None:
     assert set(answer) == SHELL_KEYS
     assert set(answer["metadata"]) >= META_KEYS
     if answer["success"]:
@@ -73,7 +75,9 @@ def test_tc03_a_successful_call_returns_the_parsed_result(shipped: Runner) -> No
     assert answer["metadata"]["timestamp"].endswith("Z")
 
 
-def test_tc04_a_timeout_counts_every_attempt_and_kills_the_tool(bench: ToolBench, no_survivors) -> None:
+def test_tc04_a_timeout_counts_every_attempt_and_kills_the_tool(
+    bench: ToolBench, no_survivors: Callable[[str], None]
+) -> None:
     bench.tool("sleepy", SLEEP)
     answer = bench.runner().handle(
         {

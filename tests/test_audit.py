@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO, ToolBench
@@ -21,14 +22,14 @@ SECRET_PARAMS = {
 }
 
 
-def events_of(bench: ToolBench, request: dict, **runner_kwargs) -> list[dict]:
+def events_of(bench: ToolBench, request: dict[str, Any], **runner_kwargs: Any) -> list[dict[str, Any]]:
     runner = bench.runner(**runner_kwargs)
     with runner.audit.captured() as logs:  # the lines the file would get, parsed back
         runner.handle(request)
     return logs
 
 
-def names(logs: list[dict]) -> list[str]:
+def names(logs: list[dict[str, Any]]) -> list[str]:
     return [entry["event"] for entry in logs]
 
 
@@ -68,7 +69,9 @@ def test_a_denied_call_logs_the_deny_and_its_reason(bench: ToolBench) -> None:
         ("junk", "INVALID_PARAMS"),
     ],
 )
-def test_calls_refused_before_the_policy_are_logged(bench: ToolBench, request_: object, code: str) -> None:
+def test_calls_refused_before_the_policy_are_logged(
+    bench: ToolBench, request_: dict[str, Any], code: str
+) -> None:
     logs = events_of(bench, request_)
     assert names(logs) == ["policy.decision", "call.finished"]
     assert logs[0]["decision"] == "deny"
@@ -112,7 +115,7 @@ def test_an_open_breaker_is_logged_with_zero_attempts(bench: ToolBench) -> None:
 
 def run_cli(
     *args: str, cwd: Path = REPO, audit: Path, stdin: str | None = None
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RUNNER_AUDIT_LOG": str(audit)}
     return subprocess.run(
         [sys.executable, "-m", "runner", *args],

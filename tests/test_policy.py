@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ToolBench
@@ -30,7 +31,7 @@ def tools(bench: ToolBench) -> ToolBench:
     return bench
 
 
-def reason(answer: dict) -> str | None:
+def reason(answer: dict[str, Any]) -> str | None:
     return answer["error"]["details"]["reason"] if answer["error"] else None
 
 

@@ -47,7 +47,9 @@ def test_a_duplicate_name_across_directories_keeps_the_first(tmp_path: Path) -> 
     write_tool(tmp_path / "b", "dup", "print(2)")
     registry = Registry.load([tmp_path / "a", tmp_path / "b"])
     assert len(registry) == 1
-    assert registry.get("dup").directory == (tmp_path / "a" / "dup").resolve()
+    kept = registry.get("dup")
+    assert kept is not None
+    assert kept.directory == (tmp_path / "a" / "dup").resolve()
     assert "duplicate" in registry.problems[0].reason
 
 
