@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,8 +31,13 @@ sys.path.insert(0, str(REPO))
 from _timing import timed  # noqa: E402
 
 from runner import Runner  # noqa: E402
+from runner.starter import write_starter  # noqa: E402
 
-TOOL = REPO / "tools" / "add_numbers"
+# The shipped policy and tools, as `runner init` writes them (never used where installed).
+STARTER = Path(tempfile.mkdtemp(prefix="runner-bench-"))
+write_starter(STARTER)
+atexit.register(shutil.rmtree, STARTER, ignore_errors=True)
+TOOL = STARTER / "tools" / "add_numbers"
 PYTHON = "/usr/bin/python3"
 
 
@@ -82,7 +90,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=64)
     args = parser.parse_args()
-    runner = Runner.load(tools=REPO / "tools", policies=REPO / "policies.yaml", audit_log=os.devnull)
+    runner = Runner.load(tools=STARTER / "tools", policies=STARTER / "policies.yaml", audit_log=os.devnull)
     bare_ms = statistics.median(timed(bare, 20))
     cold_ms = statistics.median(timed(lambda: runner.call("add_numbers", {"a": 1, "b": 2}), 20))
     me = psutil.Process()

@@ -11,11 +11,13 @@ a bare ``bwrap`` around it (what namespaces alone cost). Measured: ``Runner.call
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,8 +26,13 @@ sys.path.insert(0, str(REPO))
 from _timing import print_table, timed  # noqa: E402
 
 from runner import Runner  # noqa: E402
+from runner.starter import write_starter  # noqa: E402
 
-TOOL = REPO / "tools" / "add_numbers"
+# The shipped policy and tools, as `runner init` writes them (never used where installed).
+STARTER = Path(tempfile.mkdtemp(prefix="runner-bench-"))
+write_starter(STARTER)
+atexit.register(shutil.rmtree, STARTER, ignore_errors=True)
+TOOL = STARTER / "tools" / "add_numbers"
 PARAMS = {"a": 1, "b": 2}
 PAYLOAD = json.dumps(
     {"params": PARAMS, "context": {"requestId": "bench", "toolName": "add_numbers", "attempt": 1}}
@@ -52,19 +59,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=30)
     args = parser.parse_args()
-    runner = Runner.load(tools=REPO / "tools", policies=REPO / "policies.yaml", audit_log=os.devnull)
+    runner = Runner.load(tools=STARTER / "tools", policies=STARTER / "policies.yaml", audit_log=os.devnull)
 
     def runner_call() -> None:
         result = runner.call("add_numbers", PARAMS)
         assert result.success, result.error
 
     def runner_exec() -> None:
-        env = {**os.environ, "RUNNER_AUDIT_LOG": os.devnull}
+        env = {**os.environ, "RUNNER_AUDIT_LOG": os.devnull, "PYTHONPATH": str(REPO)}
         done = subprocess.run(
             [sys.executable, "-m", "runner", "exec", "add_numbers", "--params", json.dumps(PARAMS)],
             check=False,
             capture_output=True,
-            cwd=REPO,
+            cwd=STARTER,
             env=env,
         )
         assert done.returncode == 0, done.stderr

@@ -3,6 +3,7 @@
 from runner.answers import AnswerMetadata, CallResult, ErrorInfo
 from runner.api import Runner
 from runner.errors import CallError, ConfigError, ErrorCode, RunnerError
+from runner.locations import examples_dir
 
 __all__ = [
     "AnswerMetadata",
@@ -13,4 +14,5 @@ __all__ = [
     "ErrorInfo",
     "Runner",
     "RunnerError",
+    "examples_dir",
 ]

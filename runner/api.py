@@ -24,6 +24,7 @@ from runner.clock import Clock, SystemClock
 from runner.errors import CallError, ConfigError, ErrorCode
 from runner.executor import CallContext, Execution, Executor
 from runner.faults import OperatorLog, internal_error
+from runner.locations import find_policy, tool_dirs
 from runner.manifest import Tool
 from runner.models import CallOptions, CallRequest, DiscoverRequest, parse_request, peek
 from runner.plan import CallPlan, resolve_plan
@@ -38,16 +39,6 @@ _NO_OPTIONS = CallOptions()
 # How long past its budget a validation may take before the call answers without it: a
 # validation stops by itself at the next keyword, this covers one slow keyword.
 VALIDATION_GRACE_S = 0.05
-
-
-def _paths(value: str | Path | Iterable[str | Path] | None, env: str, default: str) -> list[Path]:
-    if value is None:
-        value = os.environ.get(env) or default
-    if isinstance(value, str):
-        return [Path(part) for part in value.split(":") if part]
-    if isinstance(value, Path):
-        return [value]
-    return [Path(part) for part in value]
 
 
 class Runner:
@@ -80,18 +71,20 @@ class Runner:
         clock: Clock | None = None,
         sandbox_factory: SandboxFactory | None = None,
     ) -> Runner:
-        """Load tools and policy (arguments, then ``RUNNER_*`` variables, then defaults).
+        """Load tools and policy (arguments, then ``RUNNER_*`` variables, then the search of
+        ``runner.locations``: ``./policies.yaml``, ``~/.config/runner/``, ``/etc/runner/``;
+        tools default to ``tools/`` beside the policy file).
 
         Raises:
-            ConfigError: the policy file cannot be used.
+            ConfigError: the policy file cannot be used, or none was given or found.
         """
-        policy_path = Path(policies or os.environ.get("RUNNER_POLICIES") or "policies.yaml")
+        policy_path = find_policy(policies)
         policy = Policy.load(policy_path)
         backends = Backends(policy)
         backends.check_config()
         # A fake factory (the executor's own tests) serves any name: no backend rules then.
         registry = Registry.load(
-            _paths(tools, "RUNNER_TOOLS", "tools"),
+            tool_dirs(tools, policy_path),
             None if sandbox_factory else backends.manifest_problems,
         )
         audit_value = audit_log or os.environ.get("RUNNER_AUDIT_LOG")

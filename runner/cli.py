@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from runner.policy import Policy
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DISTRIBUTION = "sandboxed-tool-runner"  # the name on the package index; it installs `runner`
+_Command = TypeVar("_Command", bound=Callable[..., Any])
 
 
 def _fail_usage(message: str) -> NoReturn:
@@ -43,17 +46,88 @@ def _print_json(document: object) -> None:
     click.echo(json.dumps(document, ensure_ascii=True, allow_nan=False))
 
 
+_TOOLS_HELP = "Tool directories, joined with ':' (default: tools/ beside the policy file)."
+_POLICIES_HELP = (
+    "The policy file (default: the first of ./policies.yaml, $XDG_CONFIG_HOME/runner/, /etc/runner/)."
+)
+_AUDIT_HELP = "Where audit events go (default: the policy's audit.path)."
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        click.echo(f"runner {version(DISTRIBUTION)} ({DISTRIBUTION})")
+    except PackageNotFoundError:
+        click.echo(f"runner: the {DISTRIBUTION} distribution is not installed", err=True)
+        ctx.exit(EXIT_USAGE)
+    ctx.exit(EXIT_OK)
+
+
+def _set_location(ctx: click.Context, param: click.Parameter, value: object) -> None:
+    if value is not None and param.name is not None:
+        ctx.obj[param.name] = value  # the group's dict: a flag after the command wins
+
+
+def _location_options(command: _Command) -> _Command:
+    """``--tools``, ``--policies`` and ``--audit-log`` after the command as well (SPEC 6)."""
+    for option in (
+        click.option("--audit-log", type=click.Path(path_type=Path), expose_value=False,
+                     callback=_set_location, help=_AUDIT_HELP),
+        click.option("--policies", type=click.Path(path_type=Path), expose_value=False,
+                     callback=_set_location, help=_POLICIES_HELP),
+        click.option("--tools", expose_value=False, callback=_set_location, help=_TOOLS_HELP),
+    ):
+        command = option(command)
+    return command
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--tools", envvar="RUNNER_TOOLS", default=None, help="Tool directories, joined with ':'.")
-@click.option("--policies", envvar="RUNNER_POLICIES", default=None, type=click.Path(path_type=Path))
-@click.option("--audit-log", envvar="RUNNER_AUDIT_LOG", default=None, type=click.Path(path_type=Path))
+@click.option("--tools", envvar="RUNNER_TOOLS", default=None, help=_TOOLS_HELP)
+@click.option(
+    "--policies", envvar="RUNNER_POLICIES", default=None, type=click.Path(path_type=Path), help=_POLICIES_HELP
+)
+@click.option(
+    "--audit-log", envvar="RUNNER_AUDIT_LOG", default=None, type=click.Path(path_type=Path), help=_AUDIT_HELP
+)
+@click.option(
+    "--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+    help="Print the installed version and exit.",
+)
 @click.pass_context
 def cli(ctx: click.Context, tools: str | None, policies: Path | None, audit_log: Path | None) -> None:
     """A sandboxed tool runner for LLM agents."""
     ctx.obj = {"tools": tools, "policies": policies, "audit_log": audit_log}
 
 
+@cli.command("init")
+@click.argument("directory", default=".", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Overwrite files that are already there.")
+def init_command(directory: Path, force: bool) -> None:
+    """Write a starter policies.yaml, the example tools and a workspace folder into DIRECTORY."""
+    from runner.starter import StarterExists, write_starter
+
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        starter = write_starter(directory, force=force)
+    except StarterExists as exc:
+        shown = ", ".join(str(path) for path in exc.existing[:3])
+        more = f" and {len(exc.existing) - 3} more" if len(exc.existing) > 3 else ""
+        _fail_usage(f"{directory}: {shown}{more} already there; pass --force to overwrite")
+    except OSError as exc:
+        _fail_usage(f"cannot write into {directory}: {exc.strerror or exc}")
+    click.echo(
+        f"wrote policies.yaml, {len(starter.tools)} example tools in tools/ and a workspace/ folder"
+        f" into {directory}"
+    )
+    where = "" if directory == Path() else f"cd {directory} && "
+    click.echo(f"try: {where}runner exec add_numbers --params '{{\"a\": 1, \"b\": 2}}'")
+
+
 @cli.command("list")
+@_location_options
 @click.option("--filter", "filter_text", default=None)
 @click.option("--role", default=None)
 @click.option("--json", "as_json", is_flag=True)
@@ -92,6 +166,7 @@ def _params(value: str | None) -> object:
 
 
 @cli.command("exec")
+@_location_options
 @click.argument("tool")
 @click.option("--params", default=None, help="JSON object, or @FILE.")
 @click.option("--role", default=None)
@@ -146,6 +221,7 @@ def exec_command(
 
 
 @cli.command("validate")
+@_location_options
 @click.pass_context
 def validate_command(ctx: click.Context) -> None:
     """Load tools and policies, report every problem, list the registry."""
@@ -159,12 +235,14 @@ def validate_command(ctx: click.Context) -> None:
 
 
 @cli.command("doctor")
+@_location_options
 @click.option("--json", "as_json", is_flag=True)
-def doctor_command(as_json: bool) -> None:
+@click.pass_context
+def doctor_command(ctx: click.Context, as_json: bool) -> None:
     """Which isolation layers work on this machine, and what is missing."""
     from runner.doctor import check_layers
 
-    layers = check_layers(_policy_if_any())
+    layers = check_layers(_policy_if_any(ctx))
     if as_json:
         _print_json([layer.__dict__ for layer in layers])
     else:
@@ -175,15 +253,13 @@ def doctor_command(as_json: bool) -> None:
     sys.exit(EXIT_OK if all(layer.ok for layer in layers) else EXIT_FAILED)
 
 
-def _policy_if_any() -> Policy | None:
+def _policy_if_any(ctx: click.Context) -> Policy | None:
     """The policy the other commands would use, when there is one (its backend settings)."""
-    import os
-
+    from runner.locations import find_policy
     from runner.policy import Policy
 
-    path = Path(os.environ.get("RUNNER_POLICIES") or "policies.yaml")
     try:
-        return Policy.load(path)
+        return Policy.load(find_policy(ctx.obj["policies"]))
     except ConfigError:
         return None
 
@@ -196,12 +272,13 @@ def images_group() -> None:
 @images_group.command("build")
 @click.option(
     "--contexts",
-    default="tool_images",
+    default=None,
     type=click.Path(path_type=Path),
-    help="Folder of build contexts (each a Dockerfile FROM runner/base:latest).",
+    help="Folder of build contexts, each a Dockerfile FROM runner/base:latest (default: the shipped ones).",
 )
-def images_build_command(contexts: Path) -> None:
+def images_build_command(contexts: Path | None) -> None:
     """Build runner/base:latest from Debian packages, then every tool image."""
+    from runner.locations import examples_dir
     from sandboxes import SandboxUnavailable
     from sandboxes.docker._client import api_client
     from sandboxes.docker.images import ImageBuildError, build_base, build_tool_images
@@ -213,7 +290,7 @@ def images_build_command(contexts: Path) -> None:
         client = api_client()
         client.timeout = 600  # importing a root filesystem takes a while
         build_base(client, progress)
-        build_tool_images(client, contexts, progress)
+        build_tool_images(client, contexts or examples_dir() / "tool_images", progress)
     except (SandboxUnavailable, ImageBuildError) as exc:
         _fail_usage(str(exc))
 
@@ -230,6 +307,7 @@ def _time_option(value: str | None, flag: str) -> Any:
 
 
 @cli.command("audit")
+@_location_options
 @click.option("--request-id", default=None)
 @click.option("--tool", default=None)
 @click.option("--role", default=None)
@@ -287,10 +365,11 @@ def audit_command(
 
 
 def _policy_audit_path(ctx: click.Context) -> Path | None:
+    from runner.locations import find_policy
     from runner.policy import Policy
 
     try:
-        return Policy.load(Path(ctx.obj["policies"] or "policies.yaml")).audit_path
+        return Policy.load(find_policy(ctx.obj["policies"])).audit_path
     except ConfigError as exc:
         _fail_usage(" ".join(str(exc).split()))
 

@@ -24,10 +24,21 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-log "installing the runner package"
-python3 -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 \
-  | grep -v -e '^WARNING: Running pip as' -e 'is ignored: it is neither' || true
-python3 -c 'import runner, sandboxes'
+log "installing the runner package from its wheel"
+# As users install it: a built wheel, not an editable checkout (dist/ keeps the wheel).
+rm -rf build dist  # setuptools reuses build/lib: a stale module would slip into the wheel
+python3 -m pip wheel -q --disable-pip-version-check --no-deps -w dist .
+rm -rf build
+wheel=(dist/*.whl)
+quiet() { grep -v -e '^WARNING: Running pip as' -e 'is ignored: it is neither' || true; }
+# an earlier install under the old distribution name "runner" (this project's, often editable)
+if python3 -m pip show runner 2>/dev/null | grep -qx 'Summary: A sandboxed tool runner for LLM agents'; then
+  python3 -m pip uninstall -q -y runner 2>&1 | quiet
+fi
+python3 -m pip install -q --disable-pip-version-check "${wheel[0]}[dev]" 2>&1 | quiet
+# the same version may be installed already (or an editable copy): replace it with this build
+python3 -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "${wheel[0]}" 2>&1 | quiet
+(cd / && python3 -c 'import runner, sandboxes.subprocess, sandboxes.docker; runner.examples_dir()')
 
 # gVisor as an OCI runtime for docker tools whose policy asks for it. The ptrace platform
 # works without KVM; --network=none because gVisor's netstack is not needed (tools get no

@@ -6,9 +6,13 @@ folder per tool (``tool.yaml`` + ``main.py``) so each test states its attack in 
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -20,9 +24,15 @@ import yaml
 from docker import APIClient
 
 from runner import Runner
+from runner.starter import write_starter
 from sandboxes.testing import processes_with_env
 
-REPO = Path(__file__).resolve().parent.parent
+# The suite runs against the installed package, from a copy of tests/ outside the
+# repository (scripts/test.sh): nothing here may read the repository's own files.
+# Child processes (`python -m runner`, the `runner` command) import the package the tests
+# import, also when that is a source checkout rather than the installed wheel.
+_IMPORTED_FROM = str(Path(sys.modules[Runner.__module__].__file__ or "").resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_IMPORTED_FROM, os.environ.get("PYTHONPATH")) if p)
 DEFAULT_PARAMS: dict[str, Any] = {"type": "object", "additionalProperties": True}
 
 BASE_POLICY: dict[str, Any] = {
@@ -79,7 +89,7 @@ class ToolBench:
             " 'options': {'timeout': 30000, 'retries': 0}})\n"
         )
         argv = [sys.executable, "-c", script, str(self.tools), str(self.root / "policies.yaml")]
-        return subprocess.Popen([*argv, str(self.audit_log), tool, request_id], cwd=REPO)
+        return subprocess.Popen([*argv, str(self.audit_log), tool, request_id], cwd=self.root)
 
 
 @pytest.fixture
@@ -87,10 +97,30 @@ def bench(tmp_path: Path) -> ToolBench:
     return ToolBench(tmp_path)
 
 
+@functools.cache
+def starter_dir() -> Path:
+    """A folder made by ``runner init`` (the shipped policy and example tools), one per session."""
+    root = Path(tempfile.mkdtemp(prefix="runner-starter-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    write_starter(root)
+    return root
+
+
+def installed_command() -> str:
+    """The ``runner`` console script of the Python running the tests (a venv's own first)."""
+    beside = Path(sys.executable).parent / "runner"
+    found = str(beside) if beside.is_file() else shutil.which("runner")
+    assert found, "the runner command is not installed"
+    return found
+
+
 @pytest.fixture
-def shipped() -> Iterator[Runner]:
-    """A runner over the shipped tools and policy, with a workspace of its own."""
-    runner = Runner.load(tools=REPO / "tools", policies=REPO / "policies.yaml", audit_log=os.devnull)
+def shipped(tmp_path: Path) -> Iterator[Runner]:
+    """A runner over the shipped tools and policy (``runner init`` into a folder of its own)."""
+    write_starter(tmp_path)
+    runner = Runner.load(
+        tools=tmp_path / "tools", policies=tmp_path / "policies.yaml", audit_log=os.devnull
+    )
     yield runner
 
 

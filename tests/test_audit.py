@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, ToolBench
+from conftest import ToolBench, starter_dir
 from fakes import FakeSandbox, ManualClock, failed
 
 REQUIRED = {"timestamp", "event", "requestId", "traceId", "toolName", "role"}
@@ -114,7 +114,7 @@ def test_an_open_breaker_is_logged_with_zero_attempts(bench: ToolBench) -> None:
 
 
 def run_cli(
-    *args: str, cwd: Path = REPO, audit: Path, stdin: str | None = None
+    *args: str, cwd: Path | None = None, audit: Path, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RUNNER_AUDIT_LOG": str(audit)}
     return subprocess.run(
@@ -123,7 +123,7 @@ def run_cli(
         capture_output=True,
         text=True,
         env=env,
-        cwd=cwd,
+        cwd=cwd or starter_dir(),
         timeout=60,
     )
 
@@ -220,7 +220,7 @@ def test_eight_processes_writing_one_log_leave_only_whole_lines(bench: ToolBench
                 str(bench.audit_log),
                 str(per_process),
             ],
-            cwd=REPO,
+            cwd=bench.root,
         )
         for _ in range(8)
     ]

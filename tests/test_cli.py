@@ -9,17 +9,17 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO
+from conftest import starter_dir
 
 RUNNER = [sys.executable, "-m", "runner"]
 
 
 def run(
-    *args: str, stdin: str | None = None, env: dict | None = None, cwd: Path = REPO
+    *args: str, stdin: str | None = None, env: dict | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "RUNNER_AUDIT_LOG": os.devnull, **(env or {})}
     return subprocess.run(
-        [*RUNNER, *args], input=stdin, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=60
+        [*RUNNER, *args], input=stdin, capture_output=True, text=True, env=full_env, cwd=cwd or starter_dir(), timeout=60
     )
 
 
@@ -115,7 +115,7 @@ def test_list_shows_what_the_role_may_call() -> None:
 def test_validate_reports_every_bad_manifest_and_lists_the_good(tmp_path: Path) -> None:
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "tool.yaml").write_text("name: broken\n")
-    done = run("validate", env={"RUNNER_TOOLS": f"{REPO / 'tools'}:{tmp_path}"})
+    done = run("validate", env={"RUNNER_TOOLS": f"{starter_dir() / 'tools'}:{tmp_path}"})
     assert done.returncode == 1
     assert f"invalid: {tmp_path / 'broken' / 'tool.yaml'}" in done.stdout
     assert "ok: add_numbers" in done.stdout

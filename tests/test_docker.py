@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, ToolBench
+from conftest import ToolBench, starter_dir
 from docker import APIClient
 
 from runner import Runner
@@ -46,7 +46,9 @@ def ours(client: APIClient, request_id: str) -> list[dict[str, Any]]:
 
 
 def test_a_shipped_docker_tool_answers(docker_client: APIClient) -> None:
-    runner = Runner.load(tools=REPO / "tools", policies=REPO / "policies.yaml", audit_log=os.devnull)
+    runner = Runner.load(
+        tools=starter_dir() / "tools", policies=starter_dir() / "policies.yaml", audit_log=os.devnull
+    )
     answer = runner.handle({"toolName": "word_count", "params": {"text": "one two\nthree"}})
     assert answer["result"] == {"lines": 2, "words": 3, "characters": 13}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, ToolBench
+from conftest import ToolBench
 
 ECHO = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
 
@@ -25,7 +25,7 @@ def runner_cli(bench: ToolBench, *args: str, stdin: str | None = None) -> subpro
         input=stdin,
         capture_output=True,
         text=True,
-        cwd=REPO,
+        cwd=bench.root,
         timeout=30,
         env={**os.environ, "RUNNER_AUDIT_LOG": str(bench.audit_log)},
     )

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 import pytest
-from conftest import REPO, ToolBench
+from conftest import ToolBench
 
 
 def printing(text: str, exit_code: int = 0) -> str:
@@ -80,7 +80,7 @@ def test_runner_exec_never_prints_infinity(bench: ToolBench, stdout: str) -> Non
         [sys.executable, "-m", "runner", *config, "exec", "inf"],
         capture_output=True,
         text=True,
-        cwd=REPO,
+        cwd=bench.root,
         timeout=60,
         env={**os.environ, "RUNNER_AUDIT_LOG": os.devnull},
     )

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import REPO, ToolBench
+from conftest import ToolBench
 
 ECHO = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
 SECRET = "s3cr3t-TOKEN-1f9d"
@@ -208,7 +208,7 @@ def test_a_pattern_re2_cannot_compile_leaves_the_tool_out_with_a_reason(
         ],
         capture_output=True,
         text=True,
-        cwd=REPO,
+        cwd=bench.root,
         timeout=60,
         env={**os.environ, "RUNNER_AUDIT_LOG": os.devnull},
     )
@@ -291,7 +291,7 @@ def _cli(bench: ToolBench, *args: str, stdin: str | None = None) -> subprocess.C
         input=stdin,
         capture_output=True,
         text=True,
-        cwd=REPO,
+        cwd=bench.root,
         timeout=60,
         env={**os.environ, "RUNNER_AUDIT_LOG": str(bench.audit_log)},
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, ToolBench
+from conftest import ToolBench, starter_dir
 
 from runner.answers import CallResult
 from sandboxes._identity import UID_BASE, UID_COUNT
@@ -101,7 +101,7 @@ def secrets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Path]]:
     for path in paths:
         path.write_text("TOP-SECRET")
         path.chmod(0o644)
-    yield [*paths, REPO / "policies.yaml", Path("/etc/shadow")]
+    yield [*paths, starter_dir() / "policies.yaml", Path("/etc/shadow")]
     for path in paths:
         path.unlink(missing_ok=True)
 

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The test suite against the package as users get it: build the wheel, install it into a
+# fresh virtual environment (reusing the system's installed dependencies), prove the
+# first run from an empty folder (runner init, runner exec), then run a copy of tests/
+# from outside the repository, so nothing can be imported or read from the checkout and a
+# file missing from the wheel fails here. Arguments go to pytest.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d /tmp/runner-test.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+log() { echo "test: $*"; }
+
+log "building the wheel"
+rm -rf "$repo/build"  # setuptools reuses build/lib: a stale module would slip into the wheel
+python3 -m pip wheel -q --disable-pip-version-check --no-deps -w "$work/dist" "$repo"
+rm -rf "$repo/build"
+wheel=("$work"/dist/*.whl)
+
+log "installing ${wheel[0]##*/} into a fresh virtual environment"
+python3 -m venv --system-site-packages "$work/venv"
+"$work/venv/bin/python" -m pip install -q --disable-pip-version-check "${wheel[0]}[dev]" 2>&1 \
+  | grep -v -e '^WARNING: Running pip as' -e 'is ignored: it is neither' || true
+export PATH="$work/venv/bin:$PATH"
+
+log "first run from an empty folder: runner init, runner exec add_numbers"
+mkdir "$work/empty"
+(
+  cd "$work/empty"
+  env -u RUNNER_POLICIES -u RUNNER_TOOLS -u RUNNER_AUDIT_LOG runner init >/dev/null
+  answer=$(env -u RUNNER_POLICIES -u RUNNER_TOOLS -u RUNNER_AUDIT_LOG \
+    runner exec add_numbers --params '{"a": 1, "b": 2}')
+  python3 -c 'import json, sys; a = json.loads(sys.argv[1]); assert a["result"] == 3, a' "$answer"
+)
+
+log "the test suite, outside the repository"
+mkdir "$work/suite"
+cp -r "$repo/tests" "$work/suite/tests"
+cp "$repo/pyproject.toml" "$work/suite/"  # pytest's settings only
+find "$work/suite" -name __pycache__ -prune -exec rm -rf {} +
+cd "$work/suite"
+python -m pytest -p no:cacheprovider "$@"
