@@ -1,11 +1,11 @@
-"""The answer shell, as a wire dict and as typed values for the Python API."""
+"""The answer shell as typed values; the wire dict is made from them at the edge only."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.errors import CallError
+from runner.errors import CallError, ErrorCode
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,22 @@ class AnswerMetadata:
 
 @dataclass(frozen=True)
 class ErrorInfo:
-    code: str
+    code: ErrorCode
     message: str
     details: dict[str, Any]
     retryable: bool
+
+    @classmethod
+    def of(cls, error: CallError) -> ErrorInfo:
+        return cls(error.code, error.message, error.details, error.retryable)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "code": self.code.value,
+            "message": self.message,
+            "details": self.details,
+            "retryable": self.retryable,
+        }
 
 
 @dataclass(frozen=True)
@@ -48,25 +60,17 @@ class CallResult:
     metadata: AnswerMetadata
 
     @classmethod
-    def from_wire(cls, answer: dict[str, Any]) -> CallResult:
-        meta = dict(answer["metadata"])
-        metadata = AnswerMetadata(
-            duration=meta.pop("duration"),
-            attempts=meta.pop("attempts"),
-            tool_name=meta.pop("toolName"),
-            timestamp=meta.pop("timestamp"),
-            request_id=meta.pop("requestId"),
-            trace_id=meta.pop("traceId"),
-            extra=meta,
-        )
-        error = ErrorInfo(**answer["error"]) if answer["error"] else None
-        return cls(answer["success"], answer["result"], error, metadata)
+    def of(cls, result: Any, error: CallError | None, metadata: AnswerMetadata) -> CallResult:
+        """The answer of a call: ``result`` when ``error`` is None, else the error."""
+        if error is not None:
+            return cls(False, None, ErrorInfo.of(error), metadata)
+        return cls(True, result, None, metadata)
 
-
-def answer(result: Any, error: CallError | None, metadata: AnswerMetadata) -> dict[str, Any]:
-    return {
-        "success": error is None,
-        "result": None if error is not None else result,
-        "error": error.to_wire() if error is not None else None,
-        "metadata": metadata.to_wire(),
-    }
+    def to_wire(self) -> dict[str, Any]:
+        """The SPEC's answer shell (section 3), camelCase."""
+        return {
+            "success": self.success,
+            "result": self.result,
+            "error": self.error.to_wire() if self.error is not None else None,
+            "metadata": self.metadata.to_wire(),
+        }

@@ -1,8 +1,13 @@
 """``Runner``: the Python API, and the call path in the SPEC's order of checks.
 
 request shape -> tool exists -> policy -> params -> circuit breaker -> execution with
-retries -> output parsing. Every path ends in the same answer shell and one
-``call.finished`` audit event.
+retries -> output parsing. Every path ends in the same answer shell (a ``CallResult``;
+the wire dict is made from it only in ``handle``) and one ``call.finished`` audit event;
+a cancelled call writes that event with ``cancelled: true`` and raises on.
+
+A runner lives from ``Runner.load`` to ``aclose`` (or the end of ``async with``): closing
+cancels the calls still in flight, waits until their sandboxes are gone, then closes the
+backends, the runner's validation threads and its audit log.
 """
 
 from __future__ import annotations
@@ -11,18 +16,21 @@ import asyncio
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeVar
 
-from runner.answers import AnswerMetadata, CallResult, answer
+from runner.answers import AnswerMetadata, CallResult
 from runner.audit import AuditLog, iso_now
 from runner.backends import Backends
-from runner.breaker import CircuitBreaker
+from runner.breaker import CircuitBreaker, CircuitOpen, tool_verdict
 from runner.clock import Clock, SystemClock
 from runner.errors import CallError, ConfigError, ErrorCode
-from runner.executor import CallContext, Execution, Executor
+from runner.executor import CallContext, Execution, Executor, Progress
 from runner.faults import OperatorLog, internal_error
 from runner.locations import find_policy, tool_dirs
 from runner.manifest import Tool
@@ -31,18 +39,33 @@ from runner.plan import CallPlan, resolve_plan
 from runner.policy import Policy
 from runner.redaction import Scrubber, nodes_at, redact_nodes
 from runner.registry import Registry, matches_filter
-from runner.schemas import VALIDATION_THREADS, ParamsCheck, check_params
-from sandboxes import LaunchSpec, Sandbox
+from runner.schemas import ParamsCheck, check_params
+from sandboxes import Closable, LaunchSpec, Sandbox
 
 SandboxFactory = Callable[[str], Sandbox]
+T = TypeVar("T")
 _NO_OPTIONS = CallOptions()
 # How long past its budget a validation may take before the call answers without it: a
 # validation stops by itself at the next keyword, this covers one slow keyword.
 VALIDATION_GRACE_S = 0.05
 
 
+@dataclass(eq=False)
+class _InFlight:
+    """A call being served: the task serving it, on its loop (any thread's)."""
+
+    loop: asyncio.AbstractEventLoop
+    task: asyncio.Task[Any]
+    # Set when the call has ended, sandbox gone; awaitable from any thread's loop.
+    ended: Future[None] = field(default_factory=Future)
+
+
 class Runner:
-    """Serves tool calls. Thread-safe; one instance may serve many concurrent calls."""
+    """Serves tool calls. Thread-safe; one instance may serve many concurrent calls.
+
+    Use it as ``async with Runner.load(...) as runner:`` (or ``with`` from synchronous
+    code), or call ``aclose``/``close`` when done: see ``aclose``.
+    """
 
     def __init__(
         self,
@@ -57,9 +80,16 @@ class Runner:
         self.audit = audit
         self._sandbox_factory = sandbox_factory
         self._clock = clock or SystemClock()
-        self._executor = Executor(self._clock, audit)
+        # Params and results are validated in these threads, never on the event loop; they
+        # start on first use and are joined by ``aclose``.
+        self._threads = ThreadPoolExecutor(
+            max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="runner-validate"
+        )
+        self._executor = Executor(self._clock, audit, self._threads)
         self._breakers: dict[str, CircuitBreaker] = {}
         self._lock = threading.Lock()
+        self._in_flight: set[_InFlight] = set()
+        self._closed = False
 
     @classmethod
     def load(
@@ -99,18 +129,118 @@ class Runner:
     # -- the Python API -------------------------------------------------------------
 
     def handle(self, request: object) -> dict[str, Any]:
-        """A wire request in, a wire answer out. Never raises for what the request holds."""
-        return asyncio.run(self.ahandle(request))
+        """A wire request in, a wire answer out. Never raises for what the request holds.
+
+        Works from any thread, one running an event loop included (see ``call``).
+
+        Raises:
+            RuntimeError: the runner is closed.
+        """
+        return _run_blocking(self._serve(request)).to_wire()
+
+    async def ahandle(self, request: object) -> dict[str, Any]:
+        """``handle`` for async code.
+
+        Raises:
+            asyncio.CancelledError: the call was cancelled (its sandbox is gone by then).
+            RuntimeError: the runner is closed.
+        """
+        return (await self._serve(request)).to_wire()
 
     def call(self, tool_name: str, params: Mapping[str, Any] | None = None, **options: Any) -> CallResult:
         """Call a tool; options are ``role``, ``timeout``, ``retries``, ``retry_delay``,
-        ``deadline``, ``format``, ``request_id``, ``step_id`` and ``metadata``."""
-        return CallResult.from_wire(self.handle(_request(tool_name, params, options)))
+        ``deadline``, ``format``, ``request_id``, ``step_id`` and ``metadata``.
+
+        Works from any thread. On a thread whose event loop is running (a notebook) the
+        call runs on a private loop in a worker thread, joined before returning.
+
+        Raises:
+            RuntimeError: the runner is closed.
+            asyncio.CancelledError: the runner was closed while the call ran.
+        """
+        return _run_blocking(self._serve(_request(tool_name, params, options)))
 
     async def acall(
         self, tool_name: str, params: Mapping[str, Any] | None = None, **options: Any
     ) -> CallResult:
-        return CallResult.from_wire(await self.ahandle(_request(tool_name, params, options)))
+        """``call`` for async code.
+
+        Raises:
+            asyncio.CancelledError: the call was cancelled (by its caller, or by closing the
+                runner); its sandbox is gone and ``call.finished`` written with
+                ``cancelled: true`` before this is raised.
+            RuntimeError: the runner is closed.
+        """
+        return await self._serve(_request(tool_name, params, options))
+
+    # -- the lifecycle ---------------------------------------------------------------
+
+    async def __aenter__(self) -> Runner:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def aclose(self) -> None:
+        """Close the runner; safe to call twice. New calls are refused at once; calls
+        still in flight are cancelled (each kills its sandbox, writes ``call.finished``
+        with ``cancelled: true`` and raises ``CancelledError`` to its caller) and waited
+        for; then the backends are closed (no sandbox of theirs is left), the validation
+        threads joined and the audit log closed.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            calls = [call for call in self._in_flight if not call.loop.is_closed()]
+        here = asyncio.get_running_loop()
+        for call in calls:
+            if call.loop is here:
+                call.task.cancel()
+            else:
+                call.loop.call_soon_threadsafe(call.task.cancel)
+        if calls:
+            await asyncio.wait([asyncio.wrap_future(call.ended) for call in calls])
+        if isinstance(self._sandbox_factory, Closable):
+            await self._sandbox_factory.aclose()
+        # Idle by now (every call has ended); a validation that outlived its call's answer
+        # stops at its next keyword.
+        self._threads.shutdown(wait=True)
+        self.audit.close()
+
+    def close(self) -> None:
+        """``aclose`` for synchronous code (from any thread, see ``call``).
+
+        Raises:
+            RuntimeError: this thread runs an event loop with a call of this runner still
+                in flight: that call could not end while ``close`` blocks its loop; await
+                ``aclose`` there instead.
+        """
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        with self._lock:
+            stuck = here is not None and any(call.loop is here for call in self._in_flight)
+        if stuck:
+            raise RuntimeError("a call of this runner runs on this thread's loop: await aclose()")
+        _run_blocking(self.aclose())
 
     def discover(self, filter: str | None = None, role: str | None = None) -> list[dict[str, Any]]:
         """The tools ``role`` may call whose name, description or tags contain ``filter``.
@@ -122,7 +252,26 @@ class Runner:
 
     # -- the call path ----------------------------------------------------------------
 
-    async def ahandle(self, raw: object) -> dict[str, Any]:
+    async def _serve(self, raw: object) -> CallResult:
+        with self._served():
+            return await self._answer(raw)
+
+    @contextmanager
+    def _served(self) -> Iterator[None]:
+        """Keep track of the call being served by the current task, for ``aclose``."""
+        call = _InFlight(asyncio.get_running_loop(), _current_task())
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this Runner is closed")
+            self._in_flight.add(call)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight.discard(call)
+            call.ended.set_result(None)
+
+    async def _answer(self, raw: object) -> CallResult:
         received = self._clock.monotonic()
         trace_id = uuid.uuid4().hex
         request_id = peek(raw, "requestId", "request_id") or _new_request_id()
@@ -133,6 +282,7 @@ class Runner:
         result: Any = None
         error: CallError | None = None
         ctx = CallContext(request_id, trace_id, role, None, None)
+        progress = Progress()
         try:
             try:
                 request = parse_request(raw)
@@ -152,32 +302,52 @@ class Runner:
                 deadline_at = received + plan.deadline_ms / 1000
                 check = await self._check_params(tool, request.params, deadline_at)
                 ctx = replace(ctx, scrubber=check.scrubber)
-                execution = await self._call(tool, request, ctx, plan, check, deadline_at)
+                execution = await self._call(tool, request, ctx, plan, check, deadline_at, progress)
                 result, error, attempts = execution.result, execution.error, execution.attempts
                 if execution.degraded:
                     extra["degraded"] = True
         except CallError as exc:
             error = exc
+        except asyncio.CancelledError:
+            # Its sandbox is gone by now (teardown is shielded); say so, then go on up.
+            self._finished(tool_name, ctx, None, progress.attempts, received, cancelled=True)
+            raise
         except Exception as exc:  # handle() never raises: a runner bug still gets the shell
             ids = {"requestId": request_id, "traceId": trace_id, "toolName": tool_name}
             self.audit.operator.fault(exc, ctx.scrubber, **ids)  # the traceback, for the operator only
             error = internal_error(exc)
         if error is not None and ctx.scrubber:
             error = _scrubbed(error, ctx.scrubber)
+        duration = self._finished(tool_name, ctx, error, attempts, received)
+        metadata = AnswerMetadata(duration, attempts, tool_name, iso_now(), request_id, trace_id, extra)
+        return CallResult.of(result, error, metadata)
+
+    def _finished(
+        self,
+        tool_name: str | None,
+        ctx: CallContext,
+        error: CallError | None,
+        attempts: int,
+        received: float,
+        *,
+        cancelled: bool = False,
+    ) -> int:
+        """Write the call's ``call.finished`` event; its duration in ms."""
         duration = round((self._clock.monotonic() - received) * 1000)
+        outcome: dict[str, Any] = {"cancelled": True} if cancelled else {}
         self.audit.emit(
             "call.finished",
             ctx.scrubber,
             toolName=tool_name,
             **ctx.audit_fields(),
-            success=error is None,
+            success=error is None and not cancelled,
             code=error.code.value if error else None,
             reason=error.reason if error else None,
             attempts=attempts,
             duration=duration,
+            **outcome,
         )
-        metadata = AnswerMetadata(duration, attempts, tool_name, iso_now(), request_id, trace_id, extra)
-        return answer(result, error, metadata)
+        return duration
 
     def _tool(self, name: str, ctx: CallContext) -> Tool:
         tool = self.registry.get(name)
@@ -196,7 +366,7 @@ class Runner:
         """
         budget_s = max(0.0, deadline_at - self._clock.monotonic())
         work = asyncio.get_running_loop().run_in_executor(
-            VALIDATION_THREADS,
+            self._threads,
             check_params,
             tool.params_validator,
             params,
@@ -224,6 +394,7 @@ class Runner:
         plan: CallPlan,
         check: ParamsCheck,
         deadline_at: float,
+        progress: Progress,
     ) -> Execution:
         decision = self.policy.decide(tool, request.role)
         self.audit.emit(
@@ -254,28 +425,23 @@ class Runner:
                 f"invalid params for {tool.name}: {check.problem['field']}: {check.problem['problem']}",
                 check.problem,
             )
-        breaker = self._breaker(tool.name)
-        if not breaker.acquire():
+        try:
+            # Only what the tool did counts: a runner fault or a cancelled call leaves the
+            # block without a verdict, which hands a half-open probe back.
+            with self._breaker(tool.name).guard(ends_by=deadline_at) as ticket:
+                sandbox = self._sandbox_factory(plan.sandbox)
+                spec = _launch_spec(tool, ctx, self.policy, plan.runtime)
+                execution = await self._executor.execute(
+                    tool, plan, sandbox, spec, request.params, ctx, deadline_at, progress
+                )
+                ticket.record(tool_verdict(execution.error))
+                return execution
+        except CircuitOpen as refused:
             raise CallError(
                 ErrorCode.CIRCUIT_OPEN,
-                f"{tool.name} is failing; its circuit breaker is open",
-                {"retryAfterMs": breaker.retry_after_ms(), "state": breaker.state.value},
-            )
-        execution: Execution | None = None
-        try:
-            sandbox = self._sandbox_factory(plan.sandbox)
-            spec = _launch_spec(tool, ctx, self.policy, plan.runtime)
-            execution = await self._executor.execute(
-                tool, plan, sandbox, spec, request.params, ctx, deadline_at
-            )
-            return execution
-        finally:
-            # Only what the tool did counts; a runner fault or a cancelled call gives the
-            # half-open probe back instead of blaming the tool.
-            if execution is None:
-                breaker.release()
-            else:
-                breaker.record(execution.error is None)
+                f"{tool.name} is failing; its circuit breaker is {refused.state.value}",
+                {"retryAfterMs": refused.retry_after_ms, "state": refused.state.value},
+            ) from None
 
     def _refused_before_policy(self, tool_name: str | None, ctx: CallContext, reason: str) -> None:
         """Calls that never reach the policy still get their one (deny) decision event."""
@@ -322,6 +488,35 @@ def _scrubbed(error: CallError, scrubber: Scrubber) -> CallError:
         scrubber.scrub(error.details),
         retryable=error.retryable,
     )
+
+
+def _current_task() -> asyncio.Task[Any]:
+    task = asyncio.current_task()
+    if task is None:  # only a bare coroutine driven by hand has none
+        raise RuntimeError("Runner calls must run in an asyncio task")
+    return task
+
+
+def _run_blocking(work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` to its end from synchronous code: on a fresh event loop, or, when this
+    thread already runs one (a notebook), on a private loop in a worker thread joined
+    before returning (``asyncio.run`` refuses to nest)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work)
+    done: Future[T] = Future()
+
+    def serve() -> None:
+        try:
+            done.set_result(asyncio.run(work))
+        except BaseException as exc:  # handed to the caller's thread as is
+            done.set_exception(exc)
+
+    worker = threading.Thread(target=serve, name="runner-call")
+    worker.start()
+    worker.join()
+    return done.result()
 
 
 def _new_request_id() -> str:

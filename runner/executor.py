@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from concurrent.futures import Executor as ThreadPool
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,8 +20,16 @@ from runner.manifest import Tool
 from runner.outcomes import failure_error, parse_result
 from runner.plan import CallPlan
 from runner.redaction import NO_SECRETS, Scrubber
-from runner.schemas import VALIDATION_THREADS
-from sandboxes import LaunchSpec, Limits, Sandbox, SandboxOutcome, SandboxUnavailable, StopReason
+from sandboxes import (
+    LaunchSpec,
+    Limits,
+    PreparedSandbox,
+    Sandbox,
+    SandboxOutcome,
+    SandboxUnavailable,
+    StopReason,
+)
+from sandboxes.cancellation import finish_shielded
 
 # An attempt with less time than this left before the deadline is not worth starting:
 # it could not even spawn a process.
@@ -61,6 +70,14 @@ class Execution:
     degraded: bool = False
 
 
+@dataclass
+class Progress:
+    """How far a call's execution got: what its ``call.finished`` says if it is cancelled."""
+
+    attempts: int = 0
+    degraded: bool = False
+
+
 def final_error(errors: list[CallError]) -> CallError:
     """The SPEC's rule: one attempt keeps its code; several give TIMEOUT or RETRY_EXHAUSTED."""
     last = errors[-1]
@@ -74,9 +91,10 @@ def final_error(errors: list[CallError]) -> CallError:
 
 
 class Executor:
-    def __init__(self, clock: Clock, audit: AuditLog) -> None:
+    def __init__(self, clock: Clock, audit: AuditLog, threads: ThreadPool) -> None:
         self._clock = clock
         self._audit = audit
+        self._threads = threads  # parsing and output_schema: never on the event loop
 
     async def execute(
         self,
@@ -87,14 +105,20 @@ class Executor:
         params: dict[str, Any],
         ctx: CallContext,
         deadline_at: float | None = None,
+        progress: Progress | None = None,
     ) -> Execution:
         """Run the attempts; the deadline is ``deadline_at`` (clock time) if given, else
-        ``plan.deadline_ms`` from now."""
+        ``plan.deadline_ms`` from now. ``progress`` follows the attempts as they start.
+
+        Raises:
+            asyncio.CancelledError: the call was cancelled; its sandbox is gone by then
+                and the attempt it cut short has its ``call.attempt`` event.
+        """
         clock = self._clock
         if deadline_at is None:
             deadline_at = clock.monotonic() + plan.deadline_ms / 1000
+        progress = progress or Progress()
         errors: list[CallError] = []
-        degraded = False
         for attempt in range(1, plan.retries + 2):
             left_ms = (deadline_at - clock.monotonic()) * 1000
             if attempt > 1 and left_ms < MIN_ATTEMPT_MS:
@@ -103,21 +127,28 @@ class Executor:
             by_deadline = timeout_ms < plan.limits.timeout_ms
             payload = _payload(params, spec, attempt)
             started = clock.monotonic()
-            outcome = await _run_attempt(sandbox, spec, replace(plan.limits, timeout_ms=timeout_ms), payload)
-            degraded = degraded or outcome.degraded
+            progress.attempts = attempt
+            try:
+                outcome = await _run_attempt(
+                    sandbox, spec, replace(plan.limits, timeout_ms=timeout_ms), payload
+                )
+            except asyncio.CancelledError:
+                self._cancelled_event(tool, ctx, attempt, sandbox, started)
+                raise
+            progress.degraded = progress.degraded or outcome.degraded
             try:
                 if not outcome.ok:
                     raise failure_error(tool, outcome, timeout_ms, by_deadline)
                 # Up to max_output_bytes of JSON and an output_schema: off the event loop.
                 result = await asyncio.get_running_loop().run_in_executor(
-                    VALIDATION_THREADS, parse_result, tool, outcome.stdout, plan.format
+                    self._threads, parse_result, tool, outcome.stdout, plan.format
                 )
             except CallError as error:
                 errors.append(error)
                 self._attempt_event(tool, ctx, attempt, sandbox, outcome, started, error)
             else:
                 self._attempt_event(tool, ctx, attempt, sandbox, outcome, started, None)
-                return Execution(result, None, attempt, degraded)
+                return Execution(result, None, attempt, progress.degraded)
             if not errors[-1].retried or attempt == plan.retries + 1:
                 break
             delay_s = plan.retry_delay_ms / 1000
@@ -125,7 +156,21 @@ class Executor:
             if clock.monotonic() + delay_s + MIN_ATTEMPT_MS / 1000 >= deadline_at:
                 break
             await clock.sleep(delay_s)
-        return Execution(None, final_error(errors), len(errors), degraded)
+        return Execution(None, final_error(errors), len(errors), progress.degraded)
+
+    def _cancelled_event(
+        self, tool: Tool, ctx: CallContext, attempt: int, sandbox: Sandbox, started: float
+    ) -> None:
+        self._audit.emit(
+            "call.attempt",
+            ctx.scrubber,
+            toolName=tool.name,
+            **ctx.audit_fields(),
+            attempt=attempt,
+            sandbox=sandbox.name,
+            duration=round((self._clock.monotonic() - started) * 1000),
+            cancelled=True,
+        )
 
     def _attempt_event(
         self,
@@ -164,17 +209,43 @@ def _payload(params: dict[str, Any], spec: LaunchSpec, attempt: int) -> bytes:
 
 
 async def _run_attempt(sandbox: Sandbox, spec: LaunchSpec, limits: Limits, payload: bytes) -> SandboxOutcome:
-    """One attempt in a fresh sandbox, closed on every path (cancellation included)."""
+    """One attempt in a fresh sandbox, closed on every path.
+
+    A cancellation leaves no sandbox behind (trio's ``run_process`` is the model): a
+    ``prepare`` once started runs to its end and what it made is closed, and ``close``
+    runs to its end however often the call is cancelled meanwhile; then the cancellation
+    goes on. The tool itself is killed at once: ``run`` is cancelled where it waits.
+    """
+    preparing = asyncio.ensure_future(sandbox.prepare(spec, limits))
     try:
-        prepared = await sandbox.prepare(spec, limits)
+        prepared = await finish_shielded(preparing)
     except SandboxUnavailable as exc:
         return _unavailable(exc)
+    except asyncio.CancelledError as cancel:
+        if preparing.done() and not preparing.cancelled() and preparing.exception() is None:
+            await _close(preparing.result(), cancel)
+        raise
     try:
-        return await prepared.run(payload)
+        outcome = await prepared.run(payload)
     except SandboxUnavailable as exc:
-        return _unavailable(exc)
-    finally:
-        await prepared.close()
+        outcome = _unavailable(exc)
+    except BaseException as exc:  # cancelled, or a fault: torn down first either way
+        await _close(prepared, exc if isinstance(exc, asyncio.CancelledError) else None)
+        raise
+    await _close(prepared, None)
+    return outcome
+
+
+async def _close(prepared: PreparedSandbox, cancel: asyncio.CancelledError | None) -> None:
+    """Close ``prepared`` to its end, shielded. While a cancellation is on its way up it
+    stays what is raised; an error of ``close`` is then its cause."""
+    if cancel is None:
+        await finish_shielded(prepared.close())
+        return
+    try:
+        await finish_shielded(prepared.close())
+    except Exception as failure:
+        raise cancel from failure
 
 
 def _unavailable(exc: SandboxUnavailable) -> SandboxOutcome:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import ToolBench
 from fakes import FakeSandbox, ManualClock, failed, ok, timed_out
 
 from runner import Runner
+from runner.breaker import CircuitOpen
 
 
 def runner_with(bench: ToolBench, script, clock: ManualClock | None = None) -> tuple[Runner, FakeSandbox]:
@@ -106,9 +108,10 @@ def test_a_half_open_breaker_lets_exactly_one_probe_through(bench: ToolBench) ->
     assert runner.handle(breaker_tool)["error"]["code"] == "CIRCUIT_OPEN"
     clock.now += 10.0
     breaker = runner._breaker("t")
-    assert breaker.acquire() is True  # the probe
-    assert breaker.acquire() is False  # everyone else waits for it
-    breaker.record(True)
+    with breaker.guard(ends_by=clock.now + 5) as probe:  # the probe
+        with pytest.raises(CircuitOpen):  # everyone else waits for it
+            breaker.guard(ends_by=clock.now + 5).__enter__()
+        probe.record(True)
     outcomes["next"] = ok()
     assert runner.handle(breaker_tool)["success"] is True
 

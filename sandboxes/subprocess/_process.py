@@ -14,8 +14,10 @@ import contextlib
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
+from sandboxes.cancellation import finish_shielded
 from sandboxes.view import READ_CHUNK, STDERR_TAIL_BYTES
 
 # How often the limits of the whole tool (CPU time, OOM kills, over all its processes)
@@ -24,6 +26,9 @@ LIMITS_POLL_S = 0.05
 # After the main process is gone and the rest killed, pipes reach EOF at once; this only
 # bounds the wait should something still hold them.
 DRAIN_GRACE_S = 0.5
+# A SIGKILLed process is reaped at once; this only bounds the wait for one the kernel is
+# slow to take down (uninterruptible sleep). Teardown kills its cgroup in any case.
+EXIT_GRACE_S = 2.0
 
 
 class Ending(enum.Enum):
@@ -55,11 +60,23 @@ async def _feed(stream: asyncio.StreamWriter | None, payload: bytes) -> None:
             stream.close()
 
 
-async def _read_all(stream: asyncio.StreamReader | None, sink: CappedBuffer | TailBuffer) -> None:
+async def _read_all(stream: asyncio.StreamReader | None, sink: TailBuffer) -> None:
     if stream is None:
         return
     while chunk := await stream.read(READ_CHUNK):
         sink.feed(chunk)
+
+
+async def _read_capped(stream: asyncio.StreamReader | None, sink: CappedBuffer) -> bool:
+    """Read to the end; True when the tool wrote past the cap (reading stops there)."""
+    if stream is None:
+        return False
+    try:
+        while chunk := await stream.read(READ_CHUNK):
+            sink.feed(chunk)
+    except OutputOverflow:
+        return True
+    return False
 
 
 async def drive(
@@ -70,46 +87,32 @@ async def drive(
     kill_all: Callable[[], None],
     breached: Callable[[], Ending | None] | None = None,
 ) -> ProcessResult:
-    """Run ``proc`` to its end under the limits; everything it started is dead on return."""
-    loop = asyncio.get_running_loop()
+    """Run ``proc`` to its end under the limits; everything it started is dead on return.
+
+    However it ends (cancellation included) the tool is killed and, shielded from
+    further cancellation, reaped and its pipes drained before this returns or raises.
+
+    Raises:
+        asyncio.CancelledError: the caller was cancelled; the tool is dead by then.
+    """
     stdout, stderr = CappedBuffer(max_output), TailBuffer(STDERR_TAIL_BYTES)
-    feeder = asyncio.ensure_future(_feed(proc.stdin, payload))
-    out_reader = asyncio.ensure_future(_read_all(proc.stdout, stdout))
-    err_reader = asyncio.ensure_future(_read_all(proc.stderr, stderr))
-    waiter = asyncio.ensure_future(proc.wait())
-    ends_at = loop.time() + timeout_s
-    ending: Ending | None = None
     try:
-        watched: set[asyncio.Future[object]] = {waiter, out_reader}  # type: ignore[arg-type]
-        while ending is None:
-            left = ends_at - loop.time()
-            if left <= 0:
-                ending = Ending.TIMEOUT
-                break
-            poll = min(left, LIMITS_POLL_S) if breached else left
-            done, _ = await asyncio.wait(watched, timeout=poll, return_when=asyncio.FIRST_COMPLETED)
-            if out_reader in done:
-                watched.discard(out_reader)
-                if isinstance(out_reader.exception(), OutputOverflow):
-                    ending = Ending.OUTPUT_LIMIT
-            if waiter in done and ending is None:
-                ending = Ending.EXITED
-            if ending is None and breached is not None:
-                ending = breached()
+        async with asyncio.TaskGroup() as tasks:
+            helpers = (
+                tasks.create_task(_feed(proc.stdin, payload)),
+                tasks.create_task(_read_all(proc.stderr, stderr)),
+            )
+            out_reader = tasks.create_task(_read_capped(proc.stdout, stdout))
+            waiter = tasks.create_task(proc.wait())
+            try:
+                ending = await _watch(timeout_s, waiter, out_reader, breached)
+            finally:
+                # Main process gone or the call is over: nothing of the tool may outlive it.
+                kill_all()
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await finish_shielded(_reap(waiter, (*helpers, out_reader)))
     finally:
-        # Main process gone or the call is over: nothing of the tool may outlive it.
-        kill_all()
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await asyncio.wait({waiter}, timeout=DRAIN_GRACE_S * 4)
-        pending = [t for t in (feeder, out_reader, err_reader) if not t.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=DRAIN_GRACE_S)
-        for task in (feeder, out_reader, err_reader, waiter):
-            if not task.done():
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
         _close_transport(proc)
     if ending is Ending.EXITED and _overflowed(out_reader):
         ending = Ending.OUTPUT_LIMIT
@@ -121,8 +124,46 @@ async def drive(
     )
 
 
-def _overflowed(task: asyncio.Future[None]) -> bool:
-    return task.done() and not task.cancelled() and isinstance(task.exception(), OutputOverflow)
+async def _watch(
+    timeout_s: float,
+    waiter: asyncio.Task[int],
+    out_reader: asyncio.Task[bool],
+    breached: Callable[[], Ending | None] | None,
+) -> Ending:
+    """Wait for what ends the run: the main process exits, stdout overflows, a limit of
+    the whole tool breaks (polled) or the timeout passes."""
+    loop = asyncio.get_running_loop()
+    ends_at = loop.time() + timeout_s
+    watched: set[asyncio.Task[Any]] = {waiter, out_reader}
+    while True:
+        left = ends_at - loop.time()
+        if left <= 0:
+            return Ending.TIMEOUT
+        poll = min(left, LIMITS_POLL_S) if breached else left
+        done, _ = await asyncio.wait(watched, timeout=poll, return_when=asyncio.FIRST_COMPLETED)
+        if out_reader in done:
+            watched.discard(out_reader)
+            if out_reader.result():
+                return Ending.OUTPUT_LIMIT
+        if waiter in done:
+            return Ending.EXITED
+        if breached is not None and (ending := breached()) is not None:
+            return ending
+
+
+async def _reap(waiter: asyncio.Task[int], helpers: tuple[asyncio.Task[Any], ...]) -> None:
+    """After the kill: wait (bounded) for the main process and for the pipes' end, then
+    stop what still waits. Something may hold a pipe only if the kill missed it."""
+    await asyncio.wait({waiter}, timeout=EXIT_GRACE_S)
+    pending = [task for task in helpers if not task.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=DRAIN_GRACE_S)
+    for task in (waiter, *helpers):
+        task.cancel()  # no-op on what has ended; the task group awaits the rest
+
+
+def _overflowed(task: asyncio.Task[bool]) -> bool:
+    return task.done() and not task.cancelled() and task.result()
 
 
 def _close_transport(proc: asyncio.subprocess.Process) -> None:

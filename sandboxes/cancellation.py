@@ -1,0 +1,42 @@
+"""Work that a cancellation must not cut short: teardown, and what prepare has made.
+
+asyncio has no shielded scope like trio's ``CancelScope(shield=True)``; ``finish_shielded``
+is the part of it a teardown needs: the work runs to its end in a task of its own, every
+cancellation of the caller meanwhile is held back, and the caller is cancelled once the
+work is done. A backend may use it for its own ``close`` too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def finish_shielded(work: Awaitable[T]) -> T:
+    """Await ``work`` to its end even if the caller is cancelled meanwhile (any number of
+    times); then re-raise that cancellation.
+
+    A held cancellation wins over the work's own error, which becomes its ``__cause__``:
+    a cancelled caller must see its cancellation, whatever the work ran into.
+
+    Raises:
+        asyncio.CancelledError: the caller was cancelled while the work ran.
+        Exception: whatever the work raised, when the caller was not cancelled.
+    """
+    task = asyncio.ensure_future(work)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            # ``wait`` never cancels what it waits for, and never raises the work's error.
+            await asyncio.wait({task})
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is None:
+        return task.result()
+    failure = None if task.cancelled() else task.exception()
+    if failure is not None:
+        raise cancelled from failure
+    raise cancelled
