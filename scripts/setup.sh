@@ -32,7 +32,8 @@ rm -rf build
 wheel=(dist/*.whl)
 quiet() { grep -v -e '^WARNING: Running pip as' -e 'is ignored: it is neither' || true; }
 # an earlier install under the old distribution name "runner" (this project's, often editable)
-if python3 -m pip show runner 2>/dev/null | grep -qx 'Summary: A sandboxed tool runner for LLM agents'; then
+# (sed, not grep -q: pip must not die of a closed pipe under pipefail)
+if [ "$(python3 -m pip show runner 2>/dev/null | sed -n 's/^Summary: //p')" = "A sandboxed tool runner for LLM agents" ]; then
   python3 -m pip uninstall -q -y runner 2>&1 | quiet
 fi
 rm -rf runner.egg-info  # its metadata, left in the checkout by an old editable install
