@@ -219,9 +219,9 @@ class Runner:
             await asyncio.wait([asyncio.wrap_future(call.ended) for call in calls])
         if isinstance(self._sandbox_factory, Closable):
             await self._sandbox_factory.aclose()
-        # Idle by now (every call has ended); a validation that outlived its call's answer
-        # stops at its next keyword.
-        self._threads.shutdown(wait=True)
+        # Idle by now (every call has ended), unless a validation outlived its call's answer:
+        # it stops at its next keyword. Joined off the loop all the same.
+        await asyncio.to_thread(self._threads.shutdown, wait=True)
         self.audit.close()
 
     def close(self) -> None:

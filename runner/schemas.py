@@ -6,9 +6,7 @@ Validation uses ``runner.keywords.SafeValidator`` (RE2 patterns, stoppable, reco
 
 from __future__ import annotations
 
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,12 +27,6 @@ def _refuse_retrieval(uri: str) -> Resource[Any]:
 
 
 _OFFLINE = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
-# Params and results are validated in these threads, never on the event loop. Shared by
-# every Runner and event loop of the process (``asyncio.run`` would otherwise wait for a
-# straggler at its end).
-VALIDATION_THREADS = ThreadPoolExecutor(
-    max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="runner-validate"
-)
 MAX_PROBLEM = 200
 # Keywords whose messages name properties but never quote the value they reject.
 _QUOTE_FREE = frozenset(
