@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from conftest import ToolBench
 
 from runner import CallError, Runner
+from runner.answers import CallResult
 
 ECHO = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
 SLOW_ECHO = (
@@ -60,11 +63,13 @@ def test_handle_never_raises_and_answers_invalid_requests(shipped: Runner, reque
     assert set(answer) == {"success", "result", "error", "metadata"}
 
 
-def test_dozens_of_overlapping_async_calls_through_one_runner(bench: ToolBench, no_survivors) -> None:
+def test_dozens_of_overlapping_async_calls_through_one_runner(
+    bench: ToolBench, no_survivors: Callable[[str], None]
+) -> None:
     bench.tool("slow_echo", SLOW_ECHO)
     runner = bench.runner()
 
-    async def many() -> list:
+    async def many() -> list[CallResult]:
         return await asyncio.gather(
             *(runner.acall("slow_echo", {"i": i}, request_id=f"req_async_{i}") for i in range(40))
         )
@@ -95,7 +100,9 @@ def test_overlapping_calls_from_threads_share_one_runner(bench: ToolBench) -> No
         {"toolName": "add_numbers", "params": {"a": 1, "b": 2}, "options": {"retryDelay": 10**9}},
     ],
 )
-def test_hostile_request_fields_are_invalid_params_not_crashes(shipped: Runner, request_: dict) -> None:
+def test_hostile_request_fields_are_invalid_params_not_crashes(
+    shipped: Runner, request_: dict[str, Any]
+) -> None:
     answer = shipped.handle(request_)
     assert answer["error"]["code"] == "INVALID_PARAMS", answer["error"]
     assert answer["metadata"]["attempts"] == 0

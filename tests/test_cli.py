@@ -15,8 +15,8 @@ RUNNER = [sys.executable, "-m", "runner"]
 
 
 def run(
-    *args: str, stdin: str | None = None, env: dict | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess:
+    *args: str, stdin: str | None = None, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "RUNNER_AUDIT_LOG": os.devnull, **(env or {})}
     return subprocess.run(
         [*RUNNER, *args], input=stdin, capture_output=True, text=True, env=full_env, cwd=cwd or starter_dir(), timeout=60

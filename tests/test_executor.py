@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pytest
 from conftest import ToolBench
-from fakes import FakeSandbox, ManualClock, failed, ok, timed_out
+from fakes import FakeSandbox, ManualClock, Script, failed, ok, timed_out
 
 from runner import Runner
 from runner.breaker import CircuitOpen
 
 
-def runner_with(bench: ToolBench, script, clock: ManualClock | None = None) -> tuple[Runner, FakeSandbox]:
+def runner_with(
+    bench: ToolBench, script: Script, clock: ManualClock | None = None
+) -> tuple[Runner, FakeSandbox]:
     clock = clock or ManualClock()
     bench.tool("t", "")
     sandbox = FakeSandbox(script, clock)
