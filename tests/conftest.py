@@ -141,10 +141,10 @@ def no_survivors() -> Callable[[str], None]:
 def docker_ready() -> str | None:
     """None when a daemon and the base image are there, else why not."""
     try:
-        from sandboxes.docker._client import api_client
+        from sandboxes.docker._client import api_client, image_exists
 
-        client = api_client()
-        client.inspect_image("runner/base:latest")
+        if not image_exists(api_client(), "runner/base:latest"):
+            return "runner/base:latest is missing (runner images build)"
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sandboxes.base import Check, SandboxUnavailable
-from sandboxes.docker._client import START_DOCKER_HINT, api_client, daemon_failures
+from sandboxes.docker._client import START_DOCKER_HINT, api_client, image_exists
 from sandboxes.docker.images import BASE_IMAGE
 
 
@@ -18,9 +18,12 @@ def daemon_checks() -> list[Check]:
             Check("docker", True, f"server {info.get('ServerVersion')}, cgroup v{info.get('CgroupVersion')}")
         ]
         try:
-            client.inspect_image(BASE_IMAGE)
+            present = image_exists(client, BASE_IMAGE)
+        except SandboxUnavailable:
+            present = False
+        if present:
             checks.append(Check("docker base image", True, BASE_IMAGE))
-        except daemon_failures():  # not found, or the daemon could not say: not usable
+        else:
             checks.append(Check("docker base image", False, f"{BASE_IMAGE} missing", "runner images build"))
         runtimes = info.get("Runtimes", {})
         checks.append(

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from docker import APIClient
+
 import contextlib
 import functools
 import os
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 from sandboxes.base import SandboxUnavailable
 
@@ -21,7 +25,7 @@ LABEL_OWNER = "io.runner.owner-pid"
 START_DOCKER_HINT = "start the Docker daemon (dockerd) or set DOCKER_HOST"
 
 
-def api_client() -> Any:
+def api_client() -> APIClient:
     """A low-level client (``docker.APIClient``) that has answered a ping.
 
     Raises:
@@ -45,11 +49,28 @@ def api_client() -> Any:
     return client
 
 
-_shared: dict[str, Any] = {}
+_shared: dict[str, APIClient] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_client() -> Any:
+def image_exists(client: APIClient, tag: str) -> bool:
+    """Whether the daemon has image ``tag``.
+
+    Raises:
+        SandboxUnavailable: the daemon could not say.
+    """
+    from docker.errors import ImageNotFound
+
+    try:
+        client.inspect_image(tag)  # type: ignore[no-untyped-call]  # untyped in types-docker
+    except ImageNotFound:
+        return False
+    except daemon_failures() as exc:
+        raise SandboxUnavailable(f"docker failed to inspect image {tag}: {type(exc).__name__}") from exc
+    return True
+
+
+def shared_client() -> APIClient:
     """One client per daemon address per process: its connection pool is reused by
     every sandbox and every ``Runner``, and lives as long as the process.
 

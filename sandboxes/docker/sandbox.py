@@ -20,10 +20,16 @@ arrive multiplexed in 8-byte-header frames (no TTY); reads run under our own dea
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from docker import APIClient
+
 import asyncio
 import contextlib
 import dataclasses
 import itertools
+import math
 import os
 import signal
 import socket
@@ -122,7 +128,7 @@ class DockerSandbox:
 
         return daemon_checks()
 
-    def client(self) -> Any:
+    def client(self) -> APIClient:
         client = shared_client()
         with self._lock:
             if not self._swept:
@@ -163,7 +169,7 @@ class DockerSandbox:
         prepared.hold(lease, workspace)
         return prepared
 
-    def _daemon_cgroup_v1(self, client: Any) -> bool:
+    def _daemon_cgroup_v1(self, client: APIClient) -> bool:
         """Whether the daemon's containers live in cgroup v1 (an older daemon that does not
         say is taken to be v1: the stricter case)."""
         if self._cgroup_v1 is None:
@@ -173,7 +179,7 @@ class DockerSandbox:
         return self._cgroup_v1
 
 
-def remove_leftovers(client: Any) -> int:
+def remove_leftovers(client: APIClient) -> int:
     """Remove containers of ours whose runner process is gone (a killed runner).
 
     Raises:
@@ -194,7 +200,7 @@ def remove_leftovers(client: Any) -> int:
 
 
 def _create(
-    client: Any,
+    client: APIClient,
     spec: LaunchSpec,
     limits: Limits,
     lease: IdentityLease,
@@ -202,10 +208,10 @@ def _create(
     runtime: str | None,
 ) -> str:
     from docker.errors import APIError, ImageNotFound
-    from docker.types import Ulimit
+    from docker.types import LogConfig, Ulimit
 
     env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace is not None else None)
-    binds = {str(spec.tool_dir): {"bind": TOOL_MOUNT, "mode": "ro"}}
+    binds: dict[str, Mapping[str, str]] = {str(spec.tool_dir): {"bind": TOOL_MOUNT, "mode": "ro"}}
     if workspace is not None:
         binds[str(workspace.source)] = {
             "bind": WORKSPACE_MOUNT,
@@ -228,7 +234,7 @@ def _create(
             nano_cpus=1_000_000_000,  # one CPU at most: a spinner cannot starve the host
             ulimits=[Ulimit(name="cpu", soft=limits.cpu_seconds, hard=limits.cpu_seconds + 1)],
             runtime=spec.runtime or runtime,
-            log_config={"Type": "none", "Config": {}},
+            log_config=LogConfig(type=LogConfig.types.NONE),
         )
         created = client.create_container(
             spec.image,
@@ -254,7 +260,7 @@ def _create(
 
 
 class PreparedContainer:
-    def __init__(self, client: Any, container_id: str, limits: Limits, *, cgroup_v1: bool) -> None:
+    def __init__(self, client: APIClient, container_id: str, limits: Limits, *, cgroup_v1: bool) -> None:
         self._client = client
         self.container_id = container_id
         self._limits = limits
@@ -410,7 +416,7 @@ class PreparedContainer:
         """The container's state; empty when the daemon cannot tell (then the outcome is
         ``sandbox_unavailable``). Any other exception is a bug and goes up."""
         with contextlib.suppress(*daemon_failures()):  # a wait past the grace: inspect tells
-            self._client.wait(self.container_id, timeout=EXIT_GRACE_S)
+            self._client.wait(self.container_id, timeout=math.ceil(EXIT_GRACE_S))
         try:
             inspected = self._client.inspect_container(self.container_id)
         except daemon_failures():
@@ -437,7 +443,7 @@ class PreparedContainer:
                 self._lease = None
 
 
-def _remove(client: Any, container_id: str) -> None:
+def _remove(client: APIClient, container_id: str) -> None:
     # A daemon failure leaves the container to the watchdog, which removes this process's
     # containers when it exits, or to the next runner's sweep (remove_leftovers).
     with contextlib.suppress(*daemon_failures()):
