@@ -17,6 +17,9 @@ import click
 from runner.errors import ConfigError
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
+    from runner.api import Runner
     from runner.policy import Policy
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -29,7 +32,7 @@ def _fail_usage(message: str) -> NoReturn:
     sys.exit(EXIT_USAGE)
 
 
-def _load(ctx: click.Context) -> Any:
+def _load(ctx: click.Context) -> Runner:
     from runner.api import Runner
 
     options = ctx.obj
@@ -295,7 +298,7 @@ def images_build_command(contexts: Path | None) -> None:
         _fail_usage(str(exc))
 
 
-def _time_option(value: str | None, flag: str) -> Any:
+def _time_option(value: str | None, flag: str) -> datetime | None:
     from runner.audit_query import parse_time
 
     if value is None:
