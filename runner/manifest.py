@@ -11,6 +11,7 @@ from jsonschema.protocols import Validator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from runner.schemas import SchemaProblem, SensitivePath, compile_schema, sensitive_paths
+from runner.settings import CallSettings
 from runner.yaml_files import YamlFileError, load_yaml_file
 from sandboxes import ToolRequirements
 
@@ -22,20 +23,6 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV = frozenset({"HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "WORKSPACE"})
 # The launcher reads RUNNER_* (and runs as root); LD_* would steer it before the tool.
 RESERVED_ENV_PREFIXES = ("RUNNER_", "LD_")
-
-
-class ManifestLimits(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    timeout_ms: int | None = Field(default=None, gt=0)
-    memory_mb: int | None = Field(default=None, gt=0)
-    cpu_seconds: int | None = Field(default=None, gt=0)
-    max_pids: int | None = Field(default=None, gt=0)
-    max_output_bytes: int | None = Field(default=None, gt=0)
-    disk_mb: int | None = Field(default=None, gt=0)
-    retries: int | None = Field(default=None, ge=0, le=10)
-    retry_delay_ms: int | None = Field(default=None, ge=0)
-    deadline_ms: int | None = Field(default=None, gt=0)
 
 
 class ManifestModel(BaseModel):
@@ -50,7 +37,7 @@ class ManifestModel(BaseModel):
     image: str | None = None
     parameters: dict[str, Any]
     output_schema: dict[str, Any] | bool | None = None
-    limits: ManifestLimits = Field(default_factory=ManifestLimits)
+    limits: CallSettings = Field(default_factory=CallSettings)
     network: bool = False
     workspace: Literal["none", "read", "write"] = "none"
     env: dict[str, str] = Field(default_factory=dict)

@@ -13,20 +13,8 @@ from typing import Literal
 from runner.manifest import Tool
 from runner.models import CallOptions
 from runner.policy import Policy
+from runner.settings import RESOURCE_FIELDS, CallSettings, first_set
 from sandboxes import Limits
-
-BUILTIN = {
-    "timeout_ms": 5000,
-    "retries": 3,
-    "retry_delay_ms": 1000,
-    "deadline_ms": 5000,
-    "memory_mb": 256,
-    "cpu_seconds": 10,
-    "max_pids": 64,
-    "max_output_bytes": 1024 * 1024,
-    "disk_mb": 64,
-}
-CEILINGED = ("timeout_ms", "memory_mb", "cpu_seconds", "max_pids", "max_output_bytes", "disk_mb")
 
 
 @dataclass(frozen=True)
@@ -42,41 +30,23 @@ class CallPlan:
     runtime: str | None
 
 
-def _first(*values: int | None) -> int:
-    for value in values:
-        if value is not None:
-            return value
-    raise AssertionError("unreachable: the built-in default is always last")
-
-
 def resolve_plan(tool: Tool, policy: Policy, options: CallOptions) -> CallPlan:
     model = policy.model
     override = model.tools.get(tool.name)
-    from_call = {
-        "timeout_ms": options.timeout,
-        "retries": options.retries,
-        "retry_delay_ms": options.retry_delay,
-        "deadline_ms": options.deadline,
-    }
-    layers = [
-        from_call,
-        override.model_dump() if override else {},
-        tool.manifest.limits.model_dump(),
-        model.defaults.model_dump(),
-        BUILTIN,
-    ]
-    values = {key: _first(*(layer.get(key) for layer in layers)) for key in BUILTIN}
-    ceilings = model.limits.model_dump()
-    for key in CEILINGED:
-        if ceilings.get(key) is not None:
-            values[key] = min(values[key], ceilings[key])
+    from_call = CallSettings(
+        timeout_ms=options.timeout,
+        retries=options.retries,
+        retry_delay_ms=options.retry_delay,
+        deadline_ms=options.deadline,
+    )
+    layers = [from_call, override or CallSettings(), tool.manifest.limits, model.defaults]
+    values = first_set(*layers)
+    for name in RESOURCE_FIELDS:
+        ceiling = getattr(model.limits, name)
+        if ceiling is not None:
+            values[name] = min(values[name], ceiling)
     limits = Limits(
-        timeout_ms=values["timeout_ms"],
-        memory_mb=values["memory_mb"],
-        cpu_seconds=values["cpu_seconds"],
-        max_pids=values["max_pids"],
-        max_output_bytes=values["max_output_bytes"],
-        disk_mb=values["disk_mb"],
+        **{name: values[name] for name in RESOURCE_FIELDS},
         network=tool.manifest.network and model.limits.network,
     )
     sandbox = (override.sandbox if override else None) or tool.manifest.sandbox

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from runner.errors import ConfigError
 from runner.manifest import Tool
+from runner.settings import CallSettings, ResourceSettings
 from runner.yaml_files import YamlFileError, load_yaml_file
 
 
@@ -30,33 +31,11 @@ class RoleModel(_Strict):
     deny: list[str] = Field(default_factory=list)
 
 
-class DefaultsModel(_Strict):
-    timeout_ms: int | None = Field(default=None, gt=0)
-    retries: int | None = Field(default=None, ge=0, le=10)
-    retry_delay_ms: int | None = Field(default=None, ge=0)
-    deadline_ms: int | None = Field(default=None, gt=0)
-
-
-class CeilingsModel(_Strict):
+class CeilingsModel(ResourceSettings):
     network: bool = False
-    disk_mb: int | None = Field(default=None, gt=0)
-    timeout_ms: int | None = Field(default=None, gt=0)
-    memory_mb: int | None = Field(default=None, gt=0)
-    cpu_seconds: int | None = Field(default=None, gt=0)
-    max_pids: int | None = Field(default=None, gt=0)
-    max_output_bytes: int | None = Field(default=None, gt=0)
 
 
-class ToolOverrideModel(_Strict):
-    timeout_ms: int | None = Field(default=None, gt=0)
-    memory_mb: int | None = Field(default=None, gt=0)
-    cpu_seconds: int | None = Field(default=None, gt=0)
-    max_pids: int | None = Field(default=None, gt=0)
-    max_output_bytes: int | None = Field(default=None, gt=0)
-    disk_mb: int | None = Field(default=None, gt=0)
-    retries: int | None = Field(default=None, ge=0, le=10)
-    retry_delay_ms: int | None = Field(default=None, ge=0)
-    deadline_ms: int | None = Field(default=None, gt=0)
+class ToolOverrideModel(CallSettings):
     sandbox: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,63}$")  # an installed backend
     runtime: str | None = None  # OCI runtime for docker tools, e.g. runsc
 
@@ -100,7 +79,7 @@ class PolicyModel(_Strict):
     whitelist: list[str] = Field(default_factory=list)
     disabled: list[str] = Field(default_factory=list)
     roles: dict[str, RoleModel] = Field(default_factory=dict)
-    defaults: DefaultsModel = Field(default_factory=DefaultsModel)
+    defaults: CallSettings = Field(default_factory=CallSettings)
     limits: CeilingsModel = Field(default_factory=CeilingsModel)
     tools: dict[str, ToolOverrideModel] = Field(default_factory=dict)
     circuit_breaker: BreakerModel = Field(default_factory=BreakerModel)
