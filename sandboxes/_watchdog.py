@@ -8,7 +8,9 @@ its own: in a session of its own (a Ctrl-C or a kill of the runner's process gro
 not reach it), reading a pipe whose only write end the runner holds. The runner tells it
 what to sweep (its per-call cgroup parents, scratch root, that Docker is in use). When the
 pipe reaches end-of-file, the runner is gone, killed or not, and the watchdog at once kills
-every call cgroup and container named or labelled with the runner's pid, then exits.
+every call cgroup and container named or labelled with the runner's pid; once the runner's
+last thread has left the kernel too (a pidfd says so) it sweeps the cgroups once more,
+then exits.
 
 The launcher closes the remaining gap: it joins the call's cgroup first and then checks
 that its parent is still the runner, so a launcher the sweep missed exits by itself.
@@ -29,6 +31,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 READY_TIMEOUT_S = 10.0
+# How long a dead runner's last threads may take to leave the kernel (a v1 cgroup
+# operation waits out an RCU grace period) before the second sweep goes ahead anyway.
+FULL_EXIT_WAIT_S = 10.0
 # A container create the runner sent just before dying may land after the first sweep.
 DOCKER_SWEEPS_S = (0.0, 0.5, 2.0)
 
@@ -173,6 +178,10 @@ def main(argv: list[str]) -> int:
 
     os.write(1, b"r")
     os.close(1)
+    try:
+        runner: int | None = os.pidfd_open(owner)  # readable once the whole process is gone
+    except OSError:
+        runner = None
     cgroups: list[tuple[int, Path]] = []
     scratch: list[Path] = []
     staging: list[Path] = []
@@ -197,6 +206,13 @@ def main(argv: list[str]) -> int:
     for thread in sweepers:
         thread.start()
     _sweep_scratch(owner, scratch)
+    sweepers[0].join()
+    # Its descriptors close before its last thread is gone, and until then its children
+    # still see it as their parent: a launcher can pass its parent check and join a cgroup
+    # after the first sweep. Once the whole process is gone nothing can; sweep again.
+    if runner is not None:
+        select.select([runner], [], [], FULL_EXIT_WAIT_S)
+        _sweep_cgroups(owner, cgroups)
     for thread in sweepers:
         thread.join()
     # Last: a staged workspace may be unmounted only once no sandbox of ours can use it.

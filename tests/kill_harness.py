@@ -3,7 +3,8 @@ over and over (two calls at a time), and SIGKILLs each at a random moment.
 
 Used by ``test_kill_guarantee.py``: ``python3 kill_harness.py TOOLS POLICIES TOOL ROUNDS
 RUNNERS MAX_DELAY_MS``. For each round it prints one JSON line once every runner of the
-round is dead: their pids and the time of the last kill (``time.monotonic()``).
+round is dead: their pids, the time of the last kill and the time the last of them was
+reaped (``time.monotonic()``); then it waits for a line on stdin before the next round.
 """
 
 from __future__ import annotations
@@ -57,7 +58,14 @@ def main(argv: list[str]) -> int:
         last_kill = time.monotonic()
         for pid in pids:
             os.waitpid(pid, 0)
-        print(json.dumps({"pids": pids, "last_kill": last_kill}), flush=True)
+        # A runner is dead once it is reaped: a SIGKILLed process whose thread sits in an
+        # uninterruptible kernel call (a v1 cgroup migration waits out an RCU grace
+        # period) takes that long to exit, and only then do its descriptors close.
+        last_death = time.monotonic()
+        print(json.dumps({"pids": pids, "last_kill": last_kill, "last_death": last_death}), flush=True)
+        # The next round starts only once the test has looked for this round's leftovers.
+        if not sys.stdin.readline():
+            break
     return 0
 
 

@@ -70,6 +70,12 @@ def _describe(pid: int) -> str:
     return f"{pid} ppid={fields.get('PPid')} uid={uid} wchan={wchan} cgroup={cgroup} {cmdline[-60:]!r}"
 
 
+def _next_round(harness: subprocess.Popen[str]) -> None:
+    assert harness.stdin is not None
+    harness.stdin.write("next\n")
+    harness.stdin.flush()
+
+
 def _harness(
     bench: ToolBench, tool: str, rounds: int, runners: int, max_delay_ms: int
 ) -> subprocess.Popen[str]:
@@ -77,6 +83,7 @@ def _harness(
     argv = [sys.executable, str(HERE / "kill_harness.py"), str(bench.tools), str(bench.root / "policies.yaml")]
     return subprocess.Popen(
         [*argv, tool, str(rounds), str(runners), str(max_delay_ms)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         cwd=HERE,
@@ -88,17 +95,20 @@ def _harness(
 def test_two_hundred_runners_killed_at_random_points_leave_no_process_behind(bench: ToolBench) -> None:
     token = f"clingy-{uuid.uuid4().hex}"
     bench.tool("clingy", CLINGY, command=["python3", "main.py", token])
-    harness = _harness(bench, "clingy", rounds=25, runners=8, max_delay_ms=250)
+    harness = _harness(bench, "clingy", rounds=40, runners=5, max_delay_ms=250)
     survivors: list[tuple[list[int], list[str]]] = []
     assert harness.stdout is not None
     for line in harness.stdout:
         killed = json.loads(line)
-        time.sleep(max(0.0, killed["last_kill"] + GRACE_S - time.monotonic()))
+        time.sleep(max(0.0, killed["last_death"] + GRACE_S - time.monotonic()))
         left = _alive_with(token)
         if left:
             survivors.append((killed["pids"], [_describe(pid) for pid in left]))
             subprocess.run(["kill", "-9", *map(str, left)], check=False)
+        _next_round(harness)
     harness.stdout.close()
+    assert harness.stdin is not None
+    harness.stdin.close()
     assert harness.wait() == 0
     assert survivors == []
 
@@ -115,11 +125,14 @@ def test_containers_of_killed_runners_are_gone_within_a_second(bench: ToolBench,
     assert harness.stdout is not None
     for line in harness.stdout:
         killed = json.loads(line)
-        time.sleep(max(0.0, killed["last_kill"] + GRACE_S - time.monotonic()))
+        time.sleep(max(0.0, killed["last_death"] + GRACE_S - time.monotonic()))
         for pid in killed["pids"]:
             left = docker_client.containers(filters={"label": f"{LABEL_OWNER}={pid}"})  # running only
             running += [c["Id"][:12] for c in left]
+        _next_round(harness)
     harness.stdout.close()
+    assert harness.stdin is not None
+    harness.stdin.close()
     assert harness.wait() == 0
     assert running == []
     # And removed, not just stopped, a moment later (the session fixture checks the rest).

@@ -25,9 +25,6 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "pids", "cpuacct")
 V2_CONTROLLERS = ("memory", "pids", "cpu")
 CALLS_DIR = "runner-calls"
-# v1 cpu.shares of all sandboxes together, against 1024 for each of the runner's own busy
-# threads: when the CPU is contended the runner's event loop gets its turn at once.
-SANDBOX_CPU_SHARES = 256
 # Teardown retries: a killed process leaves its cgroup a moment after SIGKILL.
 KILL_ROUNDS = 200
 KILL_PAUSE_S = 0.005
@@ -69,19 +66,14 @@ def _read_int(path: Path, default: int = 0) -> int:
 
 
 class CallCgroup:
-    """The cgroup(s) of one attempt. ``procs_files`` are what the launcher joins; ``shared``
-    are groups every sandbox joins (never read for members, never removed)."""
+    """The cgroup(s) of one attempt. ``procs_files`` are what the launcher joins."""
 
-    def __init__(self, version: int, dirs: list[Path], shared: tuple[Path, ...] = ()) -> None:
+    def __init__(self, version: int, dirs: list[Path]) -> None:
         self.version = version
         self.dirs = dirs
-        self.shared = shared
 
     @property
     def procs_files(self) -> list[Path]:
-        return [d / "cgroup.procs" for d in self.dirs] + [d / "cgroup.procs" for d in self.shared]
-
-    def member_files(self) -> list[Path]:
         return [d / "cgroup.procs" for d in self.dirs]
 
     def cpu_seconds(self) -> float:
@@ -103,7 +95,7 @@ class CallCgroup:
 
     def members(self) -> set[int]:
         pids: set[int] = set()
-        for procs in self.member_files():
+        for procs in self.procs_files:
             with contextlib.suppress(OSError):
                 pids.update(int(p) for p in procs.read_text().split())
         return pids
@@ -185,7 +177,6 @@ class CgroupFactory:
     def __init__(self) -> None:
         self.version = detect_version()
         self._parents = self._make_parents()
-        self._shared = self._cpu_share_group()
         self._sequence = 0
 
     @property
@@ -203,26 +194,6 @@ class CgroupFactory:
             except OSError as exc:
                 raise CgroupUnavailable(f"cannot create cgroup {parent}: {exc.strerror}") from exc
         return parents
-
-    def _cpu_share_group(self) -> tuple[Path, ...]:
-        """v1: one ``cpu`` group that every sandbox joins, so that however many processes
-        the tools run, together they weigh as one against the runner's own threads (its
-        event loop is never starved by a fork bomb). v2 gets this from the tree itself."""
-        if self.version != 1:
-            return ()
-        try:
-            cpu_root = CGROUP_ROOT / "cpu" / _own_path("cpu").lstrip("/")
-        except CgroupUnavailable:
-            return ()
-        if cpu_root.resolve() in {p.parent.resolve() for p in self._parents}:
-            return ()  # co-mounted with cpuacct: the per-call group already does it
-        group = cpu_root / CALLS_DIR
-        try:
-            group.mkdir(exist_ok=True)
-            _write(group / "cpu.shares", str(SANDBOX_CPU_SHARES))
-        except OSError:
-            return ()
-        return (group,)
 
     def _v2_parent(self) -> Path:
         override = os.environ.get("RUNNER_CGROUP_ROOT")
@@ -255,7 +226,7 @@ class CgroupFactory:
         self._sequence += 1
         name = f"{os.getpid()}-{self._sequence}-{time.monotonic_ns()}"
         dirs = [parent / name for parent in self._parents]
-        group = CallCgroup(self.version, dirs, self._shared)
+        group = CallCgroup(self.version, dirs)
         limit = str(memory_mb * 1024 * 1024)
         try:
             for d in dirs:
