@@ -129,6 +129,37 @@ def init_command(directory: Path, force: bool) -> None:
     click.echo(f"try: {where}runner exec add_numbers --params '{{\"a\": 1, \"b\": 2}}'")
 
 
+@cli.command("new")
+@_location_options
+@click.argument("name")
+@click.option("--lang", type=click.Choice(["python", "sh"]), default="python", show_default=True,
+              help="python: main.py using the runner_tool helper; sh: a shell script.")
+@click.option("--docker", is_flag=True, help="Run it in the docker sandbox (needs `runner images build`).")
+@click.pass_context
+def new_command(ctx: click.Context, name: str, lang: str, docker: bool) -> None:
+    """Scaffold tools/NAME: tool.yaml, the program and sample.json params."""
+    from runner.locations import find_policy, tool_dirs
+    from runner.scaffold import ScaffoldError, new_tool
+
+    try:
+        explicit = ctx.obj["tools"]
+        policy = Path() if explicit else find_policy(ctx.obj["policies"])
+        directories = tool_dirs(explicit, policy)
+        if not directories:
+            _fail_usage("--tools names no folder")
+        made = new_tool(directories[0], name, lang=lang, docker=docker)
+    except ConfigError as exc:
+        _fail_usage(" ".join(str(exc).split()))
+    except ScaffoldError as exc:
+        _fail_usage(str(exc))
+    except OSError as exc:
+        _fail_usage(f"cannot write the tool: {exc.strerror or exc}")
+    click.echo(f"wrote {', '.join(path.name for path in made.written)} into {made.folder}")
+    sample = made.sample.resolve()
+    shown = sample.relative_to(Path.cwd()) if sample.is_relative_to(Path.cwd()) else sample
+    click.echo(f"try: runner exec {name} --params @{shown}")
+
+
 @cli.command("list")
 @_location_options
 @click.option("--filter", "filter_text", default=None)
@@ -156,7 +187,12 @@ def _params(value: str | None) -> object:
     if value is None:
         return {}
     text = value
-    if value.startswith("@"):
+    if value == "@-":
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError:
+            _fail_usage("the params on stdin are not UTF-8 text")
+    elif value.startswith("@"):
         try:
             text = Path(value[1:]).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -171,7 +207,7 @@ def _params(value: str | None) -> object:
 @cli.command("exec")
 @_location_options
 @click.argument("tool")
-@click.option("--params", default=None, help="JSON object, or @FILE.")
+@click.option("--params", default=None, help="JSON object, @FILE to read it from a file, or @- from stdin.")
 @click.option("--role", default=None)
 @click.option("--timeout", type=click.IntRange(min=1), default=None)
 @click.option("--retries", type=click.IntRange(min=0), default=None)

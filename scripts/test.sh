@@ -21,9 +21,13 @@ log "installing ${wheel[0]##*/} into a fresh virtual environment"
 python3 -m venv --system-site-packages "$work/venv"
 "$work/venv/bin/python" -m pip install -q --disable-pip-version-check "${wheel[0]}[dev]" 2>&1 \
   | grep -v -e '^WARNING: Running pip as' -e 'is ignored: it is neither' || true
+# The same version installed on the system would count as "already satisfied" and the venv
+# would run that copy: install this wheel into the venv whatever is there.
+"$work/venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+  "${wheel[0]}" 2>&1 | grep -v -e '^WARNING: Running pip as' || true
 export PATH="$work/venv/bin:$PATH"
 
-log "first run from an empty folder: runner init, runner exec add_numbers"
+log "first run from an empty folder: runner init, runner exec add_numbers, runner new hello"
 mkdir "$work/empty"
 (
   cd "$work/empty"
@@ -31,6 +35,10 @@ mkdir "$work/empty"
   answer=$(env -u RUNNER_POLICIES -u RUNNER_TOOLS -u RUNNER_AUDIT_LOG \
     runner exec add_numbers --params '{"a": 1, "b": 2}')
   python3 -c 'import json, sys; a = json.loads(sys.argv[1]); assert a["result"] == 3, a' "$answer"
+  env -u RUNNER_POLICIES -u RUNNER_TOOLS -u RUNNER_AUDIT_LOG runner new hello >/dev/null
+  answer=$(env -u RUNNER_POLICIES -u RUNNER_TOOLS -u RUNNER_AUDIT_LOG \
+    runner exec hello --params @tools/hello/sample.json)
+  python3 -c 'import json, sys; a = json.loads(sys.argv[1]); assert a["success"], a' "$answer"
 )
 
 log "the test suite, outside the repository"
