@@ -24,13 +24,23 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import secrets
 import shutil
 import stat
+import sys
 from pathlib import Path
 
 MNT_DETACH = 2
 _WHITEOUT_RDEV = 0
-_OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
+# Only the trusted namespace: the overlay is mounted by root without ``userxattr``, so a
+# ``user.overlay.opaque`` is an ordinary attribute any tool may set on its own folder.
+_OPAQUE_XATTR = "trusted.overlay.opaque"
+# Folders deeper than this are not applied (and said so on stderr): the apply holds two
+# descriptors per level.
+MAX_APPLY_DEPTH = 64
+# tmpfs counts data pages only: empty files and folders would cost nothing against
+# ``disk_mb``. This many entries per MB bounds them too.
+INODES_PER_MB = 256
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SETID = stat.S_ISUID | stat.S_ISGID
 COPY_CHUNK = 1024 * 1024
@@ -84,24 +94,29 @@ class StagedWorkspace:
         self._disk_mb = disk_mb
         self._mounted: list[Path] = []
 
-    def create(self, like: os.stat_result) -> None:
-        """Mount the tmpfs and the overlay; the overlay's top folder looks ``like`` that.
+    def create(self, workspace_fd: int) -> None:
+        """Mount the tmpfs and the overlay over the folder ``workspace_fd`` (the one that
+        was checked: reached through the descriptor, never by its path again, which also
+        keeps ``,`` and ``:`` of a path out of the mount options); the overlay's top folder
+        takes that folder's owner and mode.
 
         Raises:
             StagingUnavailable: the kernel refused a mount (no overlayfs, not root).
         """
         self.root.mkdir(mode=0o700)
         try:
-            _mount("tmpfs", self.root, "tmpfs", f"size={self._disk_mb}m,mode=0700")
+            inodes = max(1024, self._disk_mb * INODES_PER_MB)
+            _mount("tmpfs", self.root, "tmpfs", f"size={self._disk_mb}m,nr_inodes={inodes},mode=0700")
             self._mounted.append(self.root)
             for name in ("upper", "work", "merged"):
                 (self.root / name).mkdir(mode=0o755)
             upper, work = self.root / "upper", self.root / "work"
             # The overlay's top folder takes the upper layer's owner and mode: the
             # workspace's own, so the sandbox may write where it was granted to.
+            like = os.fstat(workspace_fd)
             os.chown(upper, like.st_uid, like.st_gid)
             upper.chmod(stat.S_IMODE(like.st_mode))
-            options = f"lowerdir={self.workspace},upperdir={upper},workdir={work}"
+            options = f"lowerdir=/proc/self/fd/{workspace_fd},upperdir={upper},workdir={work}"
             _mount("overlay", self.merged, "overlay", options)
             self._mounted.append(self.merged)
         except BaseException:
@@ -152,11 +167,10 @@ def _remove_entry(parent: int, name: str) -> None:
 
 
 def _is_opaque(folder: int) -> bool:
-    for attribute in _OPAQUE_XATTRS:
-        with contextlib.suppress(OSError):
-            if os.getxattr(folder, attribute) == b"y":
-                return True
-    return False
+    try:
+        return os.getxattr(folder, _OPAQUE_XATTR) == b"y"
+    except OSError:
+        return False
 
 
 def _open_or_make_folder(parent: int, name: str, mode: int) -> int:
@@ -170,14 +184,21 @@ def _open_or_make_folder(parent: int, name: str, mode: int) -> int:
     return os.open(name, _OPEN_DIR, dir_fd=parent)
 
 
+def _create_temporary(dest_dir: int) -> tuple[str, int]:
+    """A fresh file of ours in ``dest_dir`` under an unguessable name."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        temporary = f".runner-apply-{secrets.token_hex(12)}"
+        try:
+            return temporary, os.open(temporary, flags, 0o600, dir_fd=dest_dir)
+        except FileExistsError:
+            continue
+
+
 def _copy_file(source_dir: int, dest_dir: int, name: str, info: os.stat_result) -> None:
-    temporary = f".runner-apply-{os.getpid()}-{name}"[:255]
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(temporary, dir_fd=dest_dir)
     source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=source_dir)
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        target = os.open(temporary, flags, 0o600, dir_fd=dest_dir)
+        temporary, target = _create_temporary(dest_dir)
         try:
             while chunk := os.read(source, COPY_CHUNK):
                 os.write(target, chunk)
@@ -194,12 +215,14 @@ def _copy_file(source_dir: int, dest_dir: int, name: str, info: os.stat_result) 
         os.rename(temporary, name, src_dir_fd=dest_dir, dst_dir_fd=dest_dir)
 
 
-def _apply_folder(source_dir: int, dest_dir: int) -> None:
+def _apply_folder(source_dir: int, dest_dir: int, depth: int = 0) -> None:
     for name in os.listdir(source_dir):
         info = os.stat(name, dir_fd=source_dir, follow_symlinks=False)
         mode = info.st_mode
         if stat.S_ISCHR(mode) and info.st_rdev == _WHITEOUT_RDEV:
             _remove_entry(dest_dir, name)  # deleted in the sandbox
+        elif stat.S_ISDIR(mode) and depth >= MAX_APPLY_DEPTH:
+            sys.stderr.write(f"runner: workspace writes below {MAX_APPLY_DEPTH} folders were not applied\n")
         elif stat.S_ISDIR(mode):
             source = os.open(name, _OPEN_DIR, dir_fd=source_dir)
             try:
@@ -208,7 +231,7 @@ def _apply_folder(source_dir: int, dest_dir: int) -> None:
                     if _is_opaque(source):  # replaced as a whole in the sandbox
                         for child in os.listdir(target):  # noqa: PTH208 - by descriptor
                             _remove_entry(target, child)
-                    _apply_folder(source, target)
+                    _apply_folder(source, target, depth + 1)
                     os.fchown(target, info.st_uid, info.st_gid)
                     os.fchmod(target, stat.S_IMODE(mode) & ~stat.S_ISUID)
                 finally:

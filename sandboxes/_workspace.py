@@ -163,7 +163,7 @@ class GrantedWorkspace:
         try:
             grant_group_write(fd)
             staged = StagedWorkspace(staging_root() / name, spec.workspace, disk_mb)
-            staged.create(os.fstat(fd))
+            staged.create(fd)
         except (OSError, StagingUnavailable) as exc:
             os.close(fd)
             raise SandboxUnavailable(f"cannot stage the workspace: {exc}") from exc

@@ -388,3 +388,77 @@ def test_teardown_never_signals_a_pid_that_left_the_cgroup(monkeypatch: pytest.M
     finally:
         bystander.send_signal(signal.SIGKILL)
         bystander.wait()
+
+
+def test_a_forged_user_opaque_attribute_cannot_make_the_apply_delete_roots_files(bench: ToolBench) -> None:
+    workspace = bench.root / "workspace"
+    (workspace / "d" / "protected").mkdir(parents=True)
+    (workspace / "d").chmod(0o777)
+    (workspace / "d" / "protected" / "secret.txt").write_text("root's")
+    bench.policy["workspace"] = str(workspace)
+    report = _run(
+        bench,
+        "opaquer",
+        """
+        import json, os, sys
+        sys.stdin.read()
+        folder = os.path.join(os.environ["WORKSPACE"], "d")
+        try:
+            os.setxattr(folder, "user.overlay.opaque", b"y")
+            forged = True
+        except OSError:
+            forged = False
+        print(json.dumps({"forged": forged}))
+        """,
+        workspace="write",
+    )
+    assert report["forged"] in (True, False)
+    assert (workspace / "d" / "protected" / "secret.txt").read_text() == "root's"
+
+
+def test_empty_files_count_against_disk_mb_too(bench: ToolBench) -> None:
+    workspace = bench.root / "workspace"
+    bench.policy["workspace"] = str(workspace)
+    report = _run(
+        bench,
+        "inodes",
+        """
+        import json, os, sys
+        sys.stdin.read()
+        made = 0
+        try:
+            for i in range(20000):
+                open(os.path.join(os.environ["WORKSPACE"], "f%06d" % i), "w").close()
+                made += 1
+        except OSError as exc:
+            print(json.dumps({"made": made, "errno": exc.errno}))
+        else:
+            print(json.dumps({"made": made, "errno": 0}))
+        """,
+        workspace="write",
+        limits={"disk_mb": 1},
+    )
+    assert report["errno"] == 28  # ENOSPC: out of inodes
+    assert len(list(workspace.iterdir())) <= 1024
+
+
+def test_a_deep_tree_is_applied_to_a_bounded_depth_and_the_call_still_ends_cleanly(bench: ToolBench) -> None:
+    workspace = bench.root / "workspace"
+    bench.policy["workspace"] = str(workspace)
+    code = """
+        import os, sys
+        sys.stdin.read()
+        os.chdir(os.environ["WORKSPACE"])
+        for _ in range(200):
+            os.makedirs("a", exist_ok=True)
+            os.chdir("a")
+        print("{}")
+        """
+    bench.tool("deep", code, workspace="write")
+    runner = bench.runner()
+    for _ in range(2):  # and again: nothing (a uid lease, a cgroup) was left held
+        assert runner.call("deep", {}).success
+    depth, folder = 0, workspace
+    while (folder / "a").is_dir():
+        folder, depth = folder / "a", depth + 1
+    assert 1 <= depth <= 65

@@ -435,12 +435,14 @@ class PreparedContainer:
         try:
             await asyncio.to_thread(_remove, self._client, self.container_id)
         finally:
-            if self._workspace is not None:
-                await asyncio.to_thread(self._workspace.release)  # applies staged writes
-                self._workspace = None
-            if self._lease is not None:
-                self._lease.release()  # the container, and every process of that uid, is gone
-                self._lease = None
+            try:
+                workspace, self._workspace = self._workspace, None
+                if workspace is not None:
+                    await asyncio.to_thread(workspace.release)  # applies staged writes
+            finally:
+                if self._lease is not None:
+                    self._lease.release()  # the container, and every process of that uid, is gone
+                    self._lease = None
 
 
 def _remove(client: APIClient, container_id: str) -> None:

@@ -492,18 +492,24 @@ class PreparedSubprocess:
             self._teardown_locked()
 
     def _teardown_locked(self) -> None:
-        if self._cgroup is not None:
-            self._cgroup.remove()  # kills until empty, then removes
-            self._cgroup = None
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
-            self._scratch = None
-        if self._workspace is not None:
-            self._workspace.release()  # staged writes applied only now: the tool is gone
-            self._workspace = None
-        if self._lease is not None:
-            self._lease.release()  # only now: every process of that uid is gone
-            self._lease = None
+        # Each step runs whatever the one before it raised: a failed apply must neither
+        # keep the uid leased nor leave the cgroup behind.
+        try:
+            if self._cgroup is not None:
+                self._cgroup.remove()  # kills until empty, then removes
+                self._cgroup = None
+        finally:
+            try:
+                if self._scratch is not None:
+                    shutil.rmtree(self._scratch, ignore_errors=True)
+                    self._scratch = None
+                workspace, self._workspace = self._workspace, None
+                if workspace is not None:
+                    workspace.release()  # staged writes applied only now: the tool is gone
+            finally:
+                if self._lease is not None and self._cgroup is None:
+                    self._lease.release()  # only now: every process of that uid is gone
+                    self._lease = None
 
 
 @functools.lru_cache(maxsize=1024)
