@@ -1,10 +1,26 @@
-"""Shared by the benchmarks: repeat a call, then print medians against a baseline row."""
+"""Shared by the benchmarks: the shipped tools in a scratch folder, repeat a call, then
+print medians against a baseline row."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+
+def starter_folder() -> Path:
+    """The shipped policy and tools, as `runner init` writes them, in a folder removed at exit
+    (never the installed copies themselves)."""
+    from runner.starter import write_starter
+
+    folder = Path(tempfile.mkdtemp(prefix="runner-bench-"))
+    write_starter(folder)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def timed(fn: Callable[[], object], n: int) -> list[float]:

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,15 +25,11 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _timing import timed  # noqa: E402
+from _timing import starter_folder, timed  # noqa: E402
 
 from runner import Runner  # noqa: E402
-from runner.starter import write_starter  # noqa: E402
 
-# The shipped policy and tools, as `runner init` writes them (never used where installed).
-STARTER = Path(tempfile.mkdtemp(prefix="runner-bench-"))
-write_starter(STARTER)
-atexit.register(shutil.rmtree, STARTER, ignore_errors=True)
+STARTER = starter_folder()
 TOOL = STARTER / "tools" / "add_numbers"
 PYTHON = "/usr/bin/python3"
 

@@ -11,27 +11,21 @@ a bare ``bwrap`` around it (what namespaces alone cost). Measured: ``Runner.call
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _timing import print_table, timed  # noqa: E402
+from _timing import print_table, starter_folder, timed  # noqa: E402
 
 from runner import Runner  # noqa: E402
-from runner.starter import write_starter  # noqa: E402
 
-# The shipped policy and tools, as `runner init` writes them (never used where installed).
-STARTER = Path(tempfile.mkdtemp(prefix="runner-bench-"))
-write_starter(STARTER)
-atexit.register(shutil.rmtree, STARTER, ignore_errors=True)
+STARTER = starter_folder()
 TOOL = STARTER / "tools" / "add_numbers"
 PARAMS = {"a": 1, "b": 2}
 PAYLOAD = json.dumps(

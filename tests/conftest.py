@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -136,6 +137,13 @@ def assert_nothing_survives(request_id: str, grace_s: float = 2.0) -> None:
 @pytest.fixture
 def no_survivors() -> Callable[[str], None]:
     return assert_nothing_survives
+
+
+def answer_of(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The answer shell a `runner exec` printed (exit 0 or 1)."""
+    assert done.returncode in (0, 1), done.stderr
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
 
 
 def docker_ready() -> str | None:

@@ -8,11 +8,10 @@ import os
 import subprocess
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from conftest import installed_command
+from conftest import answer_of, installed_command
 
 import runner
 from runner.locations import find_policy, search_dirs, tool_dirs
@@ -40,12 +39,6 @@ def runner_command(
         text=True,
         timeout=60,
     )
-
-
-def answer_of(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    assert done.returncode in (0, 1), done.stderr
-    answer: dict[str, Any] = json.loads(done.stdout)
-    return answer
 
 
 def test_init_in_an_empty_folder_then_exec_from_it_answers_three(tmp_path: Path, home: Path) -> None:

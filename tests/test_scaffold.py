@@ -9,11 +9,10 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from conftest import installed_command
+from conftest import answer_of, installed_command
 
 from runner.scaffold import HELPER_FILE, SAMPLE_FILE
 
@@ -39,12 +38,6 @@ def runner_command(*args: str, cwd: Path, stdin: str | None = None) -> subproces
         text=True,
         timeout=60,
     )
-
-
-def answer_of(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    assert done.returncode in (0, 1), done.stderr
-    answer: dict[str, Any] = json.loads(done.stdout)
-    return answer
 
 
 def test_new_python_tool_validates_and_answers_its_sample_params(project: Path) -> None:
