@@ -353,6 +353,12 @@ class Runner:
         tool = self.registry.get(name)
         if tool is None:
             self._refused_before_policy(name, ctx, "tool_not_found")
+            if self.registry.left_out(name):
+                raise CallError(
+                    ErrorCode.TOOL_NOT_FOUND,
+                    f"tool {name!r} is not registered: its manifest is invalid (runner validate says why)",
+                    {"toolName": name, "reason": "invalid_manifest"},
+                )
             raise CallError(
                 ErrorCode.TOOL_NOT_FOUND, f"no tool named {name!r} is registered", {"toolName": name}
             )

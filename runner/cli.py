@@ -171,6 +171,8 @@ def list_command(ctx: click.Context, filter_text: str | None, role: str | None, 
     from runner.errors import CallError
 
     runner = _load(ctx)
+    for problem in runner.registry.problems:  # stderr: the listing itself stays machine-readable
+        click.echo(f"runner: warning: {problem.path}: {problem.reason} (left out)", err=True)
     try:
         tools = runner.discover(filter=filter_text, role=role)
     except CallError as exc:

@@ -15,6 +15,7 @@ class LoadProblem:
 
     path: Path
     reason: str
+    folder: str | None = None  # the tool folder's name: by convention the tool's own
 
 
 class Registry:
@@ -41,11 +42,11 @@ class Registry:
                 try:
                     tool = load_tool(folder)
                 except ManifestError as exc:
-                    problems.append(LoadProblem(exc.path, exc.reason))
+                    problems.append(LoadProblem(exc.path, exc.reason, folder.name))
                     continue
                 refused = backend_problems(tool) if backend_problems is not None else []
                 if refused:
-                    problems.append(LoadProblem(folder / MANIFEST_FILE, "; ".join(refused)))
+                    problems.append(LoadProblem(folder / MANIFEST_FILE, "; ".join(refused), tool.name))
                     continue
                 if tool.name in tools:
                     first = tools[tool.name].directory / MANIFEST_FILE
@@ -61,6 +62,10 @@ class Registry:
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
+
+    def left_out(self, name: str) -> bool:
+        """Whether a tool of that name was found but left out (its manifest is invalid)."""
+        return name not in self._tools and any(problem.folder == name for problem in self.problems)
 
     def __iter__(self) -> Iterator[Tool]:
         return iter(sorted(self._tools.values(), key=lambda t: t.name))

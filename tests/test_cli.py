@@ -137,3 +137,25 @@ def test_hostile_cli_input_is_a_usage_error_not_a_traceback(tmp_path: Path) -> N
     answer = run("exec", "-", stdin='{"toolName": "echo", "params": {"message": "\\ud800"}}')
     assert "Traceback" not in answer.stderr
     assert json.loads(answer.stdout)["error"]["code"] == "INVALID_PARAMS"
+
+
+def test_list_warns_on_stderr_about_manifests_left_out_and_exec_says_why_a_tool_is_missing(
+    tmp_path: Path,
+) -> None:
+    from runner.starter import write_starter
+
+    write_starter(tmp_path)
+    broken = tmp_path / "tools" / "broken"
+    broken.mkdir()
+    (broken / "tool.yaml").write_text("name: broken\ncolor: blue\n")
+    listed = run("list", "--json", cwd=tmp_path)
+    assert listed.returncode == 0
+    assert "broken" not in {t["name"] for t in json.loads(listed.stdout)["tools"]}  # stdout stays JSON
+    assert "warning" in listed.stderr and "broken" in listed.stderr
+    done = run("exec", "broken", cwd=tmp_path)
+    answer = json.loads(done.stdout)
+    assert done.returncode == 1
+    assert answer["error"]["code"] == "TOOL_NOT_FOUND"
+    assert answer["error"]["details"]["reason"] == "invalid_manifest"
+    missing = json.loads(run("exec", "nothing_here", cwd=tmp_path).stdout)
+    assert "reason" not in missing["error"]["details"]
