@@ -23,8 +23,9 @@ class AuditFilter:
     until: datetime | None = None
 
     def matches(self, event: dict[str, Any]) -> bool:
+        if self.request_id is not None and not str(event.get("requestId", "")).startswith(self.request_id):
+            return False  # a prefix is enough, as with git's hashes
         pairs = (
-            (self.request_id, "requestId"),
             (self.tool, "toolName"),
             (self.role, "role"),
             (self.decision, "decision"),

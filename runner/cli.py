@@ -6,7 +6,9 @@ stderr and exit 2; call failures are answers on stdout and exit 1.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -349,7 +351,8 @@ def _time_option(value: str | None, flag: str) -> datetime | None:
 
 @cli.command("audit")
 @_location_options
-@click.option("--request-id", default=None)
+@click.option("--request-id", default=None, help="A request id, or the start of one.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Print at most this many events.")
 @click.option("--tool", default=None)
 @click.option("--role", default=None)
 @click.option("--decision", type=click.Choice(["allow", "deny"]), default=None)
@@ -368,6 +371,7 @@ def _time_option(value: str | None, flag: str) -> datetime | None:
 def audit_command(
     ctx: click.Context,
     request_id: str | None,
+    limit: int | None,
     tool: str | None,
     role: str | None,
     decision: str | None,
@@ -395,12 +399,16 @@ def audit_command(
         until=_time_option(until, "--until"),
     )
     try:
-        events = query(path, wanted)
+        events = itertools.islice(query(path, wanted), limit)
         if as_json:
             for event in events:
                 _print_json(event)
             return
         write_table(events, sys.stdout)
+    except BrokenPipeError:
+        # The reader went away (`runner audit | head`): not an error. Point stdout at
+        # /dev/null so that the interpreter's last flush does not complain either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except OSError as exc:
         _fail_usage(f"cannot read audit log {path}: {exc.strerror}")
 

@@ -265,3 +265,38 @@ def test_nested_and_referenced_sensitive_values_are_redacted(bench: ToolBench) -
     assert "SECRET" not in text
     decision = next(json.loads(line) for line in text.splitlines() if '"policy.decision"' in line)
     assert decision["params"] == {"auth": {"token": "***", "user": "ann"}, "keys": ["***", "***"]}
+
+
+def test_runner_audit_takes_a_request_id_prefix_and_a_limit_and_survives_a_closed_pipe(
+    bench: ToolBench,
+) -> None:
+    bench.tool("t", "import sys\nsys.stdin.read()\nprint('{}')\n")
+    runner = bench.runner()
+    for i in range(40):
+        runner.handle({"toolName": "t", "requestId": f"req_batch_{i:03d}"})
+    runner.handle({"toolName": "t", "requestId": "other_one"})
+    log = str(bench.audit_log)
+    found = run_cli("audit", "--log", log, "--json", "--request-id", "req_batch_01", audit=bench.audit_log)
+    ids = {json.loads(line)["requestId"] for line in found.stdout.splitlines()}
+    assert ids == {f"req_batch_{i:03d}" for i in range(10, 20)}
+    limited = run_cli("audit", "--log", log, "--json", "--limit", "2", audit=bench.audit_log)
+    assert len(limited.stdout.splitlines()) == 2
+    # `runner audit | head -1`: the reader leaves after one line, with far more to come
+    # than a pipe holds.
+    first = bench.audit_log.read_text().splitlines()[0]
+    with bench.audit_log.open("a") as more:
+        more.write((first + "\n") * 3000)
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "runner", "audit", "--log", log],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=starter_dir(),
+        env={**os.environ, "RUNNER_AUDIT_LOG": log},
+    )
+    assert reader.stdout is not None and reader.stderr is not None
+    reader.stdout.readline()
+    reader.stdout.close()
+    stderr = reader.stderr.read().decode()
+    reader.stderr.close()
+    assert reader.wait(timeout=60) == 0, stderr
+    assert "Traceback" not in stderr and "Broken" not in stderr
