@@ -161,16 +161,7 @@ class Executor:
     def _cancelled_event(
         self, tool: Tool, ctx: CallContext, attempt: int, sandbox: Sandbox, started: float
     ) -> None:
-        self._audit.emit(
-            "call.attempt",
-            ctx.scrubber,
-            toolName=tool.name,
-            **ctx.audit_fields(),
-            attempt=attempt,
-            sandbox=sandbox.name,
-            duration=round((self._clock.monotonic() - started) * 1000),
-            cancelled=True,
-        )
+        self._emit_attempt(tool, ctx, attempt, sandbox, started, cancelled=True)
 
     def _attempt_event(
         self,
@@ -182,6 +173,25 @@ class Executor:
         started: float,
         error: CallError | None,
     ) -> None:
+        self._emit_attempt(
+            tool,
+            ctx,
+            attempt,
+            sandbox,
+            started,
+            exitCode=outcome.exit_code,
+            signal=outcome.signal,
+            reason=outcome.reason.value if outcome.reason else None,
+            code=error.code.value if error else None,
+            degraded=outcome.degraded,
+            missing=list(outcome.missing),
+            stderr=outcome.stderr_tail[-500:],
+        )
+
+    def _emit_attempt(
+        self, tool: Tool, ctx: CallContext, attempt: int, sandbox: Sandbox, started: float, **fields: Any
+    ) -> None:
+        """One ``call.attempt`` event: the fields every attempt has, then ``fields``."""
         self._audit.emit(
             "call.attempt",
             ctx.scrubber,
@@ -190,13 +200,7 @@ class Executor:
             attempt=attempt,
             sandbox=sandbox.name,
             duration=round((self._clock.monotonic() - started) * 1000),
-            exitCode=outcome.exit_code,
-            signal=outcome.signal,
-            reason=outcome.reason.value if outcome.reason else None,
-            code=error.code.value if error else None,
-            degraded=outcome.degraded,
-            missing=list(outcome.missing),
-            stderr=outcome.stderr_tail[-500:],
+            **fields,
         )
 
 

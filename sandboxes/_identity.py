@@ -28,6 +28,8 @@ import stat
 import threading
 from pathlib import Path
 
+from sandboxes.base import SandboxUnavailable
+
 # systemd leaves 1879048192..2147483647 unassigned; this block of it is ours.
 UID_BASE = 1_900_000_000
 UID_COUNT = 65_536
@@ -111,3 +113,15 @@ LEASE_DIR = Path("/run/runner-uids")
 def shared_identities() -> IdentityPool:
     """The process's pool over the host-wide lease directory."""
     return IdentityPool(LEASE_DIR)
+
+
+def lease_identity() -> IdentityLease:
+    """A uid for one sandbox from the host-wide pool.
+
+    Raises:
+        SandboxUnavailable: the pool is exhausted or its lease folder cannot be used.
+    """
+    try:
+        return shared_identities().lease()
+    except (NoFreeIdentity, OSError) as exc:
+        raise SandboxUnavailable(f"no sandbox identity: {exc}") from exc

@@ -28,6 +28,7 @@ import secrets
 import shutil
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 MNT_DETACH = 2
@@ -143,11 +144,11 @@ class StagedWorkspace:
             self.root.rmdir()
 
 
-def remove_stale(ws_root: Path, is_stale: object) -> None:
+def remove_stale(ws_root: Path, is_stale: Callable[[str], bool]) -> None:
     """Unmount and remove the staging folders of runners that are gone."""
     with contextlib.suppress(OSError):
         for child in ws_root.iterdir():
-            if is_stale(child.name):  # type: ignore[operator]
+            if is_stale(child.name):
                 unmount(child / "merged")
                 unmount(child)
                 with contextlib.suppress(OSError):

@@ -27,7 +27,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 READY_TIMEOUT_S = 10.0
@@ -115,16 +115,13 @@ def _start() -> int:
 
 
 def _sweep_cgroups(owner: int, parents: Iterable[tuple[int, Path]]) -> None:
-    from sandboxes.subprocess._cgroup import CallCgroup
+    from sandboxes.subprocess._cgroup import remove_groups
 
-    groups: dict[tuple[int, str], list[Path]] = {}
+    by_version: dict[int, list[Path]] = {}
     for version, parent in parents:
-        with contextlib.suppress(OSError):
-            for child in parent.iterdir():
-                if child.name.startswith(f"{owner}-") and child.is_dir():
-                    groups.setdefault((version, child.name), []).append(child)
-    for (version, _), dirs in groups.items():
-        CallCgroup(version, dirs).remove()
+        by_version.setdefault(version, []).append(parent)
+    for version, same in by_version.items():
+        remove_groups(version, same, lambda name: name.startswith(f"{owner}-"))
 
 
 def _sweep_scratch(owner: int, roots: Iterable[Path]) -> None:
@@ -162,9 +159,9 @@ def _sweep_docker(owner: int) -> None:
                 _quietly(lambda cid: client.remove_container(cid, force=True), cid)
 
 
-def _quietly(action: object, cid: str) -> None:
+def _quietly(action: Callable[[str], object], cid: str) -> None:
     with contextlib.suppress(Exception):
-        action(cid)  # type: ignore[operator]
+        action(cid)
 
 
 def main(argv: list[str]) -> int:

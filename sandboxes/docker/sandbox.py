@@ -41,7 +41,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from sandboxes._config import read_config
-from sandboxes._identity import IdentityLease, NoFreeIdentity, shared_identities
+from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import pid_alive
 from sandboxes._staging import STAGING_ROOT
@@ -149,10 +149,7 @@ class DockerSandbox:
             raise SandboxUnavailable(f"cannot start the runner's watchdog: {exc.strerror}") from exc
         client = await asyncio.to_thread(self.client)
         cgroup_v1 = await asyncio.to_thread(self._daemon_cgroup_v1, client)
-        try:
-            lease = shared_identities().lease()
-        except (NoFreeIdentity, OSError) as exc:
-            raise SandboxUnavailable(f"no sandbox identity: {exc}") from exc
+        lease = lease_identity()
         workspace = None
         try:
             name = f"{os.getpid()}-docker-{next(self._sequence)}"

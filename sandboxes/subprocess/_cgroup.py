@@ -15,6 +15,7 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from sandboxes._kernel import read_keyed
@@ -100,16 +101,22 @@ class CallCgroup:
                 pids.update(int(p) for p in procs.read_text().split())
         return pids
 
+    def _kernel_kill(self) -> bool:
+        """v2's ``cgroup.kill``: the kernel kills every member. False where there is none."""
+        if self.version != 2:
+            return False
+        kill_file = self.dirs[0] / "cgroup.kill"
+        if not kill_file.exists():
+            return False
+        with contextlib.suppress(OSError):
+            _write(kill_file, "1")
+        return True
+
     def kill_once(self) -> None:
         """One round of kills, never sleeping: what may run on an event loop. ``kill_all``
         (in a thread) makes sure later."""
-        if self.version == 2:
-            kill_file = self.dirs[0] / "cgroup.kill"
-            if kill_file.exists():
-                with contextlib.suppress(OSError):
-                    _write(kill_file, "1")
-                return
-        kill_members_once(self)
+        if not self._kernel_kill():
+            kill_members_once(self)
 
     def kill_all(self) -> None:
         """SIGKILL every member until none is left (or give up after a bounded wait).
@@ -119,11 +126,7 @@ class CallCgroup:
         kill. v2's ``cgroup.kill`` kills inside the kernel; elsewhere each member is
         pinned with a pidfd and signalled only if it is still listed after the pin.
         """
-        if self.version == 2:
-            kill_file = self.dirs[0] / "cgroup.kill"
-            if kill_file.exists():
-                with contextlib.suppress(OSError):
-                    _write(kill_file, "1")
+        self._kernel_kill()
         for _ in range(KILL_ROUNDS):
             if not kill_members_once(self):
                 return
@@ -165,6 +168,20 @@ def kill_members_once(group: CallCgroup) -> bool:
         for fd in pinned.values():
             os.close(fd)
     return True
+
+
+def remove_groups(version: int, parents: Iterable[Path], wanted: Callable[[str], bool]) -> int:
+    """Kill and remove every call cgroup under ``parents`` whose name is ``wanted`` (one
+    call's folders in each v1 hierarchy together). Returns how many calls."""
+    groups: dict[str, list[Path]] = {}
+    for parent in parents:
+        with contextlib.suppress(OSError):
+            for child in parent.iterdir():
+                if wanted(child.name) and child.is_dir():
+                    groups.setdefault(child.name, []).append(child)
+    for dirs in groups.values():
+        CallCgroup(version, dirs).remove()
+    return len(groups)
 
 
 class CgroupFactory:
@@ -256,12 +273,4 @@ class CgroupFactory:
 
     def remove_stale(self) -> int:
         """Remove call cgroups left by runners that are no longer alive. Returns how many."""
-        stale: dict[str, list[Path]] = {}
-        for parent in self._parents:
-            with contextlib.suppress(OSError):
-                for child in parent.iterdir():
-                    if child.is_dir() and not owner_alive(child.name):
-                        stale.setdefault(child.name, []).append(child)
-        for dirs in stale.values():
-            CallCgroup(self.version, dirs).remove()
-        return len(stale)
+        return remove_groups(self.version, self._parents, lambda name: not owner_alive(name))

@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from sandboxes._config import read_config
-from sandboxes._identity import IdentityLease, NoFreeIdentity, shared_identities
+from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import owner_alive
 from sandboxes._staging import STAGING_ROOT
@@ -192,10 +192,7 @@ class SubprocessSandbox:
         refused = self.refusals()
         if refused:
             raise SandboxUnavailable("sandbox unavailable: " + "; ".join(refused))
-        try:
-            lease = shared_identities().lease()
-        except (NoFreeIdentity, OSError) as exc:
-            raise SandboxUnavailable(f"no sandbox identity: {exc}") from exc
+        lease = lease_identity()
         workspace: GrantedWorkspace | None = None
         cgroup = None
         try:
