@@ -3,7 +3,11 @@ named or labelled with the pid of the runner that made them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
 
 
 def pid_alive(pid: int) -> bool:
@@ -21,3 +25,11 @@ def owner_alive(name: str) -> bool:
     """For a name ``<pid>-...``: is that runner still alive? Foreign names count as alive."""
     owner = name.split("-", 1)[0]
     return not owner.isdigit() or pid_alive(int(owner))
+
+
+def remove_folders(root: Path, wanted: Callable[[str], bool]) -> None:
+    """Remove every folder under ``root`` whose name is ``wanted`` (never through a symlink)."""
+    with contextlib.suppress(OSError):
+        for child in root.iterdir():
+            if wanted(child.name) and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)

@@ -22,7 +22,6 @@ import contextlib
 import errno
 import os
 import select
-import shutil
 import signal
 import sys
 import threading
@@ -125,11 +124,10 @@ def _sweep_cgroups(owner: int, parents: Iterable[tuple[int, Path]]) -> None:
 
 
 def _sweep_scratch(owner: int, roots: Iterable[Path]) -> None:
+    from sandboxes._owners import remove_folders
+
     for root in roots:
-        with contextlib.suppress(OSError):
-            for child in root.iterdir():
-                if child.name.startswith(f"{owner}-") and not child.is_symlink():
-                    shutil.rmtree(child, ignore_errors=True)
+        remove_folders(root, lambda name: name.startswith(f"{owner}-"))
 
 
 def _sweep_docker(owner: int) -> None:

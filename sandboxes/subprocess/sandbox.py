@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from sandboxes._config import read_config
 from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
-from sandboxes._owners import owner_alive
+from sandboxes._owners import owner_alive, remove_folders
 from sandboxes._staging import STAGING_ROOT
 from sandboxes._staging import remove_stale as remove_stale_staging
 from sandboxes._watchdog import watch
@@ -241,11 +241,7 @@ class SubprocessSandbox:
         return self.state_dir / "scratch"
 
     def _remove_stale_scratch(self) -> None:
-        if not self.scratch_root.is_dir():
-            return
-        for child in self.scratch_root.iterdir():
-            if not owner_alive(child.name):
-                shutil.rmtree(child, ignore_errors=True)
+        remove_folders(self.scratch_root, lambda name: not owner_alive(name))
 
     def next_name(self) -> str:
         return f"{os.getpid()}-{next(self._sequence)}"
