@@ -144,7 +144,8 @@ class EgressProxy:
         assert task is not None
         self._handlers.add(task)
         try:
-            await self._serve(reader, writer)
+            if not self._closed:  # accepted just as the call ended: nothing more is opened
+                await self._serve(reader, writer)
         except OSError:
             pass  # either side went away: the connection is over, as the tool will see
         finally:
