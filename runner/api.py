@@ -29,6 +29,7 @@ from runner.audit import AuditLog, iso_now
 from runner.backends import Backends
 from runner.breaker import CircuitBreaker, CircuitOpen, tool_verdict
 from runner.clock import Clock, SystemClock
+from runner.egress import ConnectAttempt, call_egress
 from runner.errors import CallError, ConfigError, ErrorCode
 from runner.executor import CallContext, Execution, Executor, Progress
 from runner.faults import OperatorLog, internal_error
@@ -437,9 +438,11 @@ class Runner:
             with self._breaker(tool.name).guard(ends_by=deadline_at) as ticket:
                 sandbox = self._sandbox_factory(plan.sandbox)
                 spec = _launch_spec(tool, ctx, self.policy, plan.runtime)
-                execution = await self._executor.execute(
-                    tool, plan, sandbox, spec, request.params, ctx, deadline_at, progress
-                )
+                report = self._network_reporter(tool, ctx)
+                async with call_egress(tool, self.policy, spec, report) as spec:
+                    execution = await self._executor.execute(
+                        tool, plan, sandbox, spec, request.params, ctx, deadline_at, progress
+                    )
                 ticket.record(tool_verdict(execution.error))
                 return execution
         except CircuitOpen as refused:
@@ -448,6 +451,15 @@ class Runner:
                 f"{tool.name} is failing; its circuit breaker is {refused.state.value}",
                 {"retryAfterMs": refused.retry_after_ms, "state": refused.state.value},
             ) from None
+
+    def _network_reporter(self, tool: Tool, ctx: CallContext) -> Callable[[ConnectAttempt], None]:
+        """Each connection the call's egress proxy opens or refuses, as an audit event."""
+
+        def report(attempt: ConnectAttempt) -> None:
+            fields = {**ctx.audit_fields(), **attempt.audit_fields()}
+            self.audit.emit("network.connect", ctx.scrubber, toolName=tool.name, **fields)
+
+        return report
 
     def _refused_before_policy(self, tool_name: str | None, ctx: CallContext, reason: str) -> None:
         """Calls that never reach the policy still get their one (deny) decision event."""

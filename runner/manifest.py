@@ -10,6 +10,7 @@ from typing import Any, Literal
 from jsonschema.protocols import Validator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from runner.egress_rules import NetworkAllow
 from runner.schemas import SchemaProblem, SensitivePath, compile_schema, sensitive_paths
 from runner.settings import CallSettings
 from runner.yaml_files import YamlFileError, load_yaml_file
@@ -20,7 +21,10 @@ NAME_PATTERN = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 BACKEND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Variables the runner sets itself; a manifest may not override them.
-RESERVED_ENV = frozenset({"HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "WORKSPACE"})
+RESERVED_ENV = frozenset(
+    {"HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "WORKSPACE"}
+    | {"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"}  # the egress proxy's
+)
 # The launcher reads RUNNER_* (and runs as root); LD_* would steer it before the tool.
 RESERVED_ENV_PREFIXES = ("RUNNER_", "LD_")
 
@@ -38,7 +42,7 @@ class ManifestModel(BaseModel):
     parameters: dict[str, Any]
     output_schema: dict[str, Any] | bool | None = None
     limits: CallSettings = Field(default_factory=CallSettings)
-    network: bool = False
+    network: bool | NetworkAllow = False  # true: a network of its own; allow: the egress proxy
     workspace: Literal["none", "read", "write"] = "none"
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -102,7 +106,7 @@ class Tool:
             name=manifest.name,
             command=tuple(manifest.command),
             image=manifest.image,
-            network=manifest.network,
+            network=manifest.network is not False,
             workspace_mode=manifest.workspace,
         )
 

@@ -50,6 +50,7 @@ from sandboxes._watchdog import watch
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import (
     Check,
+    EgressEndpoint,
     LaunchSpec,
     Limits,
     SandboxOutcome,
@@ -66,6 +67,7 @@ from sandboxes.docker._client import (
     daemon_failures,
     shared_client,
 )
+from sandboxes.docker._egress import egress_problem, listener_in
 from sandboxes.docker._frames import STDOUT, FrameDecoder
 from sandboxes.view import (
     READ_CHUNK,
@@ -147,6 +149,9 @@ class DockerSandbox:
                 watch("staging", str(STAGING_ROOT))
         except OSError as exc:
             raise SandboxUnavailable(f"cannot start the runner's watchdog: {exc.strerror}") from exc
+        problem = egress_problem(spec, spec.runtime or self.config.runtime)
+        if problem is not None:
+            raise SandboxUnavailable(problem)
         client = await asyncio.to_thread(self.client)
         cgroup_v1 = await asyncio.to_thread(self._daemon_cgroup_v1, client)
         lease = lease_identity()
@@ -164,6 +169,7 @@ class DockerSandbox:
             raise
         prepared = PreparedContainer(client, container_id, limits, cgroup_v1=cgroup_v1)
         prepared.hold(lease, workspace)
+        prepared.egress = spec.egress
         return prepared
 
     def _daemon_cgroup_v1(self, client: APIClient) -> bool:
@@ -267,6 +273,7 @@ class PreparedContainer:
         self._workspace: GrantedWorkspace | None = None
         self._pids_refused = 0
         self._oom_killed = False
+        self.egress: EgressEndpoint | None = None
 
     async def run(self, payload: bytes) -> SandboxOutcome:
         started = time.monotonic()
@@ -281,6 +288,7 @@ class PreparedContainer:
             with daemon_call("start the container"):
                 await asyncio.to_thread(client.start, cid)
             cgroup = await asyncio.to_thread(self._complete_cgroup)
+            await self._attach_egress()
             reason = await self._attend(raw, RELEASE + payload, stdout, stderr, cgroup)
         except OSError as exc:
             await asyncio.to_thread(self._kill)
@@ -296,6 +304,17 @@ class PreparedContainer:
         state = await asyncio.to_thread(self._final_state)
         outcome = _outcome(state, reason, stdout, stderr, (time.monotonic() - started) * 1000)
         return self._blame_limits(outcome)
+
+    async def _attach_egress(self) -> None:
+        """Put the call's egress proxy on the container's loopback; the tool is still gated."""
+        if self.egress is None:
+            return
+        try:
+            listener = await asyncio.to_thread(listener_in, self._client, self.container_id, self.egress.port)
+            await self.egress.attach(listener)
+        except BaseException:
+            await asyncio.to_thread(self._kill)
+            raise
 
     def _complete_cgroup(self) -> ContainerCgroup | None:
         """Find the container's cgroup on this host and, on v1, cap its TCP buffers; the
