@@ -87,6 +87,7 @@ def final_error(errors: list[CallError]) -> CallError:
         ErrorCode.RETRY_EXHAUSTED,
         f"all {len(errors)} attempts failed; last: {last.message}",
         {"lastError": last.to_wire(), "attempts": len(errors)},
+        retryable=last.retryable,  # come back later exactly when the last failure allows it
     )
 
 
