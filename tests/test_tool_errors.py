@@ -424,3 +424,11 @@ def test_the_cases_cover_the_whole_reason_table_with_its_rules() -> None:
     for case in CASES:
         if case.reason != "tool_error":  # retried on the tool's word, not the table's
             assert REASON_RULES[case.reason].retried is case.retried, case.id
+
+
+def test_the_attempt_event_names_the_tool_error(bench: ToolBench) -> None:
+    bench.tool("t", error_doc(message="no such city"))
+    bench.runner().handle({"toolName": "t", "requestId": "req_audit_te"})
+    events = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
+    attempts = [e for e in events if e["event"] == "call.attempt" and e["requestId"] == "req_audit_te"]
+    assert [e["reason"] for e in attempts] == ["tool_error"]
