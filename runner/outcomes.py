@@ -10,7 +10,7 @@ from runner import strict_json
 from runner.errors import CallError, ErrorCode
 from runner.manifest import Tool
 from runner.schemas import first_error
-from runner.tool_errors import NotAReport, ToolReport, read_report
+from runner.tool_errors import NotAReport, ToolReport, one_line, read_report
 from sandboxes import SandboxOutcome, StopReason
 
 MAX_STDERR_TAIL = 2000
@@ -33,11 +33,6 @@ _HOST_PATH = re.compile(r"/[^\s:'\"]+")
 def mask_host_paths(text: str) -> str:
     """Error messages never show host paths; a sandbox's complaint may name some."""
     return _HOST_PATH.sub("<path>", text)
-
-
-def _single_line(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _signal_name(number: int | None) -> str:
@@ -115,7 +110,7 @@ def parse_result(tool: Tool, stdout: bytes, output_format: Literal["json", "raw"
         raise CallError(
             ErrorCode.PARSE_ERROR,
             f"{tool.name} did not print one JSON document on stdout",
-            {"problem": _single_line(str(exc), 200), "stdoutPreview": preview},
+            {"problem": one_line(str(exc), 200), "stdoutPreview": preview},
         ) from exc
     if tool.output_validator is not None:
         problem = first_error(tool.output_validator, result)
