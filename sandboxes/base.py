@@ -28,6 +28,10 @@ class StopReason(enum.StrEnum):
     CPU_LIMIT = "cpu_limit"
     PIDS_LIMIT = "pids_limit"
     OUTPUT_LIMIT = "output_limit"
+    # The tool's program could not be started inside the sandbox (not found, no execute
+    # right, a format the kernel cannot run); ``message`` says which, ``exit_code`` is the
+    # starter's 127 or 126. Never claimed on the word of the tool itself.
+    NOT_EXECUTABLE = "not_executable"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from sandboxes._config import read_config
+from sandboxes._exec_status import exec_failure, new_token, token_line
 from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import owner_alive, remove_folders
@@ -297,6 +298,7 @@ class PreparedSubprocess:
 
     async def run(self, payload: bytes) -> SandboxOutcome:
         started = time.monotonic()
+        token = new_token()
         started_read, started_write = os.pipe()
         os.set_blocking(started_read, False)
         self._fds += [started_read, started_write]
@@ -330,7 +332,7 @@ class PreparedSubprocess:
         try:
             result = await drive(
                 proc,
-                payload,
+                token_line(token) + payload,
                 self._limits.timeout_ms / 1000,
                 self._limits.max_output_bytes,
                 self._kill_now,
@@ -339,7 +341,7 @@ class PreparedSubprocess:
         finally:
             tool_started = _started(started_read)
             self._close_fds()
-        return self._outcome(result, tool_started, (time.monotonic() - started) * 1000)
+        return self._outcome(result, tool_started, token, (time.monotonic() - started) * 1000)
 
     def _breached(self) -> Ending | None:
         """A limit of the tool as a whole that is already broken (polled while it runs)."""
@@ -442,7 +444,9 @@ class PreparedSubprocess:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._pgid, signal.SIGKILL)
 
-    def _outcome(self, result: ProcessResult, started_ok: bool, duration_ms: float) -> SandboxOutcome:
+    def _outcome(
+        self, result: ProcessResult, started_ok: bool, token: str, duration_ms: float
+    ) -> SandboxOutcome:
         rc = result.returncode
         sig: int | None = None
         if rc is not None and rc < 0:
@@ -454,6 +458,9 @@ class PreparedSubprocess:
         if reason is StopReason.SANDBOX_UNAVAILABLE:
             message = _setup_message(result.stderr_tail)
         stderr_tail = result.stderr_tail
+        failure = exec_failure(rc, stderr_tail, token) if reason is StopReason.EXIT_CODE else None
+        if failure is not None:
+            reason, message, stderr_tail = StopReason.NOT_EXECUTABLE, failure.why, failure.stderr_tail
         if not started_ok:
             # Nothing of the tool ran: the text is the launcher's, with host paths in it.
             stderr_tail = message or _setup_message(stderr_tail)
