@@ -32,9 +32,9 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 TARGETS = {"runner --help": 100.0, "runner exec (8 tools)": 150.0}
 MAX_MANY_RATIO = 1.2
 
-# A generated tool: its own name and a schema with the keywords real manifests use
-# (pattern, enum, bounds, nested objects), so that checking and compiling it costs what a
-# real one does.
+# A generated tool: its own name and a schema of its own (no two alike, so nothing can be
+# shared between them) with the keywords real manifests use (pattern, enum, bounds, nested
+# objects), so that checking it costs what a real one does.
 _GENERATED = """\
 name: gen_{i:03d}
 description: Generated tool number {i} for the load benchmark
@@ -45,8 +45,8 @@ sandbox: subprocess
 parameters:
   type: object
   properties:
-    query: {{type: string, minLength: 1, maxLength: 200, pattern: "^[a-z0-9 ]+$"}}
-    limit: {{type: integer, minimum: 1, maximum: 100}}
+    query: {{type: string, minLength: 1, maxLength: {length}, pattern: "^[a-z0-9 ]+$"}}
+    limit: {{type: integer, minimum: 1, maximum: {length}}}
     mode: {{enum: [fast, slow, exact]}}
     filters:
       type: object
@@ -73,7 +73,7 @@ def many_tools_folder(starter: Path) -> Path:
     for i in range(MANY - shipped):
         tool = tools / f"gen_{i:03d}"
         tool.mkdir()
-        (tool / "tool.yaml").write_text(_GENERATED.format(i=i))
+        (tool / "tool.yaml").write_text(_GENERATED.format(i=i, length=200 + i))
         (tool / "main.py").write_text(main_py)
     return folder
 
@@ -98,9 +98,10 @@ def main() -> None:
     args = parser.parse_args()
     starter = starter_folder()  # its audit.log, workspace and tools, removed at exit
     many = many_tools_folder(starter)
+    python, runner = [sys.executable, "-c", "pass"], [sys.executable, "-m", "runner", "--help"]
     rows = [
-        ("python3 -c pass", timed(lambda: command([sys.executable, "-c", "pass"], starter), args.n)),
-        ("runner --help", timed(lambda: command([sys.executable, "-m", "runner", "--help"], starter), args.n)),
+        ("python3 -c pass", timed(lambda: command(python, starter), args.n)),
+        ("runner --help", timed(lambda: command(runner, starter), args.n)),
         ("runner exec (8 tools)", timed(lambda: runner_exec(starter), args.n)),
         (f"runner exec ({MANY} tools)", timed(lambda: runner_exec(many), args.n)),
     ]
