@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from runner.answers import AnswerMetadata, CallResult
 from runner.audit import AuditLog, iso_now
@@ -40,8 +40,10 @@ from runner.plan import CallPlan, resolve_plan
 from runner.policy import Policy
 from runner.redaction import Scrubber, nodes_at, redact_nodes
 from runner.registry import Registry, matches_filter
-from runner.schemas import ParamsCheck, check_params
 from sandboxes import Closable, LaunchSpec, Sandbox
+
+if TYPE_CHECKING:
+    from runner.schemas import ParamsCheck
 
 SandboxFactory = Callable[[str], Sandbox]
 T = TypeVar("T")
@@ -371,15 +373,15 @@ class Runner:
         Runs before the policy decision is written, whatever the decision: the decision's
         audit event needs the request's sensitive values, which only validation finds.
         """
+        from runner.schemas import ParamsCheck, check_params  # jsonschema: only once a call needs it
+
         budget_s = max(0.0, deadline_at - self._clock.monotonic())
-        work = asyncio.get_running_loop().run_in_executor(
-            self._threads,
-            check_params,
-            tool.params_validator,
-            params,
-            tool.sensitive_params,
-            budget_s,
-        )
+
+        def check() -> ParamsCheck:
+            # In the thread: a tool's first call builds its validator (lazily, see Tool).
+            return check_params(tool.params_validator, params, tool.sensitive_params, budget_s)
+
+        work = asyncio.get_running_loop().run_in_executor(self._threads, check)
         try:
             # The thread itself stops at the next keyword past its budget; this bounds a
             # single slow keyword too.

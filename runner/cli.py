@@ -235,6 +235,9 @@ def exec_command(
     step_id: str | None,
 ) -> None:
     """Call TOOL, or read one whole request from stdin when TOOL is '-'."""
+    from sandboxes._watchdog import prestart
+
+    prestart()  # it boots on the other core while the tools load; the call waits for it
     request: object
     if tool == "-":
         try:

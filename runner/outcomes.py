@@ -9,7 +9,6 @@ from typing import Any, Literal
 from runner import strict_json
 from runner.errors import CallError, ErrorCode
 from runner.manifest import Tool
-from runner.schemas import first_error
 from runner.tool_errors import NotAReport, ToolReport, one_line, read_report
 from sandboxes import SandboxOutcome, StopReason
 
@@ -113,6 +112,8 @@ def parse_result(tool: Tool, stdout: bytes, output_format: Literal["json", "raw"
             {"problem": one_line(str(exc), 200), "stdoutPreview": preview},
         ) from exc
     if tool.output_validator is not None:
+        from runner.schemas import first_error  # jsonschema: only for a tool with an output_schema
+
         problem = first_error(tool.output_validator, result)
         if problem is not None:
             raise CallError(
