@@ -56,6 +56,9 @@ class LaunchSpec:
     workspace_mode: WorkspaceMode = "none"
     image: str | None = None
     runtime: str | None = None
+    # Environment variables too, but secret: a backend delivers them so that no one but
+    # the tool sees them (not in argv, not in a container's config); never in a repr.
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
