@@ -6,6 +6,8 @@ runner writes on its own standard error, whichever backend ran the tool.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import os
 import secrets
@@ -21,6 +23,8 @@ from docker import APIClient
 
 from runner.errors import ConfigError
 from runner.policy import Policy
+from sandboxes.base import LaunchSpec, Limits
+from sandboxes.docker import DockerSandbox
 
 RUNNER = [sys.executable, "-m", "runner"]
 HOST_VARIABLE = "RUNNER_TEST_SECRET_SOURCE"
@@ -115,8 +119,6 @@ def test_a_granted_secret_reaches_the_tool_as_its_environment_variable(
     setup(bench, "shows", SHOW_SECRET, **docker_manifest(backend))
     answer = bench.runner().handle({"toolName": "shows", "options": {"timeout": 20000}})
     assert answer["success"], answer
-    import hashlib
-
     assert answer["result"]["sha256"] == hashlib.sha256(SECRET.encode()).hexdigest()
     assert HOST_VARIABLE not in answer["result"]["env"]  # the source variable itself is not passed
 
@@ -129,8 +131,6 @@ def test_a_secret_with_newlines_from_a_file_reaches_a_container_whole(
     setup(bench, "pem", SHOW_SECRET, sandbox="docker", image="runner/base:latest")
     bench.policy["secrets"] = {"API_TOKEN": {"file": "key.pem"}}
     answer = bench.runner().handle({"toolName": "pem", "options": {"timeout": 20000}})
-    import hashlib
-
     assert answer["result"]["sha256"] == hashlib.sha256(value.encode()).hexdigest(), answer
 
 
@@ -194,7 +194,9 @@ def test_a_secret_file_that_is_not_a_plain_private_value_is_refused_without_hang
     assert answer["error"]["details"]["reason"] == "secret_unavailable"
 
 
-def test_a_symlinked_secret_file_is_followed_as_kubernetes_mounts_it(bench: ToolBench, tmp_path: Path) -> None:
+def test_a_symlinked_secret_file_is_followed_as_kubernetes_mounts_it(
+    bench: ToolBench, tmp_path: Path
+) -> None:
     (tmp_path / "..data").mkdir()
     (tmp_path / "..data" / "token").write_text(SECRET)
     (tmp_path / "token").symlink_to("..data/token")
@@ -245,7 +247,11 @@ def hostile(bench: ToolBench, backend: str) -> None:
 
 
 def request(mode: str) -> dict[str, Any]:
-    options = {"timeout": 1500 if mode == "timeout" else 20000, "retries": 0, "deadline": 25000}
+    options: dict[str, Any] = {
+        "timeout": 1500 if mode == "timeout" else 20000,
+        "retries": 0,
+        "deadline": 25000,
+    }
     if mode == "raw":
         options["format"] = "raw"
     return {"toolName": "exfil", "params": {"mode": mode}, "options": options}
@@ -272,7 +278,9 @@ def test_the_hostile_tool_gets_its_secret_out_through_no_answer_or_log_of_the_ap
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_the_hostile_tool_gets_its_secret_out_through_nothing_the_cli_prints(bench: ToolBench, mode: str) -> None:
+def test_the_hostile_tool_gets_its_secret_out_through_nothing_the_cli_prints(
+    bench: ToolBench, mode: str
+) -> None:
     hostile(bench, "subprocess")
     bench.runner().close()  # writes the policy file
     done = subprocess.run(
@@ -317,3 +325,35 @@ def test_runner_validate_never_prints_a_secret(bench: ToolBench) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert_nowhere(done.stdout, done.stderr)
+
+
+def test_a_containers_config_shows_no_secret_to_docker_inspect(
+    bench: ToolBench, docker_client: APIClient
+) -> None:
+    value = SECRET + "\nsecond line"
+    folder = bench.tool(
+        "inspected", "import os, sys\nsys.stdin.read()\nprint(os.environ['API_TOKEN'], end='')\n"
+    )
+    spec = LaunchSpec(
+        tool_name="inspected",
+        request_id="req_secret_inspect",
+        command=("python3", "main.py"),
+        tool_dir=folder,
+        image="runner/base:latest",
+        secrets={"API_TOKEN": value},
+    )
+    assert value not in repr(spec)
+
+    async def attempt() -> tuple[bytes, dict[str, Any]]:
+        prepared = await DockerSandbox().prepare(spec, Limits(timeout_ms=20000))
+        try:
+            before = await asyncio.to_thread(docker_client.inspect_container, prepared.container_id)
+            outcome = await prepared.run(b"{}")
+            return outcome.stdout, before
+        finally:
+            await prepared.close()
+
+    stdout, inspected = asyncio.run(attempt())
+    assert stdout.decode() == value  # the tool had it, whole
+    assert_nowhere(json.dumps(inspected), json.dumps(inspected, ensure_ascii=False))
+    assert not any(entry.startswith("API_TOKEN=") for entry in inspected["Config"]["Env"])
