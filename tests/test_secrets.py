@@ -357,3 +357,21 @@ def test_a_containers_config_shows_no_secret_to_docker_inspect(
     assert stdout.decode() == value  # the tool had it, whole
     assert_nowhere(json.dumps(inspected), json.dumps(inspected, ensure_ascii=False))
     assert not any(entry.startswith("API_TOKEN=") for entry in inspected["Config"]["Env"])
+
+
+def test_runner_validate_warns_of_ungranted_and_unavailable_secrets(bench: ToolBench) -> None:
+    setup(bench, "unset", SHOW_SECRET)
+    setup(bench, "ungranted", SHOW_SECRET, grant=False)
+    bench.runner().close()
+    done = subprocess.run(
+        [*RUNNER, "validate", "--tools", str(bench.tools), "--policies", str(bench.root / "policies.yaml")],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != HOST_VARIABLE} | {"RUNNER_AUDIT_LOG": os.devnull},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stdout.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2, done.stdout
+    assert any("ungranted" in line and "not granted" in line for line in warnings)
+    assert any("unset" in line and HOST_VARIABLE in line for line in warnings)
