@@ -38,20 +38,27 @@ def scrub_outcome(
 
 
 def scrub_stdout(stdout: bytes, scrubber: Scrubber, output_format: Literal["json", "raw"]) -> bytes:
-    """A JSON document is parsed, scrubbed (keys, strings, and numbers that spell a secret)
-    and written again, which catches every escaped form of a value; anything else (raw
-    text, broken JSON) is scrubbed as text, the JSON-escaped forms included."""
-    if output_format == "json":
-        try:
-            document = strict_json.loads(stdout)
-        except strict_json.JsonProblem:
-            pass
-        else:
-            clean = _scrub_document(document, scrubber)
-            return json.dumps(clean, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    """Raw text, and JSON that cannot be parsed, are scrubbed as text (the JSON-escaped forms
+    of a value included). A JSON document is looked at as the parser will see it: a
+    backslash may spell any character (``\\u0073``) and another encoding (UTF-16) hides it
+    from a text search, so unless neither can be the case, it is parsed, and when a secret
+    is in it, scrubbed (keys, strings, and numbers that spell one) and written again."""
     # surrogateescape: bytes that are not UTF-8 come back out exactly as they were.
     text = stdout.decode("utf-8", errors="surrogateescape")
-    return scrubber.scrub_text(text).encode("utf-8", errors="surrogateescape")
+    scrubbed = scrubber.scrub_text(text)
+    plain = b"\\" not in stdout and json.detect_encoding(stdout) == "utf-8"
+    if output_format == "raw" or (plain and scrubbed == text):
+        return scrubbed.encode("utf-8", errors="surrogateescape")
+    try:
+        document = strict_json.loads(stdout)
+    except strict_json.JsonProblem:
+        return scrubbed.encode("utf-8", errors="surrogateescape")
+    # Every string as JSON writes it back holds each secret in its escaped form, if at all.
+    canonical = json.dumps(document, ensure_ascii=False, allow_nan=False)
+    if scrubber.scrub_text(canonical) == canonical:
+        return stdout
+    # ASCII: a lone surrogate the tool wrote as \ud800 is written back the same way.
+    return json.dumps(_scrub_document(document, scrubber), allow_nan=False).encode("ascii")
 
 
 def _scrub_document(value: Any, scrubber: Scrubber) -> Any:

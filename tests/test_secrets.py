@@ -51,6 +51,10 @@ def err(data):
 
 if mode == "result":  # the value as a string, inside a string, as a key, escaped (ensure_ascii)
     print(json.dumps({"plain": s, "inside": "<" + s + ">", s: [s, {s: 1}]}))
+elif mode == "escapes":  # every character as \uXXXX, and a lone surrogate for good measure
+    print('{"v": "' + "".join(f"\\u{ord(c):04x}" for c in s) + '", "bad": "\\ud800"}')
+elif mode == "utf16":  # JSON may come in UTF-16: a search of the bytes as UTF-8 finds nothing
+    sys.stdout.buffer.write(json.dumps({"v": s}, ensure_ascii=False).encode("utf-16"))
 elif mode == "raw":  # format raw: the value as such and as JSON writes it
     print(s, json.dumps(s), json.dumps(s, ensure_ascii=False))
 elif mode == "error":  # an error document whose message is cut at 300 characters mid-secret
@@ -75,7 +79,10 @@ elif mode == "flood":  # past max_output_bytes, with the value all over stdout a
     while True:
         sys.stdout.write(s * 100)
 """
-MODES = ["result", "raw", "error", "stderr", "crash", "timeout", "flood"]
+MODES = ["result", "escapes", "utf16", "raw", "error", "stderr", "crash", "timeout", "flood"]
+
+
+SUCCEEDS = ("result", "escapes", "utf16", "raw")
 
 
 def forms(value: str) -> list[str]:
@@ -269,7 +276,7 @@ def test_the_hostile_tool_gets_its_secret_out_through_no_answer_or_log_of_the_ap
     hostile(bench, backend)
     with bench.runner() as runner:
         answer = runner.handle(request(mode))
-    assert answer["success"] == (mode in ("result", "raw")), answer
+    assert answer["success"] == (mode in SUCCEEDS), answer
     if mode == "result":
         assert answer["result"]["plain"] == "***"
     captured = capsys.readouterr()
@@ -292,7 +299,7 @@ def test_the_hostile_tool_gets_its_secret_out_through_nothing_the_cli_prints(
         timeout=60,
     )
     answer = answer_of(done)
-    assert answer["success"] == (mode in ("result", "raw")), answer
+    assert answer["success"] == (mode in SUCCEEDS), answer
     assert_nowhere(done.stdout, done.stderr, bench.audit_log.read_text())
 
 
