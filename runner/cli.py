@@ -276,6 +276,10 @@ def validate_command(ctx: click.Context) -> None:
         click.echo(f"invalid: {problem.path}: {problem.reason}")
     for tool in runner.registry:
         click.echo(f"ok: {tool.name} ({tool.directory})")
+    from runner.secrets import secret_warnings
+
+    for line in secret_warnings(runner.registry, runner.policy):  # names and sources, never values
+        click.echo(line)
     click.echo(f"{len(runner.registry)} tools, {len(runner.registry.problems)} problems")
     sys.exit(EXIT_FAILED if runner.registry.problems else EXIT_OK)
 

@@ -298,8 +298,27 @@ async def check_a_cancelled_run_leaves_nothing(h: Harness) -> None:
     assert await h.gone(spec.request_id), "the tool outlived the cancelled run"
 
 
+async def check_secrets_reach_the_tool_as_environment_and_stdin_stays_the_payload(h: Harness) -> None:
+    value = 'two\nlines, "quotes", \\ and ü\n'
+    spec = h.tool(
+        """
+        import json, os, sys
+        print(json.dumps({"stdin": sys.stdin.read(), "secret": os.environ.get("API_TOKEN")}))
+        """
+    )
+    spec = replace(spec, secrets={"API_TOKEN": value})
+    prepared = await h.make().prepare(spec, h.limits)
+    try:
+        outcome = await prepared.run(b'{"x": 1}')
+    finally:
+        await prepared.close()
+    assert outcome.ok, outcome
+    assert json.loads(outcome.stdout) == {"stdin": '{"x": 1}', "secret": value}, outcome.stdout
+
+
 CONTRACT: tuple[Check, ...] = (
     check_success_returns_stdout,
+    check_secrets_reach_the_tool_as_environment_and_stdin_stays_the_payload,
     check_exit_status_is_reported,
     check_a_program_that_cannot_start_is_not_executable,
     check_stderr_is_kept_as_a_tail,

@@ -25,7 +25,11 @@ STDERR_TAIL_BYTES = 8 * 1024
 
 
 def tool_env(spec: LaunchSpec, home: str = SCRATCH_MOUNT, workspace: str | None = None) -> dict[str, str]:
-    """The whole environment of the tool: the SPEC's minimal set and the manifest's env.
+    """The tool's environment but its secrets: the SPEC's minimal set and the manifest's env.
+
+    ``spec.secrets`` are added by each backend in a way that keeps them out of sight of
+    anyone but the tool (the subprocess backend: bubblewrap's arguments through a sealed
+    descriptor; docker: on the gate's stdin, never in the container's config).
 
     ``home`` and ``workspace`` are where the backend put the scratch and the workspace;
     both are the mounts above except in a degraded run, which has no mount namespace.

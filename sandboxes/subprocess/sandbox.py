@@ -363,7 +363,8 @@ class PreparedSubprocess:
         launcher_env = self._launcher_env({"PATH": "/usr/bin:/bin"})
         tool_dir, workspace = self._stage(launcher_env, workspace)
         sources = Sources(tool_dir, workspace, owner.etc_dir)
-        env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace else None)
+        # Secrets too: bubblewrap's arguments reach it through a sealed memfd, not argv.
+        env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace else None) | dict(spec.secrets)
         command = started_shim_argv(SHELL, list(spec.command))
         assert owner.bwrap is not None
         seccomp = filter_fd()
@@ -421,7 +422,9 @@ class PreparedSubprocess:
         granted = self._workspace.source if self._workspace is not None else None
         tool_dir, workspace = self._stage(launcher_env, granted)
         launcher_env["RUNNER_CHDIR"] = str(tool_dir)
+        # Secrets too: the launcher's environment, readable by root and by the tool's own uid only.
         env = tool_env(spec, str(self._scratch), str(workspace) if workspace is not None else None)
+        env |= spec.secrets
         command = started_shim_argv(SHELL, list(spec.command))
         if self._owner.setpriv is not None:
             # Less isolation, never root: the tool still runs as a uid of its own.
