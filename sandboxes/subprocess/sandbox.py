@@ -54,6 +54,7 @@ from sandboxes.subprocess._launch import (
     started_shim_argv,
 )
 from sandboxes.subprocess._layout import GROUP, PASSWD, Sources, bwrap_argv
+from sandboxes.subprocess._library import publish_library
 from sandboxes.subprocess._process import Ending, ProcessResult, drive
 from sandboxes.subprocess._seccomp import SeccompUnavailable, filter_fd, sealed_memfd
 from sandboxes.view import SCRATCH_MOUNT, WORKSPACE_MOUNT, tool_env
@@ -127,6 +128,7 @@ class SubprocessSandbox:
         except (CgroupUnavailable, OSError) as exc:
             self.cgroup_problem = str(exc)
         self.etc_dir = self._write_etc()
+        self.library_dir = publish_library(self.state_dir / "python")
         self.stage_dir = self._make_stage()
         self._remove_stale_scratch()
         self.watch_problem: str | None = None
@@ -338,7 +340,7 @@ class PreparedSubprocess:
         workspace = self._workspace.source if self._workspace is not None else None
         launcher_env = self._launcher_env({"PATH": "/usr/bin:/bin"})
         tool_dir, workspace = self._stage(launcher_env, workspace)
-        sources = Sources(tool_dir, workspace, owner.etc_dir)
+        sources = Sources(tool_dir, workspace, owner.etc_dir, owner.library_dir)
         env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace else None)
         command = started_shim_argv(SHELL, list(spec.command))
         assert owner.bwrap is not None
@@ -388,7 +390,8 @@ class PreparedSubprocess:
         granted = self._workspace.source if self._workspace is not None else None
         tool_dir, workspace = self._stage(launcher_env, granted)
         launcher_env["RUNNER_CHDIR"] = str(tool_dir)
-        env = tool_env(spec, str(self._scratch), str(workspace) if workspace is not None else None)
+        workspace_text = str(workspace) if workspace is not None else None
+        env = tool_env(spec, str(self._scratch), workspace_text, str(self._owner.library_dir))
         command = started_shim_argv(SHELL, list(spec.command))
         if self._owner.setpriv is not None:
             # Less isolation, never root: the tool still runs as a uid of its own.

@@ -1,8 +1,8 @@
 """The tool side of the contract (SPEC 2) for Python tools: standard library only.
 
-``runner new`` writes a copy of this file next to a new tool's ``main.py`` (the sandbox
-shows a tool nothing but its own folder and the system), so ``import runner_tool`` works
-in every backend. A tool is then a function::
+Every sandbox shows this folder read-only at ``/opt/runner/python`` and puts it on the
+tool's ``PYTHONPATH`` (``sandboxes.view``), so ``import runner_tool`` works in every
+backend without a copy in the tool's folder. A tool is then a function::
 
     from runner_tool import ToolError, run
 
