@@ -20,6 +20,8 @@ from typing import Literal
 
 from runner.command_checks import ImageProbe, host_command_problem, image_probe, script_problem
 from runner.manifest import Tool
+from runner.models import CallOptions
+from runner.plan import resolve_plan
 from runner.policy import Policy, matching_rule
 from runner.registry import Registry
 
@@ -84,8 +86,8 @@ def validate(registry: Registry, policy: Policy) -> Report:
 
 
 def _sandbox_of(tool: Tool, policy: Policy) -> str:
-    override = policy.model.tools.get(tool.name)
-    return (override.sandbox if override is not None else None) or tool.manifest.sandbox
+    """The backend a call of ``tool`` would use (the policy's ``tools.NAME.sandbox`` wins)."""
+    return resolve_plan(tool, policy, CallOptions()).sandbox
 
 
 def _tool_findings(tool: Tool, policy: Policy, sandbox: str, probe: ImageProbe | str | None) -> list[Finding]:
@@ -107,7 +109,10 @@ def _command_reasons(
     problem = None
     if sandbox == SUBPROCESS:
         problem = host_command_problem(command, env, tool.directory)
-    elif sandbox == DOCKER and image is not None:  # no image: the backend's rule left it out
+    elif sandbox == DOCKER and image is None:  # moved to docker by the policy's tools.NAME.sandbox
+        yield "error", "image", "the policy runs it in docker, but its manifest names no image"
+        return
+    elif sandbox == DOCKER and image is not None:
         if not isinstance(probe, ImageProbe):
             yield "error", "image", f"cannot check image {image}: {probe}"
             return

@@ -164,6 +164,15 @@ def test_an_unreachable_docker_daemon_is_an_error_of_the_docker_tools_only(bench
     assert "cannot check image runner/base:latest" in problem["reason"]
 
 
+def test_a_tool_the_policy_moves_into_docker_without_an_image_is_an_error(bench: ToolBench) -> None:
+    bench.tool("moved", ECHO_TOOL)
+    bench.policy["tools"] = {"moved": {"sandbox": "docker"}}
+    status, document = report(bench)
+    assert status == 1
+    [problem] = document["problems"]
+    assert (problem["tool"], problem["check"], problem["severity"]) == ("moved", "image", "error")
+
+
 @pytest.mark.docker
 def test_a_missing_image_or_a_program_the_image_lacks_is_an_error(
     bench: ToolBench, docker_client: APIClient
