@@ -89,8 +89,8 @@ def _fail(message: str) -> NoReturn:
 
 
 def _print(document: object) -> None:
+    # No newline after it: a caller asking for ``format: raw`` gets exactly the document.
     sys.stdout.write(json.dumps(document, ensure_ascii=False, allow_nan=False))
-    sys.stdout.write("\n")
     sys.stdout.flush()
 
 
