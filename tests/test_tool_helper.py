@@ -31,6 +31,7 @@ def main(params, context):
         "attempt": context["attempt"],
         "helper": os.path.realpath(runner_tool.__file__),
         "pythonpath": os.environ["PYTHONPATH"],
+        "bytecode": os.path.isfile(runner_tool.__cached__),
         "write": attempt(runner_tool.__file__),
         "create": attempt(os.path.join(os.path.dirname(runner_tool.__file__), "extra.py")),
     }
@@ -56,6 +57,7 @@ def test_a_python_tool_imports_the_helper_in_the_subprocess_sandbox_and_cannot_c
     bench.tool("helped", HELPER_USER)
     answer = bench.runner().handle({"toolName": "helped", "params": {}})
     assert_helper_worked_and_stayed_intact(answer, LIBRARY_MOUNT)
+    assert answer["result"]["bytecode"] is True  # compiled once by the runner, not per call
 
 
 def test_the_manifests_own_pythonpath_comes_first_and_the_helper_after_it(bench: ToolBench) -> None:

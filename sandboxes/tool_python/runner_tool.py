@@ -26,10 +26,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+# pathlib and traceback load on use: every call of a tool pays for what it imports.
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = ["ToolError", "run", "workspace_path"]
 
@@ -75,6 +77,8 @@ def workspace_path(relative: str) -> Path:
     if not root_text:
         raise ToolError("this tool has no workspace (set workspace: read|write in tool.yaml)",
                         code="NO_WORKSPACE")
+    from pathlib import Path
+
     root = Path(root_text).resolve()
     target = (root / relative).resolve()
     if Path(relative).is_absolute() or not target.is_relative_to(root) or target == root:
@@ -95,11 +99,13 @@ def _print(document: object) -> None:
 
 
 def _where(exc: BaseException) -> str:
+    import traceback
+
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return ""
     last = frames[-1]
-    return f" (at {Path(last.filename).name}:{last.lineno})"
+    return f" (at {os.path.basename(last.filename)}:{last.lineno})"  # noqa: PTH119 - no pathlib import
 
 
 def _read_request() -> tuple[dict[str, Any], dict[str, Any]]:
