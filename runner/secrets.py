@@ -28,8 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from runner.redaction import Scrubber
 
 if TYPE_CHECKING:
-    from runner.manifest import Tool
-    from runner.policy import Policy
+    pass
 
 SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 # What the runner and its sandboxes set themselves: a secret of that name would override it.
@@ -195,19 +194,3 @@ def _checked(value: str) -> str:
     if len(value.encode("utf-8")) > MAX_SECRET_BYTES:
         raise _NoValue(f"is larger than {MAX_SECRET_BYTES} bytes")
     return value
-
-
-def secret_warnings(tools: Iterable[Tool], policy: Policy) -> list[str]:
-    """For ``runner validate``: each secret a tool lists that the policy does not grant, and
-    each granted one without a value here (with the file's path: this is for the operator)."""
-    lines = []
-    for tool in tools:
-        granted = policy.granted_secrets(tool)
-        for name in tool.manifest.secrets:
-            if name not in granted:
-                lines.append(
-                    f"warning: {tool.name}: secret {name} is not granted (tools.{tool.name}.secrets)"
-                )
-        found = read_secrets(granted, policy.model.secrets, policy.base_dir)
-        lines += [f"warning: {tool.name}: secret {gone.name}: {gone.for_operator}" for gone in found.missing]
-    return lines

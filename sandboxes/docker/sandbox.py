@@ -72,6 +72,8 @@ from sandboxes.docker._client import (
 from sandboxes.docker._egress import egress_problem, listener_in
 from sandboxes.docker._frames import STDOUT, FrameDecoder
 from sandboxes.view import (
+    LIBRARY_MOUNT,
+    LIBRARY_SOURCE,
     READ_CHUNK,
     SCRATCH_MOUNT,
     STDERR_TAIL_BYTES,
@@ -240,7 +242,10 @@ def _create(
     from docker.types import LogConfig, Ulimit
 
     env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace is not None else None)
-    binds: dict[str, Mapping[str, str]] = {str(spec.tool_dir): {"bind": TOOL_MOUNT, "mode": "ro"}}
+    binds: dict[str, Mapping[str, str]] = {
+        str(spec.tool_dir): {"bind": TOOL_MOUNT, "mode": "ro"},
+        str(LIBRARY_SOURCE): {"bind": LIBRARY_MOUNT, "mode": "ro"},
+    }
     if workspace is not None:
         binds[str(workspace.source)] = {
             "bind": WORKSPACE_MOUNT,
