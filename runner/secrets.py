@@ -21,14 +21,10 @@ import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runner.redaction import Scrubber
-
-if TYPE_CHECKING:
-    pass
 
 SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 # What the runner and its sandboxes set themselves: a secret of that name would override it.
@@ -63,12 +59,19 @@ def name_problem(name: str) -> str | None:
 
 
 class SecretSource(BaseModel):
-    """``secrets.NAME`` in the policy: exactly one of ``env`` or ``file``."""
+    """``secrets.NAME`` in the policy: exactly one of ``env`` or ``file``.
+
+    ``optional: true`` is the operator saying that the tool works without it (say, from
+    bundled data): no value here then means the variable is simply not set for the tool,
+    rather than ``secret_unavailable``. It never grants anything: the grant stays
+    ``tools.NAME.secrets``.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     file: str | None = Field(default=None, min_length=1)
+    optional: bool = False
 
     @model_validator(mode="after")
     def _one_source(self) -> SecretSource:
@@ -114,6 +117,11 @@ class _NoValue(Exception):
     """A source that gives no usable value; the message is safe for the caller."""
 
 
+class _Absent(_NoValue):
+    """A source that is not there at all (variable unset, no such file): what ``optional``
+    forgives. A source that is there but refused (world-writable, too large) never is."""
+
+
 def read_secrets(names: Iterable[str], sources: Mapping[str, SecretSource], base_dir: Path) -> SecretValues:
     """Read each of ``names`` from its source (a file path relative to ``base_dir``).
 
@@ -135,6 +143,9 @@ def read_secrets(names: Iterable[str], sources: Mapping[str, SecretSource], base
             told, operator_where = "its file", f"file {path}"
         try:
             values[name] = _read_env(str(source.env)) if source.env is not None else _read_file(path)
+        except _Absent as exc:
+            if not source.optional:
+                missing.append(Unavailable(name, f"{told} {exc}", f"{operator_where} {exc}"))
         except _NoValue as exc:
             missing.append(Unavailable(name, f"{told} {exc}", f"{operator_where} {exc}"))
     return SecretValues(values, tuple(missing))
@@ -143,7 +154,7 @@ def read_secrets(names: Iterable[str], sources: Mapping[str, SecretSource], base
 def _read_env(variable: str) -> str:
     value = os.environ.get(variable)
     if value is None:
-        raise _NoValue("is not set")
+        raise _Absent("is not set")
     return _checked(value)
 
 
@@ -157,6 +168,8 @@ def _read_file(path: Path) -> str:
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError as exc:
+        raise _Absent(f"cannot be opened ({exc.strerror})") from None
     except OSError as exc:
         raise _NoValue(f"cannot be opened ({exc.strerror})") from None
     try:
