@@ -83,7 +83,7 @@ TABLE_COLUMNS = (
 )
 
 
-def _outcome(event: dict[str, Any]) -> str:
+def outcome(event: dict[str, Any]) -> str:
     if "decision" in event:
         rule = f" ({event.get('reason')})" if event.get("reason") else ""
         return f"{event['decision']}{rule}"
@@ -129,7 +129,7 @@ def write_table(events: Iterable[dict[str, Any]], out: TextIO) -> int:
     for event in events:
         # Every value comes from the log, and a refused request's ids are logged as sent.
         cells = {name: escape_cell(str(event.get(name) or "-")) for name, _ in TABLE_COLUMNS}
-        cells["outcome"] = escape_cell(_outcome(event))
+        cells["outcome"] = escape_cell(outcome(event))
         out.write(line(cells) + "\n")
         count += 1
     return count
