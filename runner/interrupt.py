@@ -2,16 +2,18 @@
 
 asyncio's own SIGINT handling cancels the call on the first Ctrl-C but raises
 ``KeyboardInterrupt`` straight into the event loop on the second, which would abandon the
-sandbox's teardown half way. Here every such signal only cancels the call (once): the
-cancellation runs the shielded teardown, ``call.finished`` is written with
-``cancelled: true``, the runner is closed (backends included), and only then does the
-caller learn which signal ended it.
+sandbox's teardown half way. Here the first such signal cancels the call and makes the
+process ignore the rest (at the OS level: a key held down cannot slip in between two
+Python statements); the cancellation runs the shielded teardown, ``call.finished`` is
+written with ``cancelled: true``, the runner is closed (backends included), and only then
+does the caller learn which signal ended it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
+from types import FrameType
 from typing import Any
 
 from runner.api import Runner
@@ -41,22 +43,23 @@ async def _serve(runner: Runner, request: object) -> dict[str, Any]:
     call = asyncio.ensure_future(runner.ahandle(request))
     received: list[int] = []
 
-    def stop(signum: int) -> None:
-        if not received:  # later signals wait for the same teardown
-            call.cancel()
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        # A Python-level handler, not loop.add_signal_handler: the loop would put its own
+        # handlers back (default ones) when it closes, while the teardown may still run.
+        for each in STOP_SIGNALS:
+            signal.signal(each, signal.SIG_IGN)
         received.append(signum)
+        loop.call_soon_threadsafe(call.cancel)
 
-    for signum in STOP_SIGNALS:
-        loop.add_signal_handler(signum, stop, signum)
+    before = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
     try:
-        try:
-            return await call
-        except asyncio.CancelledError:
-            if not received:
-                raise
-            raise Interrupted(received[0]) from None
-        finally:
-            await runner.aclose()
+        return await call
+    except asyncio.CancelledError:
+        if not received:
+            raise
+        raise Interrupted(received[0]) from None
     finally:
-        for signum in STOP_SIGNALS:
-            loop.remove_signal_handler(signum)
+        await runner.aclose()
+        if not received:  # else they stay ignored: the process is on its way out
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
