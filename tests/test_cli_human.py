@@ -300,7 +300,7 @@ def test_ctrl_c_during_exec_exits_130_after_the_sandbox_is_gone_and_audits_the_c
         stdout, stderr = process.communicate(timeout=30)
     finally:
         _stop(process)
-    assert process.returncode == 130, stderr
+    assert process.returncode == 130, (stdout, stderr)
     assert b"Traceback" not in stderr and stderr.strip() == b""
     assert stdout == b""
     assert _tool_processes(request_id) == []
