@@ -1,9 +1,32 @@
-"""runner: a sandboxed tool runner for LLM agents (host side)."""
+"""runner: a sandboxed tool runner for LLM agents (host side).
 
-from runner.answers import AnswerMetadata, CallResult, ErrorInfo
-from runner.api import Runner
-from runner.errors import CallError, ConfigError, ErrorCode, RunnerError
-from runner.locations import examples_dir
+The public names are imported on first use (PEP 562): ``python3 -m runner --help`` and
+every command that does not call a tool must not pay for pydantic, jsonschema and the
+sandboxes, which ``Runner`` brings in.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runner.answers import AnswerMetadata, CallResult, ErrorInfo
+    from runner.api import Runner
+    from runner.errors import CallError, ConfigError, ErrorCode, RunnerError
+    from runner.locations import examples_dir
+
+_HOMES = {
+    "AnswerMetadata": "runner.answers",
+    "CallResult": "runner.answers",
+    "ErrorInfo": "runner.answers",
+    "Runner": "runner.api",
+    "CallError": "runner.errors",
+    "ConfigError": "runner.errors",
+    "ErrorCode": "runner.errors",
+    "RunnerError": "runner.errors",
+    "examples_dir": "runner.locations",
+}
 
 __all__ = [
     "AnswerMetadata",
@@ -16,3 +39,16 @@ __all__ = [
     "RunnerError",
     "examples_dir",
 ]
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'runner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -22,13 +22,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from runner.answers import AnswerMetadata, CallResult
 from runner.audit import AuditLog, iso_now
 from runner.backends import Backends
 from runner.breaker import CircuitBreaker, CircuitOpen, tool_verdict
 from runner.clock import Clock, SystemClock
+from runner.egress import ConnectAttempt, call_egress
 from runner.errors import CallError, ConfigError, ErrorCode
 from runner.executor import CallContext, Execution, Executor, Progress
 from runner.faults import OperatorLog, internal_error
@@ -39,8 +40,10 @@ from runner.plan import CallPlan, resolve_plan
 from runner.policy import Policy
 from runner.redaction import Scrubber, nodes_at, redact_nodes
 from runner.registry import Registry, matches_filter
-from runner.schemas import ParamsCheck, check_params
 from sandboxes import Closable, LaunchSpec, Sandbox
+
+if TYPE_CHECKING:
+    from runner.schemas import ParamsCheck
 
 SandboxFactory = Callable[[str], Sandbox]
 T = TypeVar("T")
@@ -370,15 +373,15 @@ class Runner:
         Runs before the policy decision is written, whatever the decision: the decision's
         audit event needs the request's sensitive values, which only validation finds.
         """
+        from runner.schemas import ParamsCheck, check_params  # jsonschema: only once a call needs it
+
         budget_s = max(0.0, deadline_at - self._clock.monotonic())
-        work = asyncio.get_running_loop().run_in_executor(
-            self._threads,
-            check_params,
-            tool.params_validator,
-            params,
-            tool.sensitive_params,
-            budget_s,
-        )
+
+        def check() -> ParamsCheck:
+            # In the thread: a tool's first call builds its validator (lazily, see Tool).
+            return check_params(tool.params_validator, params, tool.sensitive_params, budget_s)
+
+        work = asyncio.get_running_loop().run_in_executor(self._threads, check)
         try:
             # The thread itself stops at the next keyword past its budget; this bounds a
             # single slow keyword too.
@@ -439,9 +442,11 @@ class Runner:
             with self._breaker(tool.name).guard(ends_by=deadline_at) as ticket:
                 sandbox = self._sandbox_factory(plan.sandbox)
                 spec = _launch_spec(tool, ctx, self.policy, plan.runtime)
-                execution = await self._executor.execute(
-                    tool, plan, sandbox, spec, request.params, ctx, deadline_at, progress
-                )
+                report = self._network_reporter(tool, ctx)
+                async with call_egress(tool, self.policy, spec, report) as spec:
+                    execution = await self._executor.execute(
+                        tool, plan, sandbox, spec, request.params, ctx, deadline_at, progress
+                    )
                 ticket.record(tool_verdict(execution.error))
                 return execution
         except CircuitOpen as refused:
@@ -450,6 +455,15 @@ class Runner:
                 f"{tool.name} is failing; its circuit breaker is {refused.state.value}",
                 {"retryAfterMs": refused.retry_after_ms, "state": refused.state.value},
             ) from None
+
+    def _network_reporter(self, tool: Tool, ctx: CallContext) -> Callable[[ConnectAttempt], None]:
+        """Each connection the call's egress proxy opens or refuses, as an audit event."""
+
+        def report(attempt: ConnectAttempt) -> None:
+            fields = {**ctx.audit_fields(), **attempt.audit_fields()}
+            self.audit.emit("network.connect", ctx.scrubber, toolName=tool.name, **fields)
+
+        return report
 
     def _refused_before_policy(self, tool_name: str | None, ctx: CallContext, reason: str) -> None:
         """Calls that never reach the policy still get their one (deny) decision event."""

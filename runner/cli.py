@@ -292,6 +292,9 @@ def exec_command(
     Prints the answer as JSON (indented on a terminal); exits 0 on success, 1 when the
     call failed, 130 after Ctrl-C (once the tool's sandbox is gone).
     """
+    from sandboxes._watchdog import prestart
+
+    prestart()  # it boots on the other core while the tools load; the call waits for it
     request: object
     if tool == "-":
         try:

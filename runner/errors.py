@@ -45,9 +45,31 @@ CODE_RULES: dict[ErrorCode, CodeRule] = {
     ErrorCode.RETRY_EXHAUSTED: CodeRule(retried=False, retryable=True),
 }
 
-# EXECUTION_ERROR reasons that another attempt cannot fix: the sandbox is missing, not
-# flaky, so retrying only burns the deadline.
-NOT_RETRIED_REASONS = frozenset({"sandbox_unavailable"})
+# EXECUTION_ERROR by reason (SPEC 3). A plain failure may be a flake; the same input
+# breaks the same limit again, a program that cannot be started stays so, a missing
+# secret or sandbox is the host's to fix, and a runner fault is the operator's. A
+# ``tool_error`` is retried exactly when the tool said ``retryable: true`` (the error
+# is built with the tool's word). A reason not listed follows the code's rule.
+REASON_RULES: dict[str, CodeRule] = {
+    "exit_code": CodeRule(retried=True, retryable=True),
+    "signal": CodeRule(retried=True, retryable=True),
+    "tool_error": CodeRule(retried=False, retryable=False),
+    "memory_limit": CodeRule(retried=False, retryable=False),
+    "cpu_limit": CodeRule(retried=False, retryable=False),
+    "pids_limit": CodeRule(retried=False, retryable=False),
+    "output_limit": CodeRule(retried=False, retryable=False),
+    "not_executable": CodeRule(retried=False, retryable=False),
+    "secret_unavailable": CodeRule(retried=False, retryable=False),
+    "sandbox_unavailable": CodeRule(retried=False, retryable=False),
+    "internal": CodeRule(retried=False, retryable=False),
+}
+
+
+def rule_of(code: ErrorCode, reason: str | None) -> CodeRule:
+    """What the table says of an error with this code and ``details.reason``."""
+    if code is ErrorCode.EXECUTION_ERROR and reason in REASON_RULES:
+        return REASON_RULES[reason]
+    return CODE_RULES[code]
 
 
 class RunnerError(Exception):
@@ -78,7 +100,9 @@ class CallError(RunnerError):
         self.code = code
         self.message = " ".join(message.split())  # messages are single-line by contract
         self.details = details or {}
-        self.retryable = CODE_RULES[code].retryable if retryable is None else retryable
+        reason = self.details.get("reason")
+        rule = rule_of(code, reason if isinstance(reason, str) else None)
+        self.retryable = rule.retryable if retryable is None else retryable
 
     @property
     def reason(self) -> str | None:
@@ -87,7 +111,9 @@ class CallError(RunnerError):
 
     @property
     def retried(self) -> bool:
-        return CODE_RULES[self.code].retried and self.reason not in NOT_RETRIED_REASONS
+        """Does the executor try again? Only what the caller, too, may sensibly try
+        again, and of that only a failed attempt (not a refusal or an exhausted call)."""
+        return CODE_RULES[self.code].retried and self.retryable
 
     def to_wire(self) -> dict[str, Any]:
         return {

@@ -87,6 +87,7 @@ def final_error(errors: list[CallError]) -> CallError:
         ErrorCode.RETRY_EXHAUSTED,
         f"all {len(errors)} attempts failed; last: {last.message}",
         {"lastError": last.to_wire(), "attempts": len(errors)},
+        retryable=last.retryable,  # come back later exactly when the last failure allows it
     )
 
 
@@ -181,7 +182,8 @@ class Executor:
             started,
             exitCode=outcome.exit_code,
             signal=outcome.signal,
-            reason=outcome.reason.value if outcome.reason else None,
+            # The error's own reason when it has one: a tool_error is an exit_code outcome.
+            reason=(error.reason if error else None) or (outcome.reason.value if outcome.reason else None),
             code=error.code.value if error else None,
             degraded=outcome.degraded,
             missing=list(outcome.missing),

@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from jsonschema.protocols import Validator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from runner.schemas import SchemaProblem, SensitivePath, compile_schema, sensitive_paths
+from runner.egress_rules import NetworkAllow
+from runner.manifest_cache import ManifestCache, digest
 from runner.settings import CallSettings
-from runner.yaml_files import YamlFileError, load_yaml_file
+from runner.yaml_files import YamlFileError, parse_yaml, read_bounded
 from sandboxes import ToolRequirements
+
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
+
+    from runner.schemas import SensitivePath
 
 MANIFEST_FILE = "tool.yaml"
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 BACKEND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Variables the runner sets itself; a manifest may not override them.
-RESERVED_ENV = frozenset({"HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "WORKSPACE"})
+RESERVED_ENV = frozenset(
+    {"HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "WORKSPACE"}
+    | {"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"}  # the egress proxy's
+)
 # The launcher reads RUNNER_* (and runs as root); LD_* would steer it before the tool.
 RESERVED_ENV_PREFIXES = ("RUNNER_", "LD_")
 
@@ -38,7 +48,7 @@ class ManifestModel(BaseModel):
     parameters: dict[str, Any]
     output_schema: dict[str, Any] | bool | None = None
     limits: CallSettings = Field(default_factory=CallSettings)
-    network: bool = False
+    network: bool | NetworkAllow = False  # true: a network of its own; allow: the egress proxy
     workspace: Literal["none", "read", "write"] = "none"
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -83,17 +93,38 @@ class ManifestModel(BaseModel):
 
 @dataclass(frozen=True)
 class Tool:
-    """A registered tool: its manifest, its folder and its compiled validators."""
+    """A registered tool: its manifest (schemas checked) and its folder.
+
+    Its validators are built when a call first needs them and kept: most loads (a CLI
+    command, a server's start) call few of the tools they load, and jsonschema itself is
+    imported only then.
+    """
 
     manifest: ManifestModel
     directory: Path
-    params_validator: Validator
-    output_validator: Validator | None
-    sensitive_params: frozenset[SensitivePath]
 
     @property
     def name(self) -> str:
         return self.manifest.name
+
+    @cached_property
+    def params_validator(self) -> Validator:
+        from runner.schemas import build_validator
+
+        return build_validator(self.manifest.parameters)
+
+    @cached_property
+    def output_validator(self) -> Validator | None:
+        from runner.schemas import build_validator
+
+        schema = self.manifest.output_schema
+        return None if schema is None else build_validator(schema)
+
+    @cached_property
+    def sensitive_params(self) -> frozenset[SensitivePath]:
+        from runner.schemas import sensitive_paths
+
+        return sensitive_paths(self.manifest.parameters)
 
     def requirements(self) -> ToolRequirements:
         """What the manifest asks of its backend, for the backend's own rules."""
@@ -102,7 +133,7 @@ class Tool:
             name=manifest.name,
             command=tuple(manifest.command),
             image=manifest.image,
-            network=manifest.network,
+            network=manifest.network is not False,
             workspace_mode=manifest.workspace,
         )
 
@@ -124,8 +155,9 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def load_tool(directory: Path) -> Tool:
-    """Read and validate ``directory/tool.yaml``.
+def load_tool(directory: Path, cache: ManifestCache | None = None) -> Tool:
+    """Read and validate ``directory/tool.yaml``; ``cache`` skips the YAML and schema checks
+    of a file whose very bytes passed them before, and records one that passes now.
 
     Raises:
         ManifestError: the manifest is missing, unreadable or invalid (see
@@ -133,9 +165,18 @@ def load_tool(directory: Path) -> Tool:
     """
     path = directory / MANIFEST_FILE
     try:
-        raw = load_yaml_file(path)
+        data = read_bounded(path)
     except OSError as exc:
         raise ManifestError(path, f"cannot read: {exc.strerror}") from exc
+    except YamlFileError as exc:
+        raise ManifestError(path, str(exc)) from exc
+    key = digest(data)
+    known = cache.get(key) if cache is not None else None
+    if known is not None:
+        with contextlib.suppress(ValidationError):  # not what it was: check it all again
+            return Tool(manifest=ManifestModel.model_validate(known), directory=directory.resolve())
+    try:
+        raw = parse_yaml(data)
     except YamlFileError as exc:
         raise ManifestError(path, str(exc)) from exc
     if not isinstance(raw, dict):
@@ -144,15 +185,14 @@ def load_tool(directory: Path) -> Tool:
         manifest = ManifestModel.model_validate(raw)
     except ValidationError as exc:
         raise ManifestError(path, _describe(exc)) from exc
+    from runner.schemas import SchemaProblem, check_schema
+
     try:
-        params_validator = compile_schema(manifest.parameters)
-        output_validator = None if manifest.output_schema is None else compile_schema(manifest.output_schema)
+        check_schema(manifest.parameters)
+        if manifest.output_schema is not None:
+            check_schema(manifest.output_schema)
     except SchemaProblem as exc:
         raise ManifestError(path, str(exc)) from exc
-    return Tool(
-        manifest=manifest,
-        directory=directory.resolve(),
-        params_validator=params_validator,
-        output_validator=output_validator,
-        sensitive_params=sensitive_paths(manifest.parameters),
-    )
+    if cache is not None:
+        cache.put(key, raw)
+    return Tool(manifest=manifest, directory=directory.resolve())

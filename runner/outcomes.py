@@ -9,10 +9,9 @@ from typing import Any, Literal
 from runner import strict_json
 from runner.errors import CallError, ErrorCode
 from runner.manifest import Tool
-from runner.schemas import first_error
+from runner.tool_errors import NotAReport, ToolReport, one_line, read_report
 from sandboxes import SandboxOutcome, StopReason
 
-MAX_TOOL_MESSAGE = 300
 MAX_STDERR_TAIL = 2000
 
 _REASON_TEXT = {
@@ -22,6 +21,7 @@ _REASON_TEXT = {
     StopReason.CPU_LIMIT: "was killed for exceeding its CPU time limit",
     StopReason.PIDS_LIMIT: "hit its process limit",
     StopReason.OUTPUT_LIMIT: "was killed for writing more than its output limit",
+    StopReason.NOT_EXECUTABLE: "could not be started: {program}: {message}",
     StopReason.SANDBOX_UNAVAILABLE: "could not be started: {message}",
 }
 
@@ -32,24 +32,6 @@ _HOST_PATH = re.compile(r"/[^\s:'\"]+")
 def mask_host_paths(text: str) -> str:
     """Error messages never show host paths; a sandbox's complaint may name some."""
     return _HOST_PATH.sub("<path>", text)
-
-
-def _single_line(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _tool_message(stdout: bytes) -> str | None:
-    """The readable message a failing tool may print as ``{"error": {"message": ...}}``."""
-    try:
-        document = strict_json.loads(stdout)
-    except strict_json.JsonProblem:
-        return None
-    if isinstance(document, dict):
-        error = document.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return _single_line(error["message"], MAX_TOOL_MESSAGE)
-    return None
 
 
 def _signal_name(number: int | None) -> str:
@@ -76,25 +58,37 @@ def failure_error(tool: Tool, outcome: SandboxOutcome, timeout_ms: int, by_deadl
                 "stderr": outcome.stderr_tail[-MAX_STDERR_TAIL:],
             },
         )
+    details: dict[str, Any] = {
+        "exitCode": outcome.exit_code,
+        "signal": _signal_name(outcome.signal) if outcome.signal else None,
+        "reason": reason.value,
+        "stderr": outcome.stderr_tail[-MAX_STDERR_TAIL:],
+    }
+    report = read_report(outcome.stdout) if reason is StopReason.EXIT_CODE else None
+    if isinstance(report, ToolReport):
+        return _tool_error(report, details)
+    if isinstance(report, NotAReport):
+        details["errorDocument"] = report.problem  # why this is not a tool_error
     text = _REASON_TEXT[reason].format(
         exit_code=outcome.exit_code,
         signal_name=_signal_name(outcome.signal),
+        program=mask_host_paths(tool.manifest.command[0]),
         message=mask_host_paths(outcome.message),
     )
-    message = f"{tool.name} {text}"
-    told = _tool_message(outcome.stdout) if reason is StopReason.EXIT_CODE else None
-    if told:
-        message = f"{message}: {told}"
-    return CallError(
-        ErrorCode.EXECUTION_ERROR,
-        message,
-        {
-            "exitCode": outcome.exit_code,
-            "signal": _signal_name(outcome.signal) if outcome.signal else None,
-            "reason": reason.value,
-            "stderr": outcome.stderr_tail[-MAX_STDERR_TAIL:],
-        },
-    )
+    return CallError(ErrorCode.EXECUTION_ERROR, f"{tool.name} {text}", details)
+
+
+def _tool_error(report: ToolReport, details: dict[str, Any]) -> CallError:
+    """The tool's own error: its message, code and details; retried only on its word."""
+    details = {
+        **details,
+        "reason": "tool_error",
+        "toolCode": report.code,
+        "toolDetails": report.details,
+    }
+    if report.details_omitted is not None:
+        details["toolDetailsOmitted"] = report.details_omitted
+    return CallError(ErrorCode.EXECUTION_ERROR, report.message, details, retryable=report.retryable)
 
 
 def parse_result(tool: Tool, stdout: bytes, output_format: Literal["json", "raw"]) -> Any:
@@ -115,9 +109,11 @@ def parse_result(tool: Tool, stdout: bytes, output_format: Literal["json", "raw"
         raise CallError(
             ErrorCode.PARSE_ERROR,
             f"{tool.name} did not print one JSON document on stdout",
-            {"problem": _single_line(str(exc), 200), "stdoutPreview": preview},
+            {"problem": one_line(str(exc), 200), "stdoutPreview": preview},
         ) from exc
     if tool.output_validator is not None:
+        from runner.schemas import first_error  # jsonschema: only for a tool with an output_schema
+
         problem = first_error(tool.output_validator, result)
         if problem is not None:
             raise CallError(

@@ -47,7 +47,8 @@ def resolve_plan(tool: Tool, policy: Policy, options: CallOptions) -> CallPlan:
             values[name] = min(values[name], ceiling)
     limits = Limits(
         **{name: values[name] for name in RESOURCE_FIELDS},
-        network=tool.manifest.network and model.limits.network,
+        # An allow-list is not a network of the tool's own: it gets the egress proxy.
+        network=tool.manifest.network is True and model.limits.network,
     )
     sandbox = (override.sandbox if override else None) or tool.manifest.sandbox
     runtime = override.runtime if override else None  # else the backend's own default

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from runner.egress_rules import NetworkAllow
 from runner.errors import ConfigError
 from runner.manifest import Tool
 from runner.settings import CallSettings, ResourceSettings
@@ -38,6 +39,7 @@ class CeilingsModel(ResourceSettings):
 class ToolOverrideModel(CallSettings):
     sandbox: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,63}$")  # an installed backend
     runtime: str | None = None  # OCI runtime for docker tools, e.g. runsc
+    network: NetworkAllow | None = None  # the egress this tool is granted
 
 
 class BreakerModel(_Strict):
@@ -211,8 +213,11 @@ class Policy:
         allow_rule = matching_rule(allow, tool)
         if allow_rule is None:
             return PolicyDecision(False, "not_allowed", role)
-        if tool.manifest.network and not model.limits.network:
+        if tool.manifest.network is not False and not model.limits.network:
             return PolicyDecision(False, "network", role, "limits.network")
+        override = model.tools.get(tool.name)
+        if isinstance(tool.manifest.network, NetworkAllow) and (override is None or override.network is None):
+            return PolicyDecision(False, "network", role, f"tools.{tool.name}.network")
         if tool.manifest.workspace != "none" and self.workspace is None:
             return PolicyDecision(False, "no_workspace", role, "workspace")
         return PolicyDecision(True, "allowed", role, allow_rule)

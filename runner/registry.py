@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.manifest import MANIFEST_FILE, ManifestError, Tool, load_tool
+from runner.manifest_cache import ManifestCache
 
 
 @dataclass(frozen=True)
@@ -27,11 +28,16 @@ class Registry:
 
     @classmethod
     def load(
-        cls, directories: Iterable[Path], backend_problems: Callable[[Tool], list[str]] | None = None
+        cls,
+        directories: Iterable[Path],
+        backend_problems: Callable[[Tool], list[str]] | None = None,
+        cache: ManifestCache | None = None,
     ) -> Registry:
         """Load every ``*/tool.yaml`` under ``directories``; bad ones become problems, and so
         do tools whose backend refuses them (``backend_problems``: not installed, or a rule
-        of the backend's own such as docker's ``image``)."""
+        of the backend's own such as docker's ``image``). ``cache`` (default: the user's,
+        ``runner.manifest_cache``) remembers the manifests already checked."""
+        cache = cache if cache is not None else ManifestCache.open()
         tools: dict[str, Tool] = {}
         problems: list[LoadProblem] = []
         for root in directories:
@@ -40,7 +46,7 @@ class Registry:
                 continue
             for folder in sorted(p for p in root.iterdir() if (p / MANIFEST_FILE).is_file()):
                 try:
-                    tool = load_tool(folder)
+                    tool = load_tool(folder, cache)
                 except ManifestError as exc:
                     problems.append(LoadProblem(exc.path, exc.reason, folder.name))
                     continue
@@ -58,6 +64,7 @@ class Registry:
                     )
                     continue
                 tools[tool.name] = tool
+        cache.save()
         return cls(tools.values(), problems)
 
     def get(self, name: str) -> Tool | None:

@@ -24,7 +24,13 @@ class YamlFileError(ValueError):
     """A YAML file that cannot be used; the message says why (one line)."""
 
 
-def _read_bounded(path: Path, max_bytes: int) -> bytes:
+def read_bounded(path: Path, max_bytes: int = MAX_YAML_BYTES) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``max_bytes``.
+
+    Raises:
+        OSError: the file cannot be opened or read.
+        YamlFileError: not a regular file, or too large.
+    """
     # O_NONBLOCK: a FIFO put in a file's place must not block the runner on open.
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     try:
@@ -66,7 +72,15 @@ def load_yaml_file(path: Path, max_bytes: int = MAX_YAML_BYTES) -> object:
         YamlFileError: not a regular file, too large, not UTF-8, not YAML, uses an alias,
             or nests too deep.
     """
-    data = _read_bounded(path, max_bytes)
+    return parse_yaml(read_bounded(path, max_bytes))
+
+
+def parse_yaml(data: bytes) -> object:
+    """The document in ``data`` (read with ``read_bounded``).
+
+    Raises:
+        YamlFileError: not UTF-8, not YAML, uses an alias, or nests too deep.
+    """
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -43,10 +43,29 @@ class _Link:
         self.lock = threading.Lock()
         self.owner = 0
         self.write_end = -1
+        self.ready_read = -1  # until the watchdog said it is ready
         self.told: set[str] = set()
 
 
 _link = _Link()
+# The watchdog runs isolated (-I: no PYTHON* variables, no user site, not the current
+# folder) and without site (-S: the .pth files of site-packages cost more than all the
+# rest of its start); the sweeps need nothing but the standard library and this package,
+# whose folder arrives as argv[1].
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from sandboxes._watchdog import main; sys.exit(main(sys.argv))"
+)
+
+
+def prestart() -> None:
+    """Start this process's watchdog now without waiting for it, so that it boots while
+    the caller goes on (loading tools); the first ``watch`` waits until it is ready. A
+    failure to start is left for that ``watch`` to meet again and raise."""
+    with _link.lock:
+        if _link.owner != os.getpid():
+            with contextlib.suppress(OSError):
+                _spawn()
 
 
 def watch(kind: str, value: str = "") -> None:
@@ -58,32 +77,47 @@ def watch(kind: str, value: str = "") -> None:
     Raises:
         OSError: the watchdog could not be started; the caller must not start a sandbox.
     """
+    if kind == "docker" and not value:
+        value = os.pathsep.join(_import_path())
     line = f"{kind}\t{value}\n"
     with _link.lock:
         if _link.owner != os.getpid():
-            _link.write_end = _start()
-            _link.owner = os.getpid()
-            _link.told.clear()
+            _spawn()
+        if _link.ready_read >= 0:
+            _await_ready()
         if line in _link.told:
             return
         os.write(_link.write_end, line.encode())
         _link.told.add(line)
 
 
-def _start() -> int:
+def _import_path() -> list[str]:
+    # Where this process finds the Docker SDK, for the watchdog's Docker sweep (it starts
+    # without site-packages): never the current folder, and nothing that would break a line.
+    here = str(Path.cwd())
+    return [
+        entry
+        for entry in sys.path
+        if Path(entry).is_absolute() and entry != here and not set(entry) & {os.pathsep, "\t", "\n"}
+    ]
+
+
+def _spawn() -> None:
+    """Start the watchdog; ``_await_ready`` finishes the start. Called with the lock held.
+
+    Raises:
+        OSError: it could not be spawned.
+    """
     read_end, write_end = os.pipe()  # both close-on-exec: no launcher inherits them
     ready_read, ready_write = os.pipe()
     package_root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     try:
         # posix_spawn rather than Popen: no object whose finalizer complains that the
         # watchdog still runs; it is meant to outlive every object of ours.
         os.posix_spawn(
             sys.executable,
-            # -P: the current folder (anyone's /tmp) is never searched for our modules.
-            [sys.executable, "-P", "-m", "sandboxes._watchdog", str(os.getpid())],
-            env,
+            [sys.executable, "-I", "-S", "-c", _BOOT, package_root, str(os.getpid())],
+            os.environ,
             file_actions=[
                 (os.POSIX_SPAWN_DUP2, read_end, 0),
                 (os.POSIX_SPAWN_DUP2, ready_write, 1),
@@ -92,22 +126,45 @@ def _start() -> int:
             ],
             setsid=True,
         )
-        os.close(ready_write)
-        ready_write = -1
-        # Wait until it can sweep: a runner killed while its watchdog is still starting
-        # (slow on a loaded host) would otherwise leave its first sandboxes unswept.
-        ready, _, _ = select.select([ready_read], [], [], READY_TIMEOUT_S)
-        if not ready or os.read(ready_read, 1) != b"r":
-            raise OSError(errno.ETIMEDOUT, "the watchdog did not start")
     except OSError:
         os.close(write_end)
+        os.close(ready_read)
         raise
     finally:
         os.close(read_end)
+        os.close(ready_write)
+    if _link.owner not in (0, os.getpid()):
+        # A forked child's copies of its parent's ends: closing them here is what lets the
+        # parent's watchdog see end-of-file when the parent dies.
+        for inherited in (_link.write_end, _link.ready_read):
+            if inherited >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(inherited)
+    _link.owner = os.getpid()
+    _link.write_end = write_end
+    _link.ready_read = ready_read
+    _link.told.clear()
+
+
+def _await_ready() -> None:
+    """Wait until the watchdog can sweep: a runner killed while its watchdog is still
+    starting (slow on a loaded host) would otherwise leave its first sandboxes unswept.
+    Called with the lock held.
+
+    Raises:
+        OSError: it did not become ready; the next ``watch`` starts another.
+    """
+    ready_read = _link.ready_read
+    try:
+        ready, _, _ = select.select([ready_read], [], [], READY_TIMEOUT_S)
+        if not ready or os.read(ready_read, 1) != b"r":
+            os.close(_link.write_end)  # its end-of-file: a late watchdog exits at once
+            _link.write_end = -1
+            _link.owner = 0
+            raise OSError(errno.ETIMEDOUT, "the watchdog did not start")
+    finally:
         os.close(ready_read)
-        if ready_write >= 0:
-            os.close(ready_write)
-    return write_end
+        _link.ready_read = -1
 
 
 # -- the watchdog process -----------------------------------------------------------------
@@ -163,7 +220,8 @@ def _quietly(action: Callable[[str], object], cid: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    owner = int(argv[1])
+    """The watchdog of the runner whose pid is ``argv[2]`` (``argv``: see ``_BOOT``)."""
+    owner = int(argv[2])
     # Ours to ignore: only the end of the runner's pipe ends the watch.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_IGN)
@@ -171,8 +229,9 @@ def main(argv: list[str]) -> int:
     import sandboxes.subprocess._cgroup  # noqa: F401
     from sandboxes._staging import remove_stale
 
-    os.write(1, b"r")
-    os.close(1)
+    with contextlib.suppress(OSError):  # a runner that never called watch() is gone already
+        os.write(1, b"r")
+        os.close(1)
     try:
         runner: int | None = os.pidfd_open(owner)  # readable once the whole process is gone
     except OSError:
@@ -192,6 +251,7 @@ def main(argv: list[str]) -> int:
             staging.append(Path(value))
         elif kind == "docker" and not docker_used:
             docker_used = True
+            sys.path.extend(entry for entry in value.split(os.pathsep) if entry and entry not in sys.path)
             with contextlib.suppress(ImportError):
                 import docker  # noqa: F401 - loaded now rather than when time counts
     # End of file: the runner exited or was killed. Sweep what it may have left.
@@ -214,7 +274,3 @@ def main(argv: list[str]) -> int:
     for root in staging:
         remove_stale(root, lambda name: name.startswith(f"{owner}-"))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -9,6 +9,7 @@ sandbox serves exactly one run and is never reused.
 from __future__ import annotations
 
 import enum
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,10 @@ class StopReason(enum.StrEnum):
     CPU_LIMIT = "cpu_limit"
     PIDS_LIMIT = "pids_limit"
     OUTPUT_LIMIT = "output_limit"
+    # The tool's program could not be started inside the sandbox (not found, no execute
+    # right, a format the kernel cannot run); ``message`` says which, ``exit_code`` is the
+    # starter's 127 or 126. Never claimed on the word of the tool itself.
+    NOT_EXECUTABLE = "not_executable"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
 
 
@@ -43,6 +48,20 @@ class Limits:
     network: bool = False
 
 
+@runtime_checkable
+class EgressEndpoint(Protocol):
+    """The runner's egress proxy of one call, which a backend makes reachable inside the
+    sandbox on its loopback at ``127.0.0.1:port`` (the tool then has no other network)."""
+
+    port: int
+
+    async def attach(self, listener: socket.socket) -> None:
+        """Serve on ``listener``, a non-blocking TCP socket already listening on
+        ``127.0.0.1:port`` inside the sandbox's network namespace; from now on it is the
+        endpoint's to close (it does so when the call ends)."""
+        ...
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """What to run and what it may see. Paths are host paths; the backend maps them."""
@@ -56,6 +75,9 @@ class LaunchSpec:
     workspace_mode: WorkspaceMode = "none"
     image: str | None = None
     runtime: str | None = None
+    # With an egress endpoint the tool gets loopback only, with the endpoint on it; a
+    # backend that cannot do that refuses the tool (SandboxUnavailable).
+    egress: EgressEndpoint | None = None
 
 
 @dataclass(frozen=True)

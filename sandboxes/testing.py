@@ -91,9 +91,13 @@ class Harness:
     async def run(self, code: str, payload: bytes = b"{}", **limits: int) -> tuple[SandboxOutcome, str]:
         """One whole attempt: prepare, run, close. Returns the outcome and the request id."""
         spec = self.tool(code)
+        return await self.run_spec(spec, payload, **limits), spec.request_id
+
+    async def run_spec(self, spec: LaunchSpec, payload: bytes = b"{}", **limits: int) -> SandboxOutcome:
+        """One whole attempt of ``spec`` (e.g. ``tool``'s with another command)."""
         prepared = await self.make().prepare(spec, replace(self.limits, **cast("dict[str, Any]", limits)))
         try:
-            return await prepared.run(payload), spec.request_id
+            return await prepared.run(payload)
         finally:
             await prepared.close()
 
@@ -128,6 +132,27 @@ async def check_exit_status_is_reported(h: Harness) -> None:
     outcome, _ = await h.run("import sys\nsys.stdin.read()\nsys.exit(3)\n")
     assert outcome.reason is StopReason.EXIT_CODE, outcome
     assert outcome.exit_code == 3, outcome
+
+
+async def check_a_program_that_cannot_start_is_not_executable(h: Harness) -> None:
+    """A command that cannot be started is an outcome (never an exception of ``run``),
+    ``NOT_EXECUTABLE``; a tool that exits 127 itself, saying the same, is ``EXIT_CODE``."""
+    spec = replace(h.tool("print('{}')\n"), command=("no-such-program-of-the-contract",))
+    try:
+        outcome = await h.run_spec(spec)
+    except Exception as exc:
+        raise AssertionError(f"run raised {exc!r} for a missing program") from exc
+    assert outcome.reason is StopReason.NOT_EXECUTABLE, outcome
+    forged, _ = await h.run(
+        """
+        import sys
+        sys.stdin.read()
+        sys.stderr.write("sh: 1: exec: no-such-program-of-the-contract: not found\\n")
+        sys.exit(127)
+        """
+    )
+    assert forged.reason is StopReason.EXIT_CODE, forged
+    assert forged.exit_code == 127, forged
 
 
 async def check_stderr_is_kept_as_a_tail(h: Harness) -> None:
@@ -276,6 +301,7 @@ async def check_a_cancelled_run_leaves_nothing(h: Harness) -> None:
 CONTRACT: tuple[Check, ...] = (
     check_success_returns_stdout,
     check_exit_status_is_reported,
+    check_a_program_that_cannot_start_is_not_executable,
     check_stderr_is_kept_as_a_tail,
     check_a_timeout_kills_the_whole_tree,
     check_output_past_the_cap_is_an_output_limit,

@@ -16,6 +16,8 @@ command -v setpriv >/dev/null || need_apt+=(util-linux)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 [ -x /usr/bin/runsc ] || need_apt+=(runsc)
 [ -e /usr/bin/docker-init ] || need_apt+=(tini)
+# network: true gets a namespace of its own whose way out is slirp4netns.
+command -v slirp4netns >/dev/null || need_apt+=(slirp4netns)
 # The subprocess sandbox's seccomp filter is compiled with libseccomp.
 ldconfig -p | grep -q 'libseccomp.so.2 ' || need_apt+=(libseccomp2)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -172,5 +172,20 @@ def docker_client() -> Iterator[APIClient]:
     yield client
     from sandboxes.docker._client import LABEL_MANAGED
 
-    leftovers = client.containers(all=True, filters={"label": f"{LABEL_MANAGED}=true"})
+    # Another runner alive on this machine (a second test session) may own containers
+    # right now; ours are those of this process or of a process that is gone.
+    leftovers = [
+        container
+        for container in client.containers(all=True, filters={"label": f"{LABEL_MANAGED}=true"})
+        if not _alive_elsewhere(container["Labels"].get("io.runner.owner-pid", ""))
+    ]
     assert leftovers == [], f"containers of ours survived the tests: {leftovers}"
+
+
+def _alive_elsewhere(owner: str) -> bool:
+    """True when ``owner`` is the pid of a live process other than this test session."""
+    if not owner.isdigit() or int(owner) == os.getpid():
+        return False
+    import psutil
+
+    return psutil.pid_exists(int(owner))

@@ -129,12 +129,15 @@ def test_tc07_invalid_params_name_the_field(shipped: Runner) -> None:
 
 def test_tc08_a_failing_tool_is_an_execution_error_with_its_message(shipped: Runner) -> None:
     answer = shipped.handle(
-        {"toolName": "get_weather", "params": {"city": "Atlantis"}, "options": {"retries": 0}}
+        {"toolName": "get_weather", "params": {"city": "Atlantis"}, "options": {"retries": 3, "retryDelay": 0}}
     )
     assert_shell(answer)
     assert answer["error"]["code"] == "EXECUTION_ERROR"
     assert answer["error"]["details"]["exitCode"] == 1
-    assert answer["error"]["details"]["reason"] == "exit_code"
+    # Its error document makes it a tool_error: not retried, not retryable (SPEC 2).
+    assert answer["error"]["details"]["reason"] == "tool_error"
+    assert answer["error"]["retryable"] is False
+    assert answer["metadata"]["attempts"] == 1
     assert "Atlantis" in answer["error"]["message"]
 
 

@@ -122,7 +122,7 @@ def test_a_secret_a_failing_tool_echoes_is_scrubbed_from_the_answer_and_every_ev
         "import json, sys\n"
         "token = json.load(sys.stdin)['params']['creds']['token']\n"
         "print('login failed for', token, file=sys.stderr)\n"
-        "print(json.dumps({'error': {'message': 'bad token ' + token}}))\n"
+        "print(json.dumps({'error': {'message': 'bad token ' + token, 'retryable': True}}))\n"
         "sys.exit(3)\n"
     )
     schema = {"type": "object", "additionalProperties": {"type": "object", "x-sensitive": True}}

@@ -41,6 +41,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from sandboxes._config import read_config
+from sandboxes._exec_status import EXEC_GUARD, exec_failure, new_token, token_line
 from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import pid_alive
@@ -50,6 +51,7 @@ from sandboxes._watchdog import watch
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import (
     Check,
+    EgressEndpoint,
     LaunchSpec,
     Limits,
     SandboxOutcome,
@@ -66,6 +68,7 @@ from sandboxes.docker._client import (
     daemon_failures,
     shared_client,
 )
+from sandboxes.docker._egress import egress_problem, listener_in
 from sandboxes.docker._frames import STDOUT, FrameDecoder
 from sandboxes.view import (
     READ_CHUNK,
@@ -86,8 +89,9 @@ LIMITS_POLL_S = 0.02
 TCP_MEMORY_SHARE = 4
 # Holds the tool until the first line of stdin, which the runner sends once the cgroup
 # is complete; ``read`` takes one byte at a time, so the tool's stdin starts after it.
-GATE = 'read -r _ && unset PWD && exec "$@"'  # the shell exports PWD
-RELEASE = b"\n"
+# That line is the exec guard's token (``sandboxes._exec_status``): an exec that fails
+# is told from a tool that exits 126 or 127 itself.
+GATE = f'{EXEC_GUARD} && unset PWD && exec "$@"'  # the shell exports PWD
 
 
 class DockerConfig(BaseModel):
@@ -147,6 +151,9 @@ class DockerSandbox:
                 watch("staging", str(STAGING_ROOT))
         except OSError as exc:
             raise SandboxUnavailable(f"cannot start the runner's watchdog: {exc.strerror}") from exc
+        problem = egress_problem(spec, spec.runtime or self.config.runtime)
+        if problem is not None:
+            raise SandboxUnavailable(problem)
         client = await asyncio.to_thread(self.client)
         cgroup_v1 = await asyncio.to_thread(self._daemon_cgroup_v1, client)
         lease = lease_identity()
@@ -164,6 +171,7 @@ class DockerSandbox:
             raise
         prepared = PreparedContainer(client, container_id, limits, cgroup_v1=cgroup_v1)
         prepared.hold(lease, workspace)
+        prepared.egress = spec.egress
         return prepared
 
     def _daemon_cgroup_v1(self, client: APIClient) -> bool:
@@ -267,9 +275,11 @@ class PreparedContainer:
         self._workspace: GrantedWorkspace | None = None
         self._pids_refused = 0
         self._oom_killed = False
+        self.egress: EgressEndpoint | None = None
 
     async def run(self, payload: bytes) -> SandboxOutcome:
         started = time.monotonic()
+        token = new_token()
         client, cid = self._client, self.container_id
         with daemon_call("attach to the container"):
             sock = await asyncio.to_thread(
@@ -281,7 +291,8 @@ class PreparedContainer:
             with daemon_call("start the container"):
                 await asyncio.to_thread(client.start, cid)
             cgroup = await asyncio.to_thread(self._complete_cgroup)
-            reason = await self._attend(raw, RELEASE + payload, stdout, stderr, cgroup)
+            await self._attach_egress()
+            reason = await self._attend(raw, token_line(token) + payload, stdout, stderr, cgroup)
         except OSError as exc:
             await asyncio.to_thread(self._kill)
             message = f"lost the connection to the Docker daemon: {type(exc).__name__}"
@@ -294,8 +305,19 @@ class PreparedContainer:
         if reason is not None:
             await asyncio.to_thread(self._kill)
         state = await asyncio.to_thread(self._final_state)
-        outcome = _outcome(state, reason, stdout, stderr, (time.monotonic() - started) * 1000)
+        outcome = _outcome(state, reason, stdout, stderr, token, (time.monotonic() - started) * 1000)
         return self._blame_limits(outcome)
+
+    async def _attach_egress(self) -> None:
+        """Put the call's egress proxy on the container's loopback; the tool is still gated."""
+        if self.egress is None:
+            return
+        try:
+            listener = await asyncio.to_thread(listener_in, self._client, self.container_id, self.egress.port)
+            await self.egress.attach(listener)
+        except BaseException:
+            await asyncio.to_thread(self._kill)
+            raise
 
     def _complete_cgroup(self) -> ContainerCgroup | None:
         """Find the container's cgroup on this host and, on v1, cap its TCP buffers; the
@@ -454,10 +476,13 @@ def _outcome(
     reason: StopReason | None,
     stdout: CappedBuffer,
     stderr: TailBuffer,
+    token: str,
     duration_ms: float,
 ) -> SandboxOutcome:
     exit_code: int | None = state.get("ExitCode")
     sig: int | None = None
+    stderr_tail = stderr.text()
+    message = ""
     if reason is None:
         if state.get("OOMKilled"):
             reason = StopReason.MEMORY_LIMIT
@@ -469,14 +494,16 @@ def _outcome(
             if sig is not None:
                 exit_code = None
                 reason = StopReason.CPU_LIMIT if sig == signal.SIGXCPU else StopReason.SIGNAL
+            elif (failure := exec_failure(exit_code, stderr_tail, token)) is not None:
+                reason, message, stderr_tail = StopReason.NOT_EXECUTABLE, failure.why, failure.stderr_tail
+    if reason is StopReason.SANDBOX_UNAVAILABLE:
+        message = "the container did not report an exit status"
     return SandboxOutcome(
         exit_code=exit_code,
         signal=sig,
         stdout=stdout.getvalue() if reason is not StopReason.OUTPUT_LIMIT else b"",
-        stderr_tail=stderr.text(),
+        stderr_tail=stderr_tail,
         duration_ms=duration_ms,
         reason=reason,
-        message="the container did not report an exit status"
-        if reason is StopReason.SANDBOX_UNAVAILABLE
-        else "",
+        message=message,
     )

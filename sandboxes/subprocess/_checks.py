@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandboxes.base import Check, LaunchSpec, Limits, SandboxUnavailable
+from sandboxes.subprocess._network import network_checks
 from sandboxes.subprocess._seccomp import SeccompUnavailable, compiled_filter
 
 if TYPE_CHECKING:
@@ -94,6 +95,7 @@ def machine_checks(backend: SubprocessSandbox) -> list[Check]:
         controllers = "memory, pids, cpuacct" if version == 1 else "memory, pids, cpu"
         checks.append(Check(f"cgroup v{version}", True, f"per-call cgroups with {controllers}"))
     checks.append(_seccomp())
+    checks += network_checks()
     for refused in backend.refusals():
         checks.append(Check("sandbox prerequisites", False, refused, "apt-get install util-linux"))
     checks.append(_probe(backend))

@@ -15,11 +15,15 @@ from a large parent, so the child sets them itself. In order, as the runner's us
 
 Inside the sandbox a second constant script writes one byte on fd 3, closes it and
 execs the tool: that byte is how the runner tells "the sandbox could not be set up"
-from "the tool failed". No value from a call is ever parsed by a shell: the scripts are
-constants and variable parts arrive as argv or ``RUNNER_*`` variables.
+from "the tool failed". Before the exec it arms ``sandboxes._exec_status``'s guard, which
+tells "the tool's program could not be started" from "the tool ran and failed".
+No value from a call is ever parsed by a shell: the scripts are constants and variable
+parts arrive as argv or ``RUNNER_*`` variables.
 """
 
 from __future__ import annotations
+
+from sandboxes._exec_status import EXEC_GUARD
 
 LAUNCH_SCRIPT = r"""
 fail() { echo "runner-launch: $1" >&2; exit 125; }
@@ -56,7 +60,7 @@ unset RUNNER_CGROUPS RUNNER_CPU RUNNER_VMEM_KB RUNNER_STARTED_FD RUNNER_STAGE \
 exec "$@"
 """
 # Runs inside the sandbox, as the tool's own first instructions.
-STARTED_SHIM = 'printf s >&3; exec 3>&-; unset PWD OLDPWD; exec "$@"'  # sh exports PWD itself
+STARTED_SHIM = f'printf s >&3; exec 3>&-; unset PWD OLDPWD; {EXEC_GUARD}; exec "$@"'  # sh exports PWD itself
 
 
 def launcher_argv(shell: str, argv: list[str], unshare: str | None) -> list[str]:

@@ -3,7 +3,8 @@
 The view: the system directories read-only, a handful of ``/etc`` files, the tool's own
 folder read-only at ``/tool``, a size-limited tmpfs at ``/tmp`` (HOME and TMPDIR), its own
 ``/proc`` and a minimal ``/dev``, and ``/workspace`` only when granted. New user, mount,
-PID, IPC, UTS and (unless network is allowed) network namespaces; no capabilities;
+PID, IPC, UTS and network namespaces (the network one made by the runner when the tool
+has a network, see ``_network``); no capabilities;
 ``no_new_privs`` (bubblewrap always sets it); a new session, so no terminal to inject into.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandboxes._usernet import SLIRP_DNS
 from sandboxes.base import LaunchSpec, Limits
 from sandboxes.view import INSIDE_UID, SCRATCH_MOUNT, TOOL_MOUNT, WORKSPACE_MOUNT
 
@@ -23,7 +25,11 @@ SYSTEM_DIRS = ("/usr", "/opt/runner-system")  # the second is a hook for vendore
 MERGED_USR_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # The few /etc files ordinary programs read; nothing with secrets or host identity.
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "localtime", "alternatives", "mime.types")
-NETWORK_ETC_FILES = ("resolv.conf", "hosts", "nsswitch.conf", "ssl", "ca-certificates")
+# A tool with a network (its own, or the egress proxy) also gets these; its resolv.conf
+# is the runner's, naming slirp4netns's resolver (the host's may be on its loopback).
+TLS_ETC_FILES = ("hosts", "ssl", "ca-certificates")
+NETWORK_ETC_FILES = (*TLS_ETC_FILES, "nsswitch.conf")
+RESOLV_CONF = f"nameserver {SLIRP_DNS}\n"
 
 PASSWD = f"nobody:x:{SANDBOX_UID}:{SANDBOX_UID}:nobody:{SCRATCH_MOUNT}:/usr/sbin/nologin\n"
 GROUP = f"nogroup:x:{SANDBOX_UID}:\n"
@@ -44,8 +50,13 @@ def bwrap_argv(
     src: Sources,
     env: Mapping[str, str],
     seccomp_fd: int | None = None,
+    own_network: bool = False,
 ) -> list[str]:
-    """bubblewrap's options: everything but the program name and the command."""
+    """bubblewrap's options: everything but the program name and the command.
+
+    ``own_network``: the launcher already put it in a network namespace made for it
+    (``_network``); without one, bubblewrap makes an empty one.
+    """
     argv = [
         "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         "--unshare-cgroup-try",
@@ -56,7 +67,7 @@ def bwrap_argv(
         "--disable-userns", "--assert-userns-disabled",
         "--clearenv",
     ]  # fmt: skip
-    if not limits.network:
+    if not own_network:
         argv.append("--unshare-net")
     for directory in SYSTEM_DIRS:
         argv += ["--ro-bind-try", directory, directory]
@@ -65,12 +76,18 @@ def bwrap_argv(
             argv += ["--symlink", f"usr/{link}", f"/{link}"]
         else:
             argv += ["--ro-bind-try", f"/{link}", f"/{link}"]
-    etc = ETC_FILES + (NETWORK_ETC_FILES if limits.network else ())
+    etc: tuple[str, ...] = ETC_FILES
+    if limits.network:
+        etc += NETWORK_ETC_FILES
+    elif spec.egress is not None:
+        etc += TLS_ETC_FILES
     for name in etc:
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     argv += ["--ro-bind", str(src.etc_dir), "/run/runner-etc"]
     argv += ["--symlink", "/run/runner-etc/passwd", "/etc/passwd"]
     argv += ["--symlink", "/run/runner-etc/group", "/etc/group"]
+    if limits.network:
+        argv += ["--symlink", "/run/runner-etc/resolv.conf", "/etc/resolv.conf"]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     # --dev is a writable tmpfs; only /dev/shm stays writable, and bounded like /tmp.
     scratch_bytes = str(limits.disk_mb * 1024 * 1024)

@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from sandboxes._config import read_config
+from sandboxes._exec_status import exec_failure, new_token, token_line
 from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import owner_alive, remove_folders
@@ -53,7 +54,8 @@ from sandboxes.subprocess._launch import (
     launcher_argv,
     started_shim_argv,
 )
-from sandboxes.subprocess._layout import GROUP, PASSWD, Sources, bwrap_argv
+from sandboxes.subprocess._layout import GROUP, PASSWD, RESOLV_CONF, Sources, bwrap_argv
+from sandboxes.subprocess._network import SandboxNetwork
 from sandboxes.subprocess._process import Ending, ProcessResult, drive
 from sandboxes.subprocess._seccomp import SeccompUnavailable, filter_fd, sealed_memfd
 from sandboxes.view import SCRATCH_MOUNT, WORKSPACE_MOUNT, tool_env
@@ -118,6 +120,7 @@ class SubprocessSandbox:
         is_root = os.geteuid() == 0
         self.setpriv = shutil.which("setpriv") if is_root else None
         self.unshare = shutil.which("unshare") if is_root else None
+        self.nsenter = shutil.which("nsenter") if is_root else None
         self.state_dir = self.config.state_dir or default_state_dir()
         self.cgroups: CgroupFactory | None = None
         self.cgroup_problem: str | None = None
@@ -178,11 +181,17 @@ class SubprocessSandbox:
         # meanwhile does not stop the thread, so what it made is closed before re-raising.
         work = asyncio.ensure_future(asyncio.to_thread(self._prepare, spec, limits))
         try:
-            return await asyncio.shield(work)
+            prepared = await asyncio.shield(work)
         except asyncio.CancelledError:
             with contextlib.suppress(SandboxUnavailable):
                 await (await work).close()
             raise
+        try:
+            await prepared.attach_egress()
+        except BaseException:
+            await prepared.close()
+            raise
+        return prepared
 
     def _prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
         self.set_up()
@@ -195,7 +204,9 @@ class SubprocessSandbox:
         lease = lease_identity()
         workspace: GrantedWorkspace | None = None
         cgroup = None
+        network = None
         try:
+            network = SandboxNetwork.open(limits, spec)
             workspace = GrantedWorkspace.open(spec, limits.disk_mb, self.next_name())
             if self.cgroups is not None:
                 try:
@@ -207,16 +218,20 @@ class SubprocessSandbox:
         except BaseException:
             if workspace is not None:
                 workspace.release()
+            if network is not None:
+                network.close()
             lease.release()
             raise
-        return PreparedSubprocess(self, spec, limits, cgroup, tuple(missing), lease, workspace)
+        prepared = PreparedSubprocess(self, spec, limits, cgroup, tuple(missing), lease, workspace)
+        prepared.network = network
+        return prepared
 
     # -- housekeeping -------------------------------------------------------------------
 
     def _write_etc(self) -> Path:
         etc = self.state_dir / "etc"
         etc.mkdir(parents=True, exist_ok=True)
-        for name, text in (("passwd", PASSWD), ("group", GROUP)):
+        for name, text in (("passwd", PASSWD), ("group", GROUP), ("resolv.conf", RESOLV_CONF)):
             path = etc / name
             if not path.exists() or path.read_text() != text:
                 # Atomically: another runner may be binding this very file right now.
@@ -272,9 +287,18 @@ class PreparedSubprocess:
         self._teardown_lock = threading.Lock()
         self._scratch: Path | None = None
         self._pgid: int | None = None
+        self.network: SandboxNetwork | None = None
+
+    async def attach_egress(self) -> None:
+        """Hand the listener made in the sandbox's namespace to the call's egress proxy."""
+        listener = self.network.take_listener() if self.network is not None else None
+        if listener is not None:
+            assert self._spec.egress is not None
+            await self._spec.egress.attach(listener)
 
     async def run(self, payload: bytes) -> SandboxOutcome:
         started = time.monotonic()
+        token = new_token()
         started_read, started_write = os.pipe()
         os.set_blocking(started_read, False)
         self._fds += [started_read, started_write]
@@ -308,7 +332,7 @@ class PreparedSubprocess:
         try:
             result = await drive(
                 proc,
-                payload,
+                token_line(token) + payload,
                 self._limits.timeout_ms / 1000,
                 self._limits.max_output_bytes,
                 self._kill_now,
@@ -317,7 +341,7 @@ class PreparedSubprocess:
         finally:
             tool_started = _started(started_read)
             self._close_fds()
-        return self._outcome(result, tool_started, (time.monotonic() - started) * 1000)
+        return self._outcome(result, tool_started, token, (time.monotonic() - started) * 1000)
 
     def _breached(self) -> Ending | None:
         """A limit of the tool as a whole that is already broken (polled while it runs)."""
@@ -344,7 +368,9 @@ class PreparedSubprocess:
         assert owner.bwrap is not None
         seccomp = filter_fd()
         try:
-            inner = bwrap_argv(spec, self._limits, sources, env, seccomp_fd=seccomp)
+            inner = bwrap_argv(
+                spec, self._limits, sources, env, seccomp_fd=seccomp, own_network=self.network is not None
+            )
             # The arguments go through a descriptor: inside, /proc/1/cmdline (bubblewrap's
             # init) would otherwise show every host path and value of them.
             args = sealed_memfd("runner-bwrap-args", b"".join(a.encode() + b"\0" for a in inner))
@@ -354,7 +380,14 @@ class PreparedSubprocess:
         argv = [owner.bwrap, "--args", str(args), "--", *command]
         if owner.setpriv is not None:
             argv = drop_privileges_argv(owner.setpriv, self.uid, self._lease_gid()) + argv
-        return argv, launcher_env, "/", (seccomp, args)
+        return self._entering_network(argv), launcher_env, "/", (seccomp, args)
+
+    def _entering_network(self, argv: list[str]) -> list[str]:
+        """Join the sandbox's own network namespace first (as root), when it has one."""
+        if self.network is None:
+            return argv
+        assert self._owner.nsenter is not None  # SandboxNetwork.open checked it
+        return self.network.enter_argv(self._owner.nsenter) + argv
 
     def _stage(self, launcher_env: dict[str, str], workspace: Path | None) -> tuple[Path, Path | None]:
         """Where the sandbox user finds the tool folder and the workspace.
@@ -394,7 +427,7 @@ class PreparedSubprocess:
             # Less isolation, never root: the tool still runs as a uid of its own.
             os.chown(self._scratch, self.uid, self._lease_gid(), follow_symlinks=False)
             command = drop_privileges_argv(self._owner.setpriv, self.uid, self._lease_gid()) + command
-        return command, self._launcher_env(env | vmem | launcher_env), "/", ()
+        return self._entering_network(command), self._launcher_env(env | vmem | launcher_env), "/", ()
 
     def _launcher_env(self, env: dict[str, str]) -> dict[str, str]:
         env = dict(env)
@@ -411,7 +444,9 @@ class PreparedSubprocess:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._pgid, signal.SIGKILL)
 
-    def _outcome(self, result: ProcessResult, started_ok: bool, duration_ms: float) -> SandboxOutcome:
+    def _outcome(
+        self, result: ProcessResult, started_ok: bool, token: str, duration_ms: float
+    ) -> SandboxOutcome:
         rc = result.returncode
         sig: int | None = None
         if rc is not None and rc < 0:
@@ -423,6 +458,9 @@ class PreparedSubprocess:
         if reason is StopReason.SANDBOX_UNAVAILABLE:
             message = _setup_message(result.stderr_tail)
         stderr_tail = result.stderr_tail
+        failure = exec_failure(rc, stderr_tail, token) if reason is StopReason.EXIT_CODE else None
+        if failure is not None:
+            reason, message, stderr_tail = StopReason.NOT_EXECUTABLE, failure.why, failure.stderr_tail
         if not started_ok:
             # Nothing of the tool ran: the text is the launcher's, with host paths in it.
             stderr_tail = message or _setup_message(stderr_tail)
@@ -503,6 +541,9 @@ class PreparedSubprocess:
                 if self._lease is not None and self._cgroup is None:
                     self._lease.release()  # only now: every process of that uid is gone
                     self._lease = None
+                if self.network is not None:
+                    self.network.close()  # even if a process survived: it loses its way out
+                    self.network = None
 
 
 @functools.lru_cache(maxsize=1024)

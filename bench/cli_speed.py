@@ -1,0 +1,118 @@
+"""How fast the command line answers, next to a bare interpreter measured in the same run.
+
+    python3 bench/cli_speed.py [--n 21]
+
+Rows, each a fresh process: ``python3 -c pass`` (the floor every command pays),
+``python3 -m runner --help``, ``runner exec add_numbers`` against the shipped tools (8) and
+against 300 tools (the shipped ones plus generated ones, each with its own schema), all
+end to end (interpreter, imports, loading the tools and the policy, the hardened sandbox,
+the audit event). Targets (issue 10, item 7): exec at most 150 ms, --help at most 100 ms,
+exec with 300 tools at most 1.2x exec with 8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from _timing import print_table, starter_folder, timed  # noqa: E402
+
+MANY = 300
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+TARGETS = {"runner --help": 100.0, "runner exec (8 tools)": 150.0}
+MAX_MANY_RATIO = 1.2
+
+# A generated tool: its own name and a schema of its own (no two alike, so nothing can be
+# shared between them) with the keywords real manifests use (pattern, enum, bounds, nested
+# objects), so that checking it costs what a real one does.
+_GENERATED = """\
+name: gen_{i:03d}
+description: Generated tool number {i} for the load benchmark
+version: "1.0.0"
+tags: [generated, bench]
+command: ["python3", "main.py"]
+sandbox: subprocess
+parameters:
+  type: object
+  properties:
+    query: {{type: string, minLength: 1, maxLength: {length}, pattern: "^[a-z0-9 ]+$"}}
+    limit: {{type: integer, minimum: 1, maximum: {length}}}
+    mode: {{enum: [fast, slow, exact]}}
+    filters:
+      type: object
+      properties:
+        tag: {{type: string}}
+        since: {{type: string, format: date-time}}
+      additionalProperties: false
+  required: [query]
+  additionalProperties: false
+output_schema: {{type: object}}
+limits:
+  timeout_ms: 2000
+"""
+
+
+def many_tools_folder(starter: Path) -> Path:
+    """A copy of the starter folder whose tools/ also holds generated tools, ``MANY`` in all."""
+    folder = starter.parent / f"{starter.name}-many"
+    shutil.copytree(starter, folder)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    tools = folder / "tools"
+    shipped = sum(1 for path in tools.iterdir() if (path / "tool.yaml").is_file())
+    main_py = (tools / "add_numbers" / "main.py").read_text()
+    for i in range(MANY - shipped):
+        tool = tools / f"gen_{i:03d}"
+        tool.mkdir()
+        (tool / "tool.yaml").write_text(_GENERATED.format(i=i, length=200 + i))
+        (tool / "main.py").write_text(main_py)
+    return folder
+
+
+def command(argv: list[str], cwd: Path) -> None:
+    done = subprocess.run(argv, check=False, capture_output=True, cwd=cwd, env=ENV)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode()[-500:]}")
+
+
+def runner_exec(folder: Path) -> None:
+    argv = [sys.executable, "-m", "runner", "exec", "add_numbers", "--params", '{"a": 1, "b": 2}']
+    done = subprocess.run(argv, check=False, capture_output=True, cwd=folder, env=ENV)
+    answer = json.loads(done.stdout) if done.returncode == 0 else None
+    if answer is None or answer["result"] != 3:
+        raise SystemExit(f"runner exec failed ({done.returncode}): {done.stderr.decode()[-500:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=21)
+    args = parser.parse_args()
+    starter = starter_folder()  # its audit.log, workspace and tools, removed at exit
+    many = many_tools_folder(starter)
+    python, runner = [sys.executable, "-c", "pass"], [sys.executable, "-m", "runner", "--help"]
+    rows = [
+        ("python3 -c pass", timed(lambda: command(python, starter), args.n)),
+        ("runner --help", timed(lambda: command(runner, starter), args.n)),
+        ("runner exec (8 tools)", timed(lambda: runner_exec(starter), args.n)),
+        (f"runner exec ({MANY} tools)", timed(lambda: runner_exec(many), args.n)),
+    ]
+    print_table(rows, baseline="python3")
+    medians = {name: statistics.median(samples) for name, samples in rows}
+    ratio = medians[f"runner exec ({MANY} tools)"] / medians["runner exec (8 tools)"]
+    print(f"\n{MANY} tools / 8 tools: {ratio:.2f}x (target <= {MAX_MANY_RATIO}x)")
+    for name, target in TARGETS.items():
+        verdict = "ok" if medians[name] <= target else "OVER"
+        print(f"{name}: {medians[name]:.0f} ms (target <= {target:.0f} ms) {verdict}")
+
+
+if __name__ == "__main__":
+    main()

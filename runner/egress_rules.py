@@ -1,0 +1,132 @@
+"""Egress allow-lists: which destinations a tool's proxy may open (SPEC 4, "Network").
+
+A destination is allowed only when both the manifest's ``network.allow`` and the
+policy's ``tools.NAME.network.allow`` list it: ``host:port``, ``*.domain:port`` (any
+name below ``domain``, not ``domain`` itself) or a literal address (``10.0.0.5:80``,
+``[::1]:8080``). Names are resolved by the runner, never by the tool, and a name whose
+answer holds a loopback, private, link-local or otherwise non-public address is refused
+unless that very address is listed literally in both lists: an allowed name cannot
+be pointed at the host or the internal network by whoever controls its DNS.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+_LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
+_NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+_ENTRY = re.compile(r"(?P<host>\[[0-9a-fA-F:.]+\]|[^:\[\]]+):(?P<port>[0-9]{1,5})")
+MAX_ENTRIES = 256
+
+
+@dataclass(frozen=True)
+class Destination:
+    """One entry of an allow-list: a name, a ``*.`` suffix or an address, and a port."""
+
+    host: str  # lower case, no trailing dot; an address in its canonical text form
+    port: int
+    wildcard: bool = False
+
+    def matches(self, host: str, port: int) -> bool:
+        if port != self.port:
+            return False
+        if self.wildcard:
+            return host.endswith("." + self.host)
+        return host == self.host
+
+
+def canonical_host(text: str) -> str:
+    """A host as the rules compare it: an address in canonical form, else the name in
+    lower case without a trailing dot.
+
+    Raises:
+        ValueError: neither an address nor a valid DNS name.
+    """
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    address = as_address(bare)
+    if address is not None:
+        return str(address)
+    name = text.lower().removesuffix(".")
+    if len(name) > 253 or not _NAME.fullmatch(name):
+        raise ValueError(f"{text!r} is not a host name or address")
+    return name
+
+
+def as_address(text: str) -> IPAddress | None:
+    """``text`` as an IP address (an IPv4-mapped IPv6 one as IPv4), else None."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def parse_destination(text: str) -> Destination:
+    """An allow-list entry.
+
+    Raises:
+        ValueError: not ``host:port``, ``*.domain:port`` or ``address:port``.
+    """
+    match = _ENTRY.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not host:port, *.domain:port or [address]:port")
+    port = int(match["port"])
+    if not 0 < port < 65536:
+        raise ValueError(f"{text!r}: port out of range")
+    host = match["host"]
+    wildcard = host.startswith("*.")
+    canonical = canonical_host(host[2:] if wildcard else host)
+    if wildcard and as_address(canonical) is not None:
+        raise ValueError(f"{text!r}: a wildcard needs a domain name, not an address")
+    return Destination(canonical, port, wildcard)
+
+
+class NetworkAllow(BaseModel):
+    """``network: {allow: [...]}`` in a manifest or in the policy's ``tools.NAME``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow: list[str] = Field(max_length=MAX_ENTRIES)
+
+    @field_validator("allow")
+    @classmethod
+    def _allow(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            parse_destination(entry)
+        return value
+
+    def destinations(self) -> tuple[Destination, ...]:
+        return tuple(parse_destination(entry) for entry in self.allow)
+
+
+def is_public(address: IPAddress) -> bool:
+    """Globally routable unicast: not loopback, private, link-local, multicast, reserved."""
+    return address.is_global and not address.is_multicast
+
+
+@dataclass(frozen=True)
+class EgressRules:
+    """The two lists a destination must both be in."""
+
+    manifest: tuple[Destination, ...]
+    policy: tuple[Destination, ...]
+
+    def allows_name(self, host: str, port: int) -> bool:
+        """Is ``host:port`` (canonical) in both lists?"""
+        return _listed(self.manifest, host, port) and _listed(self.policy, host, port)
+
+    def allows_address(self, address: IPAddress, port: int) -> bool:
+        """May a name that resolved to ``address`` be connected to? Public addresses may;
+        any other only when listed literally in both lists."""
+        return is_public(address) or self.allows_name(str(address), port)
+
+
+def _listed(destinations: tuple[Destination, ...], host: str, port: int) -> bool:
+    return any(destination.matches(host, port) for destination in destinations)

@@ -1,0 +1,108 @@
+"""User-mode networking (slirp4netns) for a sandbox's own network namespace.
+
+``network: true`` never means the host's network namespace: the tool gets a namespace
+of its own whose only way out is slirp4netns, which opens the tool's connections as
+ordinary sockets of the host. ``--disable-host-loopback`` refuses its gateway's
+``10.0.2.2`` -> host ``127.0.0.1`` mapping, so services that listen only on the host's
+loopback (the runner's own ports, a database on 127.0.0.1) are out of reach, and abstract
+unix sockets (namespaced by network namespace) are too. Addresses the host itself can
+reach, its own non-loopback ones included, are reachable as from any other machine.
+
+slirp4netns ends when the runner closes its exit descriptor, so it dies with the runner
+even when the runner is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+
+from sandboxes.base import SandboxUnavailable
+
+# slirp4netns configures tap0 in a few milliseconds; this only bounds a stuck start.
+READY_TIMEOUT_S = 5.0
+# The nameserver slirp4netns answers on inside the namespace (it forwards to the host's).
+SLIRP_DNS = "10.0.2.3"
+INSTALL_HINT = "apt-get install slirp4netns"
+
+
+def find_slirp4netns() -> str | None:
+    return shutil.which("slirp4netns")
+
+
+class UserNetwork:
+    """One running slirp4netns attached to one sandbox's network namespace."""
+
+    def __init__(self, process: subprocess.Popen[bytes], exit_fd: int) -> None:
+        self._process = process
+        self._exit_fd: int | None = exit_fd
+
+    @classmethod
+    def start(cls, binary: str, namespace_path: str) -> UserNetwork:
+        """Attach slirp4netns to the namespace at ``namespace_path`` and wait until tap0 is up.
+
+        Raises:
+            SandboxUnavailable: it did not start or did not configure the interface in time.
+        """
+        ready_read, ready_write = os.pipe()
+        exit_read, exit_write = os.pipe()
+        argv = [
+            binary, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox",
+            "--netns-type=path", f"--ready-fd={ready_write}", f"--exit-fd={exit_read}",
+            namespace_path, "tap0",
+        ]  # fmt: skip
+        try:
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=(ready_write, exit_read),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            for fd in (ready_read, ready_write, exit_read, exit_write):
+                os.close(fd)
+            raise SandboxUnavailable(f"cannot start slirp4netns: {exc.strerror}") from exc
+        os.close(ready_write)
+        os.close(exit_read)
+        network = cls(process, exit_write)
+        try:
+            ready = _wait_ready(ready_read, process)
+        finally:
+            os.close(ready_read)
+        if not ready:
+            problem = _last_line(network.stop())
+            raise SandboxUnavailable(f"slirp4netns did not set up the network: {problem}")
+        return network
+
+    def stop(self) -> bytes:
+        """End slirp4netns (closing its exit descriptor, then SIGKILL) and reap it; its stderr."""
+        if self._exit_fd is not None:
+            os.close(self._exit_fd)
+            self._exit_fd = None
+        with contextlib.suppress(ProcessLookupError):
+            self._process.send_signal(signal.SIGKILL)
+        _, stderr = self._process.communicate()
+        return stderr or b""
+
+
+def _wait_ready(ready_fd: int, process: subprocess.Popen[bytes]) -> bool:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while (left := deadline - time.monotonic()) > 0:
+        readable, _, _ = select.select([ready_fd], [], [], left)
+        if readable:
+            return os.read(ready_fd, 1) == b"1"
+        if process.poll() is not None:
+            return False
+    return False
+
+
+def _last_line(stderr: bytes) -> str:
+    lines = stderr.decode(errors="replace").strip().splitlines()
+    return lines[-1][:160] if lines else "no message"
