@@ -496,7 +496,8 @@ def audit_command(
         else:
             write_table(events, sys.stdout)
     except KeyboardInterrupt:
-        pass  # the way to end --follow: not an error
+        if not follow:  # Ctrl-C is how --follow ends, not an error; elsewhere it cuts a search short
+            sys.exit(130)
     except BrokenPipeError:
         # The reader went away (`runner audit | head`): not an error. Point stdout at
         # /dev/null so that the interpreter's last flush does not complain either.

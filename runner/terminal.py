@@ -219,10 +219,13 @@ def print_layers(layers: Sequence[Layer], out: Output) -> None:
     Table(out, columns).print(rows)
 
 
+# Wide enough for a whole timestamp and a generated request id (req_ and 32 hex digits).
+_AUDIT_WIDTHS = {"timestamp": 24, "event": 15, "requestId": 36, "toolName": 16, "role": 8, "outcome": 0}
+
+
 def audit_table(out: Output) -> Table:
     """``runner audit`` on a terminal: fixed widths, so that ``--follow`` can stream rows."""
-    # The piped table's widths include the separating space; this one separates by two.
-    return Table(out, [Column(name.upper(), max(width - 1, 0)) for name, width in TABLE_COLUMNS])
+    return Table(out, [Column(name.upper(), _AUDIT_WIDTHS[name]) for name, _ in TABLE_COLUMNS])
 
 
 def audit_row(event: dict[str, Any]) -> list[Cell | str]:
@@ -231,6 +234,18 @@ def audit_row(event: dict[str, Any]) -> list[Cell | str]:
     style = "bad" if failed else "ok" if event.get("decision") == "allow" or event.get("success") else None
     cells.append(Cell(outcome(event), style))
     return cells
+
+
+def _limits_text(limits: Mapping[str, Any]) -> str:
+    return (
+        f"timeout {limits['timeoutMs']} ms, memory {limits['memoryMb']} MB, cpu {limits['cpuSeconds']} s,"
+        f" {limits['maxPids']} processes, output {limits['maxOutputBytes']} bytes,"
+        f" scratch {limits['diskMb']} MB, network {'yes' if limits['network'] else 'no'}"
+    )
+
+
+def _calls_text(calls: Mapping[str, Any]) -> str:
+    return f"{calls['retries']} retries {calls['retryDelayMs']} ms apart, deadline {calls['deadlineMs']} ms"
 
 
 def print_tool_sheet(sheet: Mapping[str, Any], out: Output) -> None:
@@ -251,8 +266,8 @@ def print_tool_sheet(sheet: Mapping[str, Any], out: Output) -> None:
         ("sandbox", where),
         ("command", " ".join(sheet["command"])),
         ("folder", sheet["directory"]),
-        ("limits", ", ".join(f"{key} {value}" for key, value in limits.items())),
-        ("calls", ", ".join(f"{key} {value}" for key, value in sheet["calls"].items())),
+        ("limits", _limits_text(limits)),
+        ("calls", _calls_text(sheet["calls"])),
         ("network", {True: "yes", False: "no"}.get(asks["network"], str(asks["network"]))),
         ("workspace", asks["workspace"]),
         ("secrets", ", ".join(asks["secrets"]) or "-"),

@@ -155,6 +155,9 @@ def _audit_log(tmp_path: Path) -> Path:
          "toolName": "evil\x1b[2J", "role": "user", "decision": "deny", "reason": "not_allowed"},
         {"event": "call.finished", "timestamp": "2026-01-01T00:00:02.000Z", "requestId": "req_a",
          "toolName": "echo", "role": "user", "success": True, "attempts": 1, "duration": 12},
+        {"event": "call.finished", "timestamp": "2026-01-01T00:00:03.000Z", "requestId": "req_c",
+         "toolName": "slow", "role": "user", "success": False, "code": None, "reason": None,
+         "attempts": 1, "duration": 40, "cancelled": True},
     ]
     log = tmp_path / "audit.log"
     log.write_text("".join(json.dumps(event) + "\n" for event in events))
@@ -167,10 +170,12 @@ def test_audit_is_a_coloured_table_on_a_terminal_with_hostile_values_escaped(tmp
     assert code == 0
     plain = ANSI.sub("", shown).splitlines()
     assert plain[0].split() == ["TIMESTAMP", "EVENT", "REQUESTID", "TOOLNAME", "ROLE", "OUTCOME"]
-    assert len(plain) == 4
+    assert len(plain) == 5
+    assert "None" not in shown and plain[4].endswith("cancelled attempts=1 40ms")  # a cancelled call
     assert "\x1b[2J" not in shown and "evil\\x1b[2J" in shown
     assert "\x1b[31m" in shown  # the denial in red
     piped_table = piped("audit", "--log", str(log)).stdout.splitlines()
+    assert "None" not in piped_table[4]
     assert piped_table[0].split() == ["timestamp", "event", "requestId", "toolName", "role", "outcome"]
     assert "\x1b[" not in "".join(piped_table[1:]).replace("\\x1b[", "")
 
