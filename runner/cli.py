@@ -237,8 +237,10 @@ def _params(value: str | None) -> object:
     elif value.startswith("@"):
         try:
             text = Path(value[1:]).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            _fail_usage(f"cannot read params file {value[1:]}: {getattr(exc, 'strerror', None) or exc}")
+        except UnicodeDecodeError as exc:
+            _fail_usage(f"params file {value[1:]} is not UTF-8 text (byte {exc.start})")
+        except OSError as exc:
+            _fail_usage(f"cannot read params file {value[1:]}: {exc.strerror or 'read failed'}")
     try:
         # NaN and Infinity parse here; the runner then refuses them as INVALID_PARAMS.
         return json.loads(text)
@@ -503,7 +505,7 @@ def audit_command(
         # /dev/null so that the interpreter's last flush does not complain either.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except OSError as exc:
-        _fail_usage(f"cannot read audit log {path}: {exc.strerror}")
+        _fail_usage(f"cannot read audit log {path}: {exc.strerror or 'read failed'}")
 
 
 def _policy_audit_path(ctx: click.Context) -> Path | None:
