@@ -40,6 +40,7 @@ from runner.plan import CallPlan, resolve_plan
 from runner.policy import Policy
 from runner.redaction import Scrubber, nodes_at, redact_nodes
 from runner.registry import Registry, matches_filter
+from runner.secrets import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
 from sandboxes import Closable, LaunchSpec, Sandbox
 
 if TYPE_CHECKING:
@@ -304,8 +305,11 @@ class Runner:
                 # The deadline bounds the whole call, validation of the params included.
                 deadline_at = received + plan.deadline_ms / 1000
                 check = await self._check_params(tool, request.params, deadline_at)
-                ctx = replace(ctx, scrubber=check.scrubber)
-                execution = await self._call(tool, request, ctx, plan, check, deadline_at, progress)
+                secrets = await self._read_secrets(tool)
+                ctx = replace(
+                    ctx, scrubber=check.scrubber.merged(secrets.scrubber), tool_secrets=secrets.scrubber
+                )
+                execution = await self._call(tool, request, ctx, plan, check, deadline_at, progress, secrets)
                 result, error, attempts = execution.result, execution.error, execution.attempts
                 if execution.degraded:
                     extra["degraded"] = True
@@ -395,6 +399,15 @@ class Runner:
                 audit_params=redact_nodes(params, frozenset(id(node) for node in static)),
             )
 
+    async def _read_secrets(self, tool: Tool) -> SecretValues:
+        """The values of the secrets the policy grants ``tool``, read off the event loop."""
+        names = self.policy.granted_secrets(tool)
+        if not names:
+            return NO_SECRET_VALUES
+        return await asyncio.get_running_loop().run_in_executor(
+            self._threads, read_secrets, names, self.policy.model.secrets, self.policy.base_dir
+        )
+
     async def _call(
         self,
         tool: Tool,
@@ -404,6 +417,7 @@ class Runner:
         check: ParamsCheck,
         deadline_at: float,
         progress: Progress,
+        secrets: SecretValues,
     ) -> Execution:
         decision = self.policy.decide(tool, request.role)
         self.audit.emit(
@@ -440,8 +454,10 @@ class Runner:
             # Only what the tool did counts: a runner fault or a cancelled call leaves the
             # block without a verdict, which hands a half-open probe back.
             with self._breaker(tool.name).guard(ends_by=deadline_at) as ticket:
+                if secrets.missing:
+                    raise self._secret_unavailable(tool, secrets.missing[0])
                 sandbox = self._sandbox_factory(plan.sandbox)
-                spec = _launch_spec(tool, ctx, self.policy, plan.runtime)
+                spec = replace(_launch_spec(tool, ctx, self.policy, plan.runtime), secrets=secrets.values)
                 report = self._network_reporter(tool, ctx)
                 async with call_egress(tool, self.policy, spec, report) as spec:
                     execution = await self._executor.execute(
@@ -464,6 +480,16 @@ class Runner:
             self.audit.emit("network.connect", ctx.scrubber, toolName=tool.name, **fields)
 
         return report
+
+    def _secret_unavailable(self, tool: Tool, missing: Unavailable) -> CallError:
+        """The error of a granted secret without a value here; the operator is told where."""
+        self.audit.operator.warn(f"secret {missing.name} of {tool.name} has no value: {missing.for_operator}")
+        return CallError(
+            ErrorCode.EXECUTION_ERROR,
+            f"secret {missing.name} of {tool.name} has no value on this host: {missing.told}",
+            {"reason": "secret_unavailable", "secret": missing.name},
+            retryable=False,
+        )
 
     def _refused_before_policy(self, tool_name: str | None, ctx: CallContext, reason: str) -> None:
         """Calls that never reach the policy still get their one (deny) decision event."""

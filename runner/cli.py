@@ -337,16 +337,19 @@ def exec_command(
 
 @cli.command("validate")
 @_location_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON document: tools, problems, counts.")
 @click.pass_context
-def validate_command(ctx: click.Context) -> None:
-    """Load tools and policies, report every problem, list the registry."""
+def validate_command(ctx: click.Context, as_json: bool) -> None:
+    """Load tools and policies, report every problem, list the registry (exit 1 on an error)."""
+    from runner.validation import human_lines, validate, wire
+
     runner = _load(ctx)
-    for problem in runner.registry.problems:
-        click.echo(f"invalid: {problem.path}: {problem.reason}")
-    for tool in runner.registry:
-        click.echo(f"ok: {tool.name} ({tool.directory})")
-    click.echo(f"{len(runner.registry)} tools, {len(runner.registry.problems)} problems")
-    sys.exit(EXIT_FAILED if runner.registry.problems else EXIT_OK)
+    report = validate(runner.registry, runner.policy)
+    if as_json:
+        _print_json(wire(report))
+    else:
+        human_lines(report, click.echo)
+    sys.exit(EXIT_FAILED if report.errors else EXIT_OK)
 
 
 @cli.command("doctor")

@@ -20,6 +20,7 @@ from runner.manifest import Tool
 from runner.outcomes import failure_error, parse_result
 from runner.plan import CallPlan
 from runner.redaction import NO_SECRETS, Scrubber
+from runner.secret_output import scrub_outcome
 from sandboxes import (
     LaunchSpec,
     Limits,
@@ -38,7 +39,8 @@ MIN_ATTEMPT_MS = 10
 
 @dataclass(frozen=True)
 class CallContext:
-    """Who and what a call is, for its audit events; ``scrubber`` holds its secrets."""
+    """Who and what a call is, for its audit events; ``scrubber`` holds every sensitive
+    string of the call, ``tool_secrets`` the values of the secrets its tool was given."""
 
     request_id: str
     trace_id: str
@@ -46,6 +48,7 @@ class CallContext:
     step_id: str | None
     user_id: str | None
     scrubber: Scrubber = NO_SECRETS
+    tool_secrets: Scrubber = NO_SECRETS
 
     def audit_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {
@@ -137,6 +140,10 @@ class Executor:
                 self._cancelled_event(tool, ctx, attempt, sandbox, started)
                 raise
             progress.degraded = progress.degraded or outcome.degraded
+            if ctx.tool_secrets:  # before anything reads the outcome, cuts it short or logs it
+                outcome = await asyncio.get_running_loop().run_in_executor(
+                    self._threads, scrub_outcome, outcome, ctx.tool_secrets, plan.format
+                )
             try:
                 if not outcome.ok:
                     raise failure_error(tool, outcome, timeout_ms, by_deadline)

@@ -9,10 +9,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from runner.egress_rules import NetworkAllow
 from runner.manifest_cache import ManifestCache, digest
+from runner.secrets import name_problem
 from runner.settings import CallSettings
 from runner.yaml_files import YamlFileError, parse_yaml, read_bounded
 from sandboxes import ToolRequirements
@@ -51,6 +52,7 @@ class ManifestModel(BaseModel):
     network: bool | NetworkAllow = False  # true: a network of its own; allow: the egress proxy
     workspace: Literal["none", "read", "write"] = "none"
     env: dict[str, str] = Field(default_factory=dict)
+    secrets: list[str] = Field(default_factory=list)  # granted per tool by the policy
 
     @field_validator("name")
     @classmethod
@@ -89,6 +91,24 @@ class ManifestModel(BaseModel):
             if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES):
                 raise ValueError(f"{key} is set by the runner and cannot be overridden")
         return value
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets(cls, value: list[str]) -> list[str]:
+        for name in value:
+            problem = name_problem(name)
+            if problem is not None:
+                raise ValueError(problem)
+        if len(set(value)) != len(value):
+            raise ValueError("a secret is listed twice")
+        return value
+
+    @model_validator(mode="after")
+    def _secrets_not_in_env(self) -> ManifestModel:
+        both = sorted(set(self.secrets) & set(self.env))
+        if both:
+            raise ValueError(f"{both[0]} is both a secret and an env variable")
+        return self
 
 
 @dataclass(frozen=True)

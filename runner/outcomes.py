@@ -26,7 +26,8 @@ _REASON_TEXT = {
 }
 
 
-_HOST_PATH = re.compile(r"/[^\s:'\"]+")
+# A path starts a word (``runner/base:latest`` names an image, not a path in ``/base``).
+_HOST_PATH = re.compile(r"(?<![\w.-])/[^\s:'\"]+")
 
 
 def mask_host_paths(text: str) -> str:

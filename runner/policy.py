@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from runner.egress_rules import NetworkAllow
 from runner.errors import ConfigError
 from runner.manifest import Tool
+from runner.secrets import SecretSource, name_problem
 from runner.settings import CallSettings, ResourceSettings
 from runner.yaml_files import YamlFileError, load_yaml_file
 
@@ -40,6 +41,7 @@ class ToolOverrideModel(CallSettings):
     sandbox: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,63}$")  # an installed backend
     runtime: str | None = None  # OCI runtime for docker tools, e.g. runsc
     network: NetworkAllow | None = None  # the egress this tool is granted
+    secrets: list[str] = Field(default_factory=list)  # the secrets this tool is granted
 
 
 class BreakerModel(_Strict):
@@ -88,6 +90,18 @@ class PolicyModel(_Strict):
     workspace: str | None = None
     audit: AuditModel = Field(default_factory=AuditModel)
     sandbox: SandboxModel = Field(default_factory=SandboxModel)
+    secrets: dict[str, SecretSource] = Field(default_factory=dict)  # where each value comes from
+
+    @model_validator(mode="after")
+    def _secrets_have_sources(self) -> PolicyModel:
+        for name in self.secrets:
+            if (problem := name_problem(name)) is not None:
+                raise ValueError(f"secrets: {problem}")
+        for tool, override in self.tools.items():
+            for name in override.secrets:
+                if name not in self.secrets:
+                    raise ValueError(f"tools.{tool}.secrets: {name} has no source under secrets:")
+        return self
 
     @model_validator(mode="after")
     def _roles_resolve(self) -> PolicyModel:
@@ -189,6 +203,12 @@ class Policy:
             return None
         return self.base_dir / self.model.audit.operator_log
 
+    def granted_secrets(self, tool: Tool) -> list[str]:
+        """The secrets ``tool`` asks for that the policy grants it, in the manifest's order."""
+        override = self.model.tools.get(tool.name)
+        granted = set(override.secrets) if override is not None else set()
+        return [name for name in tool.manifest.secrets if name in granted]
+
     def resolve_role(self, role: str | None) -> str | None:
         return role if role is not None else self.model.default_role
 
@@ -220,4 +240,6 @@ class Policy:
             return PolicyDecision(False, "network", role, f"tools.{tool.name}.network")
         if tool.manifest.workspace != "none" and self.workspace is None:
             return PolicyDecision(False, "no_workspace", role, "workspace")
+        if len(self.granted_secrets(tool)) < len(tool.manifest.secrets):
+            return PolicyDecision(False, "secret", role, f"tools.{tool.name}.secrets")
         return PolicyDecision(True, "allowed", role, allow_rule)

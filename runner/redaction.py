@@ -63,6 +63,15 @@ class Scrubber:
                 text = text.replace(secret, REDACTED)
         return text
 
+    def scrub_cut_text(self, text: str) -> str:
+        """``scrub_text`` for text whose start may have been cut off (a stream's tail):
+        a secret cut there leaves its end at the start, which is masked too."""
+        if not self.secrets or not text:
+            return text
+        cut = max(_cut_fragment(secret, text) for secret in self.secrets)
+        head = REDACTED if cut else ""
+        return head + self.scrub_text(text[cut:])
+
     def scrub(self, value: Any) -> Any:
         """``value`` with every string in it (mapping keys included) scrubbed; other values as is."""
         if not self.secrets:
@@ -80,6 +89,17 @@ class Scrubber:
 
 
 NO_SECRETS = Scrubber()
+
+
+def _cut_fragment(secret: str, text: str) -> int:
+    """The length of the longest proper end of ``secret`` that ``text`` begins with."""
+    first = text[:1]
+    start = secret.find(first, 1)
+    while start != -1:  # the first fit is the longest
+        if text.startswith(secret[start:]):
+            return len(secret) - start
+        start = secret.find(first, start + 1)
+    return 0
 
 
 def string_leaves(values: Iterable[object]) -> Iterable[str]:

@@ -1,8 +1,8 @@
 """``runner new``: a tool folder that validates and answers its sample params at once.
 
-A Python tool gets ``main.py`` and a copy of the tool-side helper ``runner_tool.py`` (the
-sandbox shows a tool only its own folder, so the helper travels with it); a shell tool gets
-``main.sh``, which needs nothing but the contract.
+A Python tool gets ``main.py``, which imports the tool-side helper ``runner_tool``: every
+sandbox shows it on the tool's ``PYTHONPATH`` (``sandboxes.view``), so nothing is copied; a
+shell tool gets ``main.sh``, which needs nothing but the contract.
 """
 
 from __future__ import annotations
@@ -12,12 +12,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner import runner_tool
-
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 LANGUAGES = ("python", "sh")
 SAMPLE_FILE = "sample.json"
-HELPER_FILE = "runner_tool.py"
 IMAGES = {"python": "runner/python-tools:latest", "sh": "runner/base:latest"}
 
 _PYTHON_MANIFEST = """\
@@ -126,7 +123,6 @@ def new_tool(tools_dir: Path, name: str, *, lang: str = "python", docker: bool =
         files = {
             "tool.yaml": _PYTHON_MANIFEST.format(name=name, sandbox=sandbox),
             "main.py": _PYTHON_MAIN.format(name=name),
-            HELPER_FILE: helper_source(),
         }
     else:
         files = {
@@ -142,8 +138,3 @@ def new_tool(tools_dir: Path, name: str, *, lang: str = "python", docker: bool =
         path.chmod(0o644)
         written.append(path)
     return Scaffold(folder, tuple(written), folder / SAMPLE_FILE)
-
-
-def helper_source() -> str:
-    """The text of the tool-side helper, as shipped in this package."""
-    return Path(runner_tool.__file__).read_text(encoding="utf-8")

@@ -78,6 +78,9 @@ class LaunchSpec:
     # With an egress endpoint the tool gets loopback only, with the endpoint on it; a
     # backend that cannot do that refuses the tool (SandboxUnavailable).
     egress: EgressEndpoint | None = None
+    # Environment variables too, but secret: a backend delivers them so that no one but
+    # the tool sees them (not in argv, not in a container's config); never in a repr.
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)

@@ -298,8 +298,48 @@ async def check_a_cancelled_run_leaves_nothing(h: Harness) -> None:
     assert await h.gone(spec.request_id), "the tool outlived the cancelled run"
 
 
+async def check_secrets_reach_the_tool_as_environment_and_stdin_stays_the_payload(h: Harness) -> None:
+    value = 'two\nlines, "quotes", \\ and ü\n'
+    spec = h.tool(
+        """
+        import json, os, sys
+        print(json.dumps({"stdin": sys.stdin.read(), "secret": os.environ.get("API_TOKEN")}))
+        """
+    )
+    spec = replace(spec, secrets={"API_TOKEN": value})
+    prepared = await h.make().prepare(spec, h.limits)
+    try:
+        outcome = await prepared.run(b'{"x": 1}')
+    finally:
+        await prepared.close()
+    assert outcome.ok, outcome
+    assert json.loads(outcome.stdout) == {"stdin": '{"x": 1}', "secret": value}, outcome.stdout
+
+
+async def check_the_tool_side_helper_imports_and_is_read_only(h: Harness) -> None:
+    """``import runner_tool`` works in every backend (``sandboxes.view.LIBRARY_MOUNT`` on
+    ``PYTHONPATH``), and no tool can change what the next tool imports."""
+    outcome, _ = await h.run(
+        """
+        import json, sys
+        sys.stdin.read()
+        import runner_tool
+        try:
+            with open(runner_tool.__file__, "a") as helper:
+                helper.write("# changed by a tool")
+            changed = True
+        except OSError:
+            changed = False
+        print(json.dumps({"changed": changed}))
+        """
+    )
+    assert outcome.ok, f"import runner_tool failed: {outcome.stderr_tail[-300:]}"
+    assert json.loads(outcome.stdout) == {"changed": False}, "a tool could write to the helper"
+
+
 CONTRACT: tuple[Check, ...] = (
     check_success_returns_stdout,
+    check_secrets_reach_the_tool_as_environment_and_stdin_stays_the_payload,
     check_exit_status_is_reported,
     check_a_program_that_cannot_start_is_not_executable,
     check_stderr_is_kept_as_a_tail,
@@ -312,4 +352,5 @@ CONTRACT: tuple[Check, ...] = (
     check_prepare_then_close_without_run_leaves_nothing,
     check_an_unavailable_backend_raises_from_prepare,
     check_a_cancelled_run_leaves_nothing,
+    check_the_tool_side_helper_imports_and_is_read_only,
 )

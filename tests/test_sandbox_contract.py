@@ -100,8 +100,9 @@ def test_the_environment_is_the_minimal_set(bench: ToolBench, backend: str) -> N
         env={"EXTRA": "1"},
     )
     env = call(bench, "env")["result"]
-    allowed = {"PATH", "LANG", "HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "EXTRA", "HOSTNAME"}
-    assert {"PATH", "LANG", "HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "EXTRA"} <= set(env) <= allowed
+    allowed = {"PATH", "LANG", "HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "EXTRA", "HOSTNAME", "PYTHONPATH"}
+    required = {"PATH", "LANG", "HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "EXTRA", "PYTHONPATH"}
+    assert required <= set(env) <= allowed  # PYTHONPATH: where the tool-side helper is
     assert env["TOOL_NAME"] == "env"
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import ToolBench
 
+from sandboxes.view import LIBRARY_MOUNT
+
 REPORT = """
 import json, os, sys
 request = json.load(sys.stdin)
@@ -31,7 +33,8 @@ def test_the_tool_gets_exactly_the_minimal_environment_and_its_manifest_env(
     bench.tool("report", REPORT, env={"GREETING": "hello"})
     answer = bench.runner().handle({"toolName": "report", "requestId": "req_env"})
     env = answer["result"]["env"]
-    assert set(env) == {"PATH", "LANG", "HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "GREETING"}
+    assert set(env) == {"PATH", "LANG", "HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "GREETING", "PYTHONPATH"}
+    assert env["PYTHONPATH"] == LIBRARY_MOUNT  # where the tool-side helper is
     assert env["TOOL_NAME"] == "report"
     assert env["REQUEST_ID"] == "req_env"
     assert env["HOME"] == env["TMPDIR"]

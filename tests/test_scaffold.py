@@ -14,7 +14,8 @@ import pytest
 import yaml
 from conftest import answer_of, installed_command
 
-from runner.scaffold import HELPER_FILE, SAMPLE_FILE
+from runner.scaffold import SAMPLE_FILE
+from sandboxes.view import LIBRARY_SOURCE
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def test_new_python_tool_validates_and_answers_its_sample_params(project: Path) 
     made = runner_command("new", "hello", cwd=project)
     assert made.returncode == 0, made.stderr
     folder = project / "tools" / "hello"
-    assert sorted(p.name for p in folder.iterdir()) == sorted(["tool.yaml", "main.py", HELPER_FILE, SAMPLE_FILE])
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["tool.yaml", "main.py", SAMPLE_FILE])
     manifest = yaml.safe_load((folder / "tool.yaml").read_text())
     assert manifest["name"] == "hello"
     assert manifest["sandbox"] == "subprocess"
@@ -110,14 +111,12 @@ def test_exec_reads_params_from_stdin_with_at_dash(project: Path) -> None:
 def run_helper_tool(
     tmp_path: Path, body: str, request: object, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    from runner.scaffold import helper_source
-
-    (tmp_path / HELPER_FILE).write_text(helper_source())
     (tmp_path / "main.py").write_text(textwrap.dedent(body))
     return subprocess.run(
         [sys.executable, "main.py"],
         cwd=tmp_path,
-        env={"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8", **(env or {})},
+        # The helper where every sandbox puts it: on PYTHONPATH, not in the tool's folder.
+        env={"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8", "PYTHONPATH": str(LIBRARY_SOURCE), **(env or {})},
         input=json.dumps(request),
         capture_output=True,
         text=True,

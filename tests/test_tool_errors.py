@@ -432,3 +432,11 @@ def test_the_attempt_event_names_the_tool_error(bench: ToolBench) -> None:
     events = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
     attempts = [e for e in events if e["event"] == "call.attempt" and e["requestId"] == "req_audit_te"]
     assert [e["reason"] for e in attempts] == ["tool_error"]
+
+
+def test_messages_mask_host_paths_but_keep_image_names() -> None:
+    from runner.outcomes import mask_host_paths
+
+    masked = mask_host_paths('image runner/nope:latest not found; cannot read /etc/shadow or "/root/key" (/tmp/x)')
+    assert "runner/nope:latest" in masked
+    assert "/etc" not in masked and "/root" not in masked and "/tmp" not in masked

@@ -31,6 +31,7 @@ import dataclasses
 import itertools
 import math
 import os
+import re
 import signal
 import socket
 import threading
@@ -71,6 +72,8 @@ from sandboxes.docker._client import (
 from sandboxes.docker._egress import egress_problem, listener_in
 from sandboxes.docker._frames import STDOUT, FrameDecoder
 from sandboxes.view import (
+    LIBRARY_MOUNT,
+    LIBRARY_SOURCE,
     READ_CHUNK,
     SCRATCH_MOUNT,
     STDERR_TAIL_BYTES,
@@ -79,6 +82,7 @@ from sandboxes.view import (
     tool_env,
 )
 
+SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # After the output ends, the exit status is a moment away; bound the wait anyway.
 EXIT_GRACE_S = 5.0
 BUILD_HINT = "run `runner images build`"
@@ -87,11 +91,32 @@ BUILD_HINT = "run `runner images build`"
 LIMITS_POLL_S = 0.02
 # On cgroup v1 TCP buffers are counted apart from memory_mb; they get this share of it.
 TCP_MEMORY_SHARE = 4
-# Holds the tool until the first line of stdin, which the runner sends once the cgroup
-# is complete; ``read`` takes one byte at a time, so the tool's stdin starts after it.
-# That line is the exec guard's token (``sandboxes._exec_status``): an exec that fails
-# is told from a tool that exits 126 or 127 itself.
-GATE = f'{EXEC_GUARD} && unset PWD && exec "$@"'  # the shell exports PWD
+# Holds the tool until the runner writes its release on stdin, once the cgroup is
+# complete. The release is first the exec guard's token (``sandboxes._exec_status``: an
+# exec that fails is told from a tool that exits 126 or 127 itself), then the secrets, so
+# that they are in the tool's environment without being in the container's config (``Env``,
+# which anyone allowed to ``docker inspect`` reads): a count of secrets, then per secret
+# its name, its number of lines and those lines. Values are only ever read and assigned,
+# never parsed by the shell; ``read`` takes one byte at a time, so the tool's stdin starts
+# right after the release.
+GATE = EXEC_GUARD + r"""
+read -r count || exit 125
+while [ "$count" -gt 0 ]; do
+  IFS= read -r name && IFS= read -r lines || exit 125
+  value= sep=
+  while [ "$lines" -gt 0 ]; do
+    IFS= read -r line || exit 125
+    value="$value$sep$line"
+    sep='
+'
+    lines=$((lines - 1))
+  done
+  export "$name=$value" || exit 125
+  count=$((count - 1))
+done
+unset count name lines value sep line PWD
+exec "$@"
+"""
 
 
 class DockerConfig(BaseModel):
@@ -143,6 +168,7 @@ class DockerSandbox:
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedContainer:
         if not spec.image:
             raise SandboxUnavailable("the docker sandbox needs an image")
+        gate_input = gate_release(spec.secrets)  # before any container exists: it may refuse
         try:
             # Before any container exists: this process's watchdog removes every container
             # labelled with our pid should we die (the daemon, not we, is their parent).
@@ -169,7 +195,7 @@ class DockerSandbox:
                 await asyncio.to_thread(workspace.release)
             lease.release()
             raise
-        prepared = PreparedContainer(client, container_id, limits, cgroup_v1=cgroup_v1)
+        prepared = PreparedContainer(client, container_id, limits, cgroup_v1=cgroup_v1, release=gate_input)
         prepared.hold(lease, workspace)
         prepared.egress = spec.egress
         return prepared
@@ -216,7 +242,10 @@ def _create(
     from docker.types import LogConfig, Ulimit
 
     env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace is not None else None)
-    binds: dict[str, Mapping[str, str]] = {str(spec.tool_dir): {"bind": TOOL_MOUNT, "mode": "ro"}}
+    binds: dict[str, Mapping[str, str]] = {
+        str(spec.tool_dir): {"bind": TOOL_MOUNT, "mode": "ro"},
+        str(LIBRARY_SOURCE): {"bind": LIBRARY_MOUNT, "mode": "ro"},
+    }
     if workspace is not None:
         binds[str(workspace.source)] = {
             "bind": WORKSPACE_MOUNT,
@@ -264,9 +293,33 @@ def _create(
     return str(created["Id"])
 
 
+def gate_release(secrets: Mapping[str, str]) -> bytes:
+    """What the gate reads before it lets the tool run: the secrets, as ``GATE`` says.
+
+    Raises:
+        SandboxUnavailable: a name the shell could not export, or a NUL in a value.
+    """
+    parts = [str(len(secrets))]
+    for name, value in secrets.items():
+        if not SECRET_NAME.fullmatch(name) or "\0" in value:
+            raise SandboxUnavailable("a secret's name or value cannot be passed to the container")
+        lines = value.split("\n")
+        parts += [name, str(len(lines)), *lines]
+    return ("\n".join(parts) + "\n").encode("utf-8")
+
+
 class PreparedContainer:
-    def __init__(self, client: APIClient, container_id: str, limits: Limits, *, cgroup_v1: bool) -> None:
+    def __init__(
+        self,
+        client: APIClient,
+        container_id: str,
+        limits: Limits,
+        *,
+        cgroup_v1: bool,
+        release: bytes = b"0\n",
+    ) -> None:
         self._client = client
+        self._release = release
         self.container_id = container_id
         self._limits = limits
         self._cgroup_v1 = cgroup_v1
@@ -292,7 +345,8 @@ class PreparedContainer:
                 await asyncio.to_thread(client.start, cid)
             cgroup = await asyncio.to_thread(self._complete_cgroup)
             await self._attach_egress()
-            reason = await self._attend(raw, token_line(token) + payload, stdout, stderr, cgroup)
+            release = token_line(token) + self._release
+            reason = await self._attend(raw, release + payload, stdout, stderr, cgroup)
         except OSError as exc:
             await asyncio.to_thread(self._kill)
             message = f"lost the connection to the Docker daemon: {type(exc).__name__}"

@@ -1,10 +1,11 @@
 """What the hardened tool sees, as a bubblewrap argv.
 
 The view: the system directories read-only, a handful of ``/etc`` files, the tool's own
-folder read-only at ``/tool``, a size-limited tmpfs at ``/tmp`` (HOME and TMPDIR), its own
-``/proc`` and a minimal ``/dev``, and ``/workspace`` only when granted. New user, mount,
-PID, IPC, UTS and network namespaces (the network one made by the runner when the tool
-has a network, see ``_network``); no capabilities;
+folder read-only at ``/tool``, the tool-side helper read-only at ``/opt/runner/python``, a
+size-limited tmpfs at ``/tmp`` (HOME and TMPDIR), its own ``/proc`` and a minimal ``/dev``,
+and ``/workspace`` only when granted. New user, mount, PID, IPC, UTS and network
+namespaces (the network one made by the runner when the tool has a network, see
+``_network``); no capabilities;
 ``no_new_privs`` (bubblewrap always sets it); a new session, so no terminal to inject into.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from sandboxes._usernet import SLIRP_DNS
 from sandboxes.base import LaunchSpec, Limits
-from sandboxes.view import INSIDE_UID, SCRATCH_MOUNT, TOOL_MOUNT, WORKSPACE_MOUNT
+from sandboxes.view import INSIDE_UID, LIBRARY_MOUNT, SCRATCH_MOUNT, TOOL_MOUNT, WORKSPACE_MOUNT
 
 # Inside its user namespace the tool is "nobody"; on the host it is a uid of its own
 # (``sandboxes._identity``), never root.
@@ -37,11 +38,13 @@ GROUP = f"nogroup:x:{SANDBOX_UID}:\n"
 
 @dataclass(frozen=True)
 class Sources:
-    """Host paths bubblewrap mounts: the tool's folder, the workspace, the fake /etc."""
+    """Host paths bubblewrap mounts: the tool's folder, the workspace, the fake /etc, the
+    helper's folder."""
 
     tool_dir: Path
     workspace: Path | None
     etc_dir: Path
+    library_dir: Path
 
 
 def bwrap_argv(
@@ -95,6 +98,7 @@ def bwrap_argv(
     argv += ["--remount-ro", "/dev"]
     argv += ["--size", scratch_bytes, "--perms", "1777", "--tmpfs", SCRATCH_MOUNT]
     argv += ["--ro-bind", str(src.tool_dir), TOOL_MOUNT]
+    argv += ["--ro-bind", str(src.library_dir), LIBRARY_MOUNT]
     if src.workspace is not None:
         flag = "--bind" if spec.workspace_mode == "write" else "--ro-bind"
         argv += [flag, str(src.workspace), WORKSPACE_MOUNT]

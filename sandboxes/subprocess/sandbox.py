@@ -55,6 +55,7 @@ from sandboxes.subprocess._launch import (
     started_shim_argv,
 )
 from sandboxes.subprocess._layout import GROUP, PASSWD, RESOLV_CONF, Sources, bwrap_argv
+from sandboxes.subprocess._library import publish_library
 from sandboxes.subprocess._network import SandboxNetwork
 from sandboxes.subprocess._process import Ending, ProcessResult, drive
 from sandboxes.subprocess._seccomp import SeccompUnavailable, filter_fd, sealed_memfd
@@ -130,6 +131,7 @@ class SubprocessSandbox:
         except (CgroupUnavailable, OSError) as exc:
             self.cgroup_problem = str(exc)
         self.etc_dir = self._write_etc()
+        self.library_dir = publish_library(self.state_dir / "python")
         self.stage_dir = self._make_stage()
         self._remove_stale_scratch()
         self.watch_problem: str | None = None
@@ -362,8 +364,9 @@ class PreparedSubprocess:
         workspace = self._workspace.source if self._workspace is not None else None
         launcher_env = self._launcher_env({"PATH": "/usr/bin:/bin"})
         tool_dir, workspace = self._stage(launcher_env, workspace)
-        sources = Sources(tool_dir, workspace, owner.etc_dir)
-        env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace else None)
+        sources = Sources(tool_dir, workspace, owner.etc_dir, owner.library_dir)
+        # Secrets too: bubblewrap's arguments reach it through a sealed memfd, not argv.
+        env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace else None) | dict(spec.secrets)
         command = started_shim_argv(SHELL, list(spec.command))
         assert owner.bwrap is not None
         seccomp = filter_fd()
@@ -421,7 +424,10 @@ class PreparedSubprocess:
         granted = self._workspace.source if self._workspace is not None else None
         tool_dir, workspace = self._stage(launcher_env, granted)
         launcher_env["RUNNER_CHDIR"] = str(tool_dir)
-        env = tool_env(spec, str(self._scratch), str(workspace) if workspace is not None else None)
+        # Secrets too: the launcher's environment, readable by root and by the tool's own uid only.
+        workspace_text = str(workspace) if workspace is not None else None
+        env = tool_env(spec, str(self._scratch), workspace_text, str(self._owner.library_dir))
+        env |= spec.secrets
         command = started_shim_argv(SHELL, list(spec.command))
         if self._owner.setpriv is not None:
             # Less isolation, never root: the tool still runs as a uid of its own.

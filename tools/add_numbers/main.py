@@ -1,6 +1,11 @@
-import json
-import sys
+"""add_numbers: the sum of a and b."""
 
-request = json.load(sys.stdin)
-params = request["params"]
-json.dump(params["a"] + params["b"], sys.stdout)
+from runner_tool import run
+
+
+def main(params, context):
+    return params["a"] + params["b"]
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,29 +1,19 @@
-import json
-import os
-import sys
-from pathlib import Path
+"""delete_file: remove one file from the workspace (granted write)."""
+
+from runner_tool import ToolError, run, workspace_path
 
 
-def fail(message):
-    json.dump({"error": {"message": message}}, sys.stdout)
-    sys.exit(1)
+def main(params, context):
+    relative = params["path"]
+    target = workspace_path(relative)
+    if not target.is_file():
+        raise ToolError(f"no such file: {relative}", code="NOT_FOUND")
+    try:
+        target.unlink()
+    except OSError as exc:
+        raise ToolError(f"cannot delete {relative}: {type(exc).__name__}", code="UNDELETABLE") from None
+    return {"path": relative, "deleted": True}
 
 
-def confined(relative):
-    """The workspace path for ``relative``; anything that leaves the workspace is refused."""
-    root = Path(os.environ["WORKSPACE"]).resolve()
-    target = (root / relative).resolve()
-    if Path(relative).is_absolute() or not target.is_relative_to(root) or target == root:
-        fail(f"path {relative!r} is outside the workspace")
-    return target
-
-
-relative = json.load(sys.stdin)["params"]["path"]
-target = confined(relative)
-if not target.is_file():
-    fail(f"no such file: {relative}")
-try:
-    target.unlink()
-except OSError as exc:
-    fail(f"cannot delete {relative}: {type(exc).__name__}")
-json.dump({"path": relative, "deleted": True}, sys.stdout)
+if __name__ == "__main__":
+    run(main)

@@ -1,5 +1,11 @@
-import json
-import sys
+"""echo: the message back, with the attempt it arrived on."""
 
-request = json.load(sys.stdin)
-json.dump({"message": request["params"]["message"], "attempt": request["context"]["attempt"]}, sys.stdout)
+from runner_tool import run
+
+
+def main(params, context):
+    return {"message": params["message"], "attempt": context["attempt"]}
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,29 +1,19 @@
-import json
-import os
-import sys
-from pathlib import Path
+"""read_file: the text of one file of the workspace (granted read)."""
+
+from runner_tool import ToolError, run, workspace_path
 
 
-def fail(message):
-    json.dump({"error": {"message": message}}, sys.stdout)
-    sys.exit(1)
+def main(params, context):
+    relative = params["path"]
+    target = workspace_path(relative)
+    try:
+        content = target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ToolError(f"no such file: {relative}", code="NOT_FOUND") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ToolError(f"cannot read {relative}: {type(exc).__name__}", code="UNREADABLE") from None
+    return {"path": relative, "content": content}
 
 
-def confined(relative):
-    """The workspace path for ``relative``; anything that leaves the workspace is refused."""
-    root = Path(os.environ["WORKSPACE"]).resolve()
-    target = (root / relative).resolve()
-    if Path(relative).is_absolute() or not target.is_relative_to(root) or target == root:
-        fail(f"path {relative!r} is outside the workspace")
-    return target
-
-
-relative = json.load(sys.stdin)["params"]["path"]
-target = confined(relative)
-try:
-    content = target.read_text(encoding="utf-8")
-except FileNotFoundError:
-    fail(f"no such file: {relative}")
-except (OSError, UnicodeDecodeError) as exc:
-    fail(f"cannot read {relative}: {type(exc).__name__}")
-json.dump({"path": relative, "content": content}, sys.stdout)
+if __name__ == "__main__":
+    run(main)

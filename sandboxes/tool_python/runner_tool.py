@@ -1,8 +1,8 @@
 """The tool side of the contract (SPEC 2) for Python tools: standard library only.
 
-``runner new`` writes a copy of this file next to a new tool's ``main.py`` (the sandbox
-shows a tool nothing but its own folder and the system), so ``import runner_tool`` works
-in every backend. A tool is then a function::
+Every sandbox shows this folder read-only at ``/opt/runner/python`` and puts it on the
+tool's ``PYTHONPATH`` (``sandboxes.view``), so ``import runner_tool`` works in every
+backend without a copy in the tool's folder. A tool is then a function::
 
     from runner_tool import ToolError, run
 
@@ -26,10 +26,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+# pathlib and traceback load on use: every call of a tool pays for what it imports.
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = ["ToolError", "run", "workspace_path"]
 
@@ -75,6 +77,8 @@ def workspace_path(relative: str) -> Path:
     if not root_text:
         raise ToolError("this tool has no workspace (set workspace: read|write in tool.yaml)",
                         code="NO_WORKSPACE")
+    from pathlib import Path
+
     root = Path(root_text).resolve()
     target = (root / relative).resolve()
     if Path(relative).is_absolute() or not target.is_relative_to(root) or target == root:
@@ -89,17 +93,19 @@ def _fail(message: str) -> NoReturn:
 
 
 def _print(document: object) -> None:
+    # No newline after it: a caller asking for ``format: raw`` gets exactly the document.
     sys.stdout.write(json.dumps(document, ensure_ascii=False, allow_nan=False))
-    sys.stdout.write("\n")
     sys.stdout.flush()
 
 
 def _where(exc: BaseException) -> str:
+    import traceback
+
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return ""
     last = frames[-1]
-    return f" (at {Path(last.filename).name}:{last.lineno})"
+    return f" (at {os.path.basename(last.filename)}:{last.lineno})"  # noqa: PTH119 - no pathlib import
 
 
 def _read_request() -> tuple[dict[str, Any], dict[str, Any]]:

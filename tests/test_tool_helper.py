@@ -1,0 +1,90 @@
+"""The tool-side helper ``runner_tool`` is in every sandbox without the author copying it:
+read-only at ``sandboxes.view.LIBRARY_MOUNT``, on ``PYTHONPATH`` after the manifest's own."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import ToolBench
+from docker import APIClient
+
+from sandboxes.view import LIBRARY_MOUNT
+
+# Uses the helper, then tries to change it (the mounted copy and, by its real path, the
+# file that was imported) and reports what happened.
+HELPER_USER = """
+import os, runner_tool
+from runner_tool import run
+
+def attempt(path):
+    try:
+        with open(path, "a") as handle:
+            handle.write("# poisoned")
+        return "written"
+    except OSError as exc:
+        return type(exc).__name__
+
+def main(params, context):
+    return {
+        "attempt": context["attempt"],
+        "helper": os.path.realpath(runner_tool.__file__),
+        "pythonpath": os.environ["PYTHONPATH"],
+        "bytecode": os.path.isfile(runner_tool.__cached__),
+        "write": attempt(runner_tool.__file__),
+        "create": attempt(os.path.join(os.path.dirname(runner_tool.__file__), "extra.py")),
+    }
+
+if __name__ == "__main__":
+    run(main)
+"""
+
+
+def assert_helper_worked_and_stayed_intact(answer: dict[str, object], library: str) -> None:
+    assert answer["success"] is True, answer
+    result = answer["result"]
+    assert isinstance(result, dict)
+    assert result["attempt"] == 1
+    assert result["helper"] == f"{library}/runner_tool.py"
+    assert result["write"] != "written"
+    assert result["create"] != "written"
+
+
+def test_a_python_tool_imports_the_helper_in_the_subprocess_sandbox_and_cannot_change_it(
+    bench: ToolBench,
+) -> None:
+    bench.tool("helped", HELPER_USER)
+    answer = bench.runner().handle({"toolName": "helped", "params": {}})
+    assert_helper_worked_and_stayed_intact(answer, LIBRARY_MOUNT)
+    assert answer["result"]["bytecode"] is True  # compiled once by the runner, not per call
+
+
+def test_the_manifests_own_pythonpath_comes_first_and_the_helper_after_it(bench: ToolBench) -> None:
+    bench.tool("helped", HELPER_USER, env={"PYTHONPATH": "/tool/lib"})
+    answer = bench.runner().handle({"toolName": "helped", "params": {}})
+    assert answer["result"]["pythonpath"] == f"/tool/lib:{LIBRARY_MOUNT}"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="degraded runs drop to another uid only as root")
+def test_a_degraded_run_finds_the_helper_by_its_host_copy_which_the_tool_cannot_change(
+    bench: ToolBench,
+) -> None:
+    # No bubblewrap: the tool sees the host, and PYTHONPATH names the backend's copy.
+    bench.policy["sandbox"] = {"backends": {"subprocess": {"allow_degraded": True, "bwrap": "/nonexistent"}}}
+    bench.tool("helped", HELPER_USER)
+    answer = bench.runner().handle({"toolName": "helped", "params": {}})
+    assert answer["success"] is True, answer
+    library = answer["result"]["pythonpath"]
+    assert library != LIBRARY_MOUNT and os.path.isabs(library)
+    assert_helper_worked_and_stayed_intact(answer, library)
+    assert "poisoned" not in Path(library, "runner_tool.py").read_text()
+
+
+@pytest.mark.docker
+def test_a_python_tool_imports_the_helper_in_a_container_and_cannot_change_it(
+    bench: ToolBench, docker_client: APIClient
+) -> None:
+    bench.tool("helped", HELPER_USER, sandbox="docker", image="runner/base:latest")
+    answer = bench.runner().handle({"toolName": "helped", "params": {}})
+    assert_helper_worked_and_stayed_intact(answer, LIBRARY_MOUNT)
