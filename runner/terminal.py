@@ -248,6 +248,12 @@ def _calls_text(calls: Mapping[str, Any]) -> str:
     return f"{calls['retries']} retries {calls['retryDelayMs']} ms apart, deadline {calls['deadlineMs']} ms"
 
 
+def _secrets_text(asks: Mapping[str, Any]) -> str:
+    granted = set(asks["secretsGranted"])
+    shown = [f"{name} ({'granted' if name in granted else 'NOT granted'})" for name in asks["secrets"]]
+    return ", ".join(shown) or "-"
+
+
 def print_tool_sheet(sheet: Mapping[str, Any], out: Output) -> None:
     """``runner show`` on a terminal: labelled lines, then the schemas as indented JSON."""
     meta = sheet["metadata"]
@@ -270,7 +276,7 @@ def print_tool_sheet(sheet: Mapping[str, Any], out: Output) -> None:
         ("calls", _calls_text(sheet["calls"])),
         ("network", {True: "yes", False: "no"}.get(asks["network"], str(asks["network"]))),
         ("workspace", asks["workspace"]),
-        ("secrets", ", ".join(asks["secrets"]) or "-"),
+        ("secrets", _secrets_text(asks)),
         ("default role", sheet["defaultRole"] or "- (a call must name its role)"),
     ]
     out.write(out.paint(escape_cell(sheet["name"]), "head"))

@@ -55,8 +55,8 @@ def tool_sheet(runner: Runner, name: str) -> dict[str, Any]:
         "asks": {
             "network": manifest.network,
             "workspace": manifest.workspace,
-            # ``secrets`` (SPEC 2) is read when the manifest model has it.
-            "secrets": list(getattr(manifest, "secrets", None) or []),
+            "secrets": manifest.secrets,
+            "secretsGranted": policy.granted_secrets(tool),  # names only, never a value
         },
         "defaultRole": policy.model.default_role,
         "roles": _roles(tool, policy),

@@ -189,7 +189,7 @@ def test_show_gives_schemas_resolved_limits_and_the_roles_the_policy_lets_call_i
     assert sheet["paramsSchema"]["required"] == ["path", "content"]
     assert sheet["outputSchema"]["required"] == ["path", "bytes"]
     assert sheet["command"] == ["python3", "main.py"]
-    assert sheet["asks"] == {"network": False, "workspace": "write", "secrets": []}
+    assert sheet["asks"] == {"network": False, "workspace": "write", "secrets": [], "secretsGranted": []}
     assert sheet["roles"]["user"] == {"allowed": False, "reason": "not_allowed", "rule": None}
     assert sheet["roles"]["admin"] == {"allowed": True, "reason": "allowed", "rule": "tag:write"}
     policy = yaml.safe_load((starter_dir() / "policies.yaml").read_text())
@@ -208,6 +208,24 @@ def test_show_limits_are_those_a_call_gets(bench: ToolBench) -> None:
     assert sheet["metadata"]["limits"]["timeoutMs"] == 3000  # capped by the ceiling
     assert sheet["metadata"]["limits"]["memoryMb"] == 32  # the policy's tools override wins
     assert sheet["calls"]["retries"] == 2
+
+
+def test_show_names_the_secrets_asked_and_granted_and_the_policy_refuses_the_rest(bench: ToolBench) -> None:
+    bench.tool("keyed", "print(1)\n", secrets=["A_KEY", "B_KEY"])
+    bench.policy["secrets"] = {"A_KEY": {"env": "HOST_A_KEY"}}
+    bench.policy["tools"] = {"keyed": {"secrets": ["A_KEY"]}}
+    bench.runner()
+    env = {"RUNNER_TOOLS": str(bench.tools), "RUNNER_POLICIES": str(bench.root / "policies.yaml"),
+           "HOST_A_KEY": "value-never-shown"}
+    done = piped("show", "keyed", env=env)
+    sheet = json.loads(done.stdout)
+    assert sheet["asks"]["secrets"] == ["A_KEY", "B_KEY"]
+    assert sheet["asks"]["secretsGranted"] == ["A_KEY"]
+    assert sheet["roles"]["user"]["allowed"] is False and sheet["roles"]["user"]["reason"] == "secret"
+    assert "value-never-shown" not in done.stdout
+    code, shown, _ = on_terminal("show", "keyed", env={**env, "NO_COLOR": "1"})
+    assert code == 0
+    assert "A_KEY (granted), B_KEY (NOT granted)" in shown
 
 
 def test_show_on_a_terminal_reads_as_a_sheet() -> None:
