@@ -377,8 +377,10 @@ def test_runner_validate_warns_of_ungranted_and_unavailable_secrets(bench: ToolB
         env={k: v for k, v in os.environ.items() if k != HOST_VARIABLE} | {"RUNNER_AUDIT_LOG": os.devnull},
         timeout=60,
     )
-    assert done.returncode == 0, done.stderr
-    warnings = [line for line in done.stdout.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 2, done.stdout
-    assert any("ungranted" in line and "not granted" in line for line in warnings)
-    assert any("unset" in line and HOST_VARIABLE in line for line in warnings)
+    # Not granted: every call is refused (an error, exit 1); no value here: a warning.
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    errors = [line for line in lines if line.startswith("error:")]
+    warnings = [line for line in lines if line.startswith("warning:")]
+    assert len(errors) == 1 and "ungranted" in errors[0] and "not granted" in errors[0], done.stdout
+    assert len(warnings) == 1 and "unset" in warnings[0] and HOST_VARIABLE in warnings[0], done.stdout

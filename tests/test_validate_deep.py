@@ -8,14 +8,11 @@ import json
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from conftest import ToolBench, starter_dir
 from docker import APIClient
-
-from runner.validation import _secret_reasons
 
 ECHO_TOOL = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
 
@@ -191,21 +188,3 @@ def test_a_missing_image_or_a_program_the_image_lacks_is_an_error(
 # Secrets: the manifest's `secrets:` and the policy's grants arrive with another branch;
 # the checks read them with getattr, so here they are given as plain objects.
 
-
-def secret_reasons(listed: list[str], granted: list[str], sources: dict[str, Any]) -> list[tuple[str, str]]:
-    tool = SimpleNamespace(name="weather", manifest=SimpleNamespace(secrets=listed))
-    policy = SimpleNamespace(model=SimpleNamespace(tools={"weather": {"secrets": granted}}, secrets=sources))
-    return list(_secret_reasons(cast(Any, tool), cast(Any, policy)))
-
-
-def test_secret_grants_are_checked_by_name_and_never_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WEATHER_KEY_SOURCE", "s3cr3t-value")
-    assert secret_reasons(["KEY"], ["KEY"], {"KEY": {"env": "WEATHER_KEY_SOURCE"}}) == []
-    assert [s for s, _ in secret_reasons(["KEY"], [], {})] == ["error"]
-    assert [s for s, _ in secret_reasons(["KEY"], ["KEY"], {})] == ["error"]
-    unset = secret_reasons(["KEY"], ["KEY"], {"KEY": {"env": "NOT_SET_ANYWHERE_XYZ"}})
-    assert [s for s, _ in unset] == ["warning"]
-    extra = secret_reasons([], ["OTHER"], {"OTHER": {"file": "/nonexistent/secret"}})
-    assert [s for s, _ in extra] == ["warning"]
-    every = secret_reasons(["KEY"], ["KEY", "OTHER"], {"KEY": {"env": "WEATHER_KEY_SOURCE"}})
-    assert all("s3cr3t-value" not in reason for _, reason in every)
