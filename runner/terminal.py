@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import sys
-import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
@@ -38,8 +37,7 @@ _JSON_TOKEN = re.compile(
     r"|(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)"
     r"|\b(true|false|null)\b"
 )
-_UNPRINTABLE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
-MIN_LAST_COLUMN = 20  # the last column wraps no further than this on a narrow terminal
+MIN_LAST_COLUMN = 20  # the last column is cut to the terminal's width, never below this
 
 
 def colour_wanted(stream: TextIO, env: Mapping[str, str] | None = None) -> bool:
@@ -116,7 +114,8 @@ def readable_json(document: object, out: Output) -> str:
 
 
 def _is_unprintable(char: str) -> bool:
-    return unicodedata.category(char) in _UNPRINTABLE
+    # The audit table's rule for what a terminal acts on (the backslash aside: JSON keeps it).
+    return char != "\\" and escape_cell(char) != char
 
 
 # -- tables ---------------------------------------------------------------------------------
