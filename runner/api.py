@@ -433,7 +433,7 @@ class Runner:
         if not decision.allowed:
             raise CallError(
                 ErrorCode.PERMISSION_DENIED,
-                f"role {decision.role!r} may not call {tool.name}: {decision.reason}",
+                f"{_caller(decision.role)} may not call {tool.name}: {decision.reason}",
                 {"reason": decision.reason, "role": decision.role, "rule": decision.rule},
             )
         if check.expired:
@@ -443,9 +443,11 @@ class Runner:
                 {"deadline": True, "deadlineMs": plan.deadline_ms, "stage": "params"},
             )
         if check.problem is not None:
+            more = len(check.problem.get("errors", ())) - 1 + check.problem.get("moreErrors", 0)
+            also = f" (and {more} more: details.errors lists them)" if more > 0 else ""
             raise CallError(
                 ErrorCode.INVALID_PARAMS,
-                f"invalid params for {tool.name}: {check.problem['field']}: {check.problem['problem']}",
+                f"invalid params for {tool.name}: {check.problem['field']}: {check.problem['problem']}{also}",
                 check.problem,
             )
         try:
@@ -517,7 +519,7 @@ class Runner:
             reason = "no_role" if resolved is None else "unknown_role"
             raise CallError(
                 ErrorCode.PERMISSION_DENIED,
-                f"role {resolved!r} may not discover tools: {reason}",
+                f"{_caller(resolved)} may not discover tools: {reason}",
                 {"reason": reason, "role": resolved},
             )
         return [
@@ -525,6 +527,11 @@ class Runner:
             for tool in self.registry
             if matches_filter(tool, filter_text) and self.policy.decide(tool, resolved).allowed
         ]
+
+
+def _caller(role: str | None) -> str:
+    """Who a refused call was made as, in words: a missing role is not ``None`` to a user."""
+    return "a call naming no role (and the policy has no default_role)" if role is None else f"role {role!r}"
 
 
 def _scrubbed(error: CallError, scrubber: Scrubber) -> CallError:

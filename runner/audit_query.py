@@ -83,14 +83,17 @@ TABLE_COLUMNS = (
 )
 
 
-def _outcome(event: dict[str, Any]) -> str:
+def outcome(event: dict[str, Any]) -> str:
     if "decision" in event:
         rule = f" ({event.get('reason')})" if event.get("reason") else ""
         return f"{event['decision']}{rule}"
+    cancelled = event.get("cancelled") is True
     if event.get("event") == "call.attempt":
-        return f"attempt {event.get('attempt')}: {event.get('reason') or 'ok'} {event.get('duration')}ms"
+        ending = event.get("reason") or ("cancelled" if cancelled else "ok")
+        return f"attempt {event.get('attempt')}: {ending} {event.get('duration')}ms"
     if "success" in event:
-        state = "success" if event["success"] else event.get("code")
+        # A cancelled call has no error code: say what happened rather than print None.
+        state = "success" if event["success"] else "cancelled" if cancelled else event.get("code") or "failed"
         return f"{state} attempts={event.get('attempts')} {event.get('duration')}ms"
     return ""
 
@@ -129,7 +132,7 @@ def write_table(events: Iterable[dict[str, Any]], out: TextIO) -> int:
     for event in events:
         # Every value comes from the log, and a refused request's ids are logged as sent.
         cells = {name: escape_cell(str(event.get(name) or "-")) for name, _ in TABLE_COLUMNS}
-        cells["outcome"] = escape_cell(_outcome(event))
+        cells["outcome"] = escape_cell(outcome(event))
         out.write(line(cells) + "\n")
         count += 1
     return count

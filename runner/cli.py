@@ -6,6 +6,7 @@ stderr and exit 2; call failures are answers on stdout and exit 1.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from runner.cli_help import ENVIRONMENT, document_environment, environment_epilog
 from runner.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -89,7 +91,10 @@ def _location_options(command: _Command) -> _Command:
     return command
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=environment_epilog(tuple(ENVIRONMENT)),
+)
 @click.option("--tools", envvar="RUNNER_TOOLS", default=None, help=_TOOLS_HELP)
 @click.option(
     "--policies", envvar="RUNNER_POLICIES", default=None, type=click.Path(path_type=Path), help=_POLICIES_HELP
@@ -164,9 +169,10 @@ def new_command(ctx: click.Context, name: str, lang: str, docker: bool) -> None:
 
 @cli.command("list")
 @_location_options
-@click.option("--filter", "filter_text", default=None)
-@click.option("--role", default=None)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--filter", "filter_text", default=None,
+              help="Only tools whose name, description or tags contain TEXT (any case).")
+@click.option("--role", default=None, help="List for this role (default: the policy's default_role).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (the default when piped is plain lines).")
 @click.pass_context
 def list_command(ctx: click.Context, filter_text: str | None, role: str | None, as_json: bool) -> None:
     """The tools a role may call."""
@@ -182,9 +188,41 @@ def list_command(ctx: click.Context, filter_text: str | None, role: str | None, 
     if as_json:
         _print_json({"tools": tools, "total": len(tools)})
         return
+    from runner.terminal import Output, print_tools
+
+    out = Output.detect()
+    if out.human:
+        print_tools(tools, out)
+        return
     for tool in tools:
         tags = ",".join(tool["metadata"]["tags"])
         click.echo(f"{tool['name']:<20} {tool['metadata']['sandbox']:<10} [{tags}] {tool['description']}")
+
+
+@cli.command("show")
+@_location_options
+@click.argument("tool")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (the default when piped).")
+@click.pass_context
+def show_command(ctx: click.Context, tool: str, as_json: bool) -> None:
+    """One tool: description, schemas, resolved limits, what it asks for, which roles may call it.
+
+    Exits 1 when no registered tool has that name.
+    """
+    from runner.terminal import Output, print_tool_sheet
+    from runner.tool_sheet import UnknownTool, tool_sheet
+
+    runner = _load(ctx)
+    try:
+        sheet = tool_sheet(runner, tool)
+    except UnknownTool as exc:
+        click.echo(f"runner: {exc.message}", err=True)
+        sys.exit(EXIT_FAILED)
+    out = Output.detect()
+    if as_json or not out.human:
+        _print_json(sheet)
+    else:
+        print_tool_sheet(sheet, out)
 
 
 def _params(value: str | None) -> object:
@@ -199,27 +237,44 @@ def _params(value: str | None) -> object:
     elif value.startswith("@"):
         try:
             text = Path(value[1:]).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            _fail_usage(f"cannot read params file {value[1:]}: {getattr(exc, 'strerror', None) or exc}")
+        except UnicodeDecodeError as exc:
+            _fail_usage(f"params file {value[1:]} is not UTF-8 text (byte {exc.start})")
+        except OSError as exc:
+            _fail_usage(f"cannot read params file {value[1:]}: {exc.strerror or 'read failed'}")
     try:
         # NaN and Infinity parse here; the runner then refuses them as INVALID_PARAMS.
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
-        _fail_usage(f"--params is not valid JSON: {type(exc).__name__}")
+        _fail_usage(f"--params is not valid JSON: {_json_problem(exc)}")
+
+
+def _json_problem(exc: ValueError | RecursionError) -> str:
+    """What is wrong with a JSON text, and where, in words (never an exception's name)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} (line {exc.lineno}, column {exc.colno})"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else " ".join(str(exc).split())
 
 
 @cli.command("exec")
 @_location_options
 @click.argument("tool")
 @click.option("--params", default=None, help="JSON object, @FILE to read it from a file, or @- from stdin.")
-@click.option("--role", default=None)
-@click.option("--timeout", type=click.IntRange(min=1), default=None)
-@click.option("--retries", type=click.IntRange(min=0), default=None)
-@click.option("--retry-delay", type=click.IntRange(min=0), default=None)
-@click.option("--deadline", type=click.IntRange(min=1), default=None)
-@click.option("--format", "output_format", type=click.Choice(["json", "raw"]), default=None)
-@click.option("--request-id", default=None)
-@click.option("--step-id", default=None)
+@click.option("--role", default=None, help="Call as this role (default: the policy's default_role).")
+@click.option("--timeout", type=click.IntRange(min=1), default=None, metavar="MS",
+              help="Milliseconds one attempt may run before it is killed.")
+@click.option("--retries", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Retries after a failed attempt (not counting the first).")
+@click.option("--retry-delay", type=click.IntRange(min=0), default=None, metavar="MS",
+              help="Milliseconds between attempts.")
+@click.option("--deadline", type=click.IntRange(min=1), default=None, metavar="MS",
+              help="Milliseconds for the whole call, every attempt and delay included.")
+@click.option("--format", "output_format", type=click.Choice(["json", "raw"]), default=None,
+              help="json: the result is the tool's stdout parsed; raw: its text as is.")
+@click.option("--request-id", default=None,
+              help="The call's id in the answer and the audit log (default: generated).")
+@click.option("--step-id", default=None, help="The agent's step this call belongs to, for the audit log.")
 @click.pass_context
 def exec_command(
     ctx: click.Context,
@@ -234,7 +289,11 @@ def exec_command(
     request_id: str | None,
     step_id: str | None,
 ) -> None:
-    """Call TOOL, or read one whole request from stdin when TOOL is '-'."""
+    """Call TOOL, or read one whole request from stdin when TOOL is '-'.
+
+    Prints the answer as JSON (indented on a terminal); exits 0 on success, 1 when the
+    call failed, 130 after Ctrl-C (once the tool's sandbox is gone).
+    """
     from sandboxes._watchdog import prestart
 
     prestart()  # it boots on the other core while the tools load; the call waits for it
@@ -243,7 +302,7 @@ def exec_command(
         try:
             request = json.loads(sys.stdin.read())
         except (ValueError, RecursionError) as exc:
-            _fail_usage(f"stdin is not a JSON request: {type(exc).__name__}")
+            _fail_usage(f"stdin is not a JSON request: {_json_problem(exc)}")
     else:
         options = {
             "timeout": timeout,
@@ -260,9 +319,19 @@ def exec_command(
         for key, value in (("role", role), ("requestId", request_id), ("stepId", step_id)):
             if value is not None:
                 request[key] = value
+    from runner.interrupt import Interrupted, handle_interruptibly
+    from runner.terminal import Output, readable_json
+
     runner = _load(ctx)
-    answer = runner.handle(request)
-    _print_json(answer)
+    try:
+        answer = handle_interruptibly(runner, request)
+    except Interrupted as stopped:
+        sys.exit(128 + stopped.signum)
+    out = Output.detect()
+    if out.human:
+        out.write(readable_json(answer, out))
+    else:
+        _print_json(answer)
     sys.exit(EXIT_OK if answer["success"] else EXIT_FAILED)
 
 
@@ -285,15 +354,19 @@ def validate_command(ctx: click.Context, as_json: bool) -> None:
 
 @cli.command("doctor")
 @_location_options
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the layers as a JSON array.")
 @click.pass_context
 def doctor_command(ctx: click.Context, as_json: bool) -> None:
     """Which isolation layers work on this machine, and what is missing."""
     from runner.doctor import check_layers
+    from runner.terminal import Output, print_layers
 
     layers = check_layers(_policy_if_any(ctx))
+    out = Output.detect()
     if as_json:
         _print_json([layer.__dict__ for layer in layers])
+    elif out.human:
+        print_layers(layers, out)
     else:
         for layer in layers:
             mark = "ok     " if layer.ok else "MISSING"
@@ -359,13 +432,16 @@ def _time_option(value: str | None, flag: str) -> datetime | None:
 @_location_options
 @click.option("--request-id", default=None, help="A request id, or the start of one.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Print at most this many events.")
-@click.option("--tool", default=None)
-@click.option("--role", default=None)
-@click.option("--decision", type=click.Choice(["allow", "deny"]), default=None)
+@click.option("--tool", default=None, help="Only events of this tool.")
+@click.option("--role", default=None, help="Only events of calls made as this role.")
+@click.option("--decision", type=click.Choice(["allow", "deny"]), default=None,
+              help="Only policy decisions that allowed, or denied.")
 @click.option("--code", default=None, help="Error code, e.g. TIMEOUT.")
-@click.option("--since", default=None, help="ISO 8601 time.")
-@click.option("--until", default=None, help="ISO 8601 time.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--since", default=None, help="Only events at or after this ISO 8601 time.")
+@click.option("--until", default=None, help="Only events at or before this ISO 8601 time.")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing matching events as they are appended, until Ctrl-C (like tail -f).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one event a line.")
 @click.option(
     "--log",
     "log_path",
@@ -384,11 +460,15 @@ def audit_command(
     code: str | None,
     since: str | None,
     until: str | None,
+    follow: bool,
     as_json: bool,
     log_path: Path | None,
 ) -> None:
-    """Search the audit trail."""
+    """Search the audit trail (a table, coloured on a terminal; --json for JSON lines)."""
+    from runner.audit_follow import follow as follow_log
+    from runner.audit_follow import pipe_reader_gone
     from runner.audit_query import AuditFilter, query, write_table
+    from runner.terminal import Output, audit_row, audit_table
 
     path = log_path or ctx.obj["audit_log"] or _policy_audit_path(ctx)
     if path is None:
@@ -404,19 +484,31 @@ def audit_command(
         since=_time_option(since, "--since"),
         until=_time_option(until, "--until"),
     )
+    out = Output.detect()
+    if follow and isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)  # a followed event is wanted now, not when a buffer fills
     try:
-        events = itertools.islice(query(path, wanted), limit)
+        found = follow_log(path, wanted, pipe_reader_gone(sys.stdout)) if follow else query(path, wanted)
+        events = itertools.islice(found, limit)
         if as_json:
             for event in events:
                 _print_json(event)
-            return
-        write_table(events, sys.stdout)
+        elif out.human:
+            table = audit_table(out)
+            table.header()
+            for event in events:
+                table.row(audit_row(event))
+        else:
+            write_table(events, sys.stdout)
+    except KeyboardInterrupt:
+        if not follow:  # Ctrl-C is how --follow ends, not an error; elsewhere it cuts a search short
+            sys.exit(130)
     except BrokenPipeError:
         # The reader went away (`runner audit | head`): not an error. Point stdout at
         # /dev/null so that the interpreter's last flush does not complain either.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except OSError as exc:
-        _fail_usage(f"cannot read audit log {path}: {exc.strerror}")
+        _fail_usage(f"cannot read audit log {path}: {exc.strerror or 'read failed'}")
 
 
 def _policy_audit_path(ctx: click.Context) -> Path | None:
@@ -429,6 +521,9 @@ def _policy_audit_path(ctx: click.Context) -> Path | None:
         _fail_usage(" ".join(str(exc).split()))
 
 
+document_environment(cli)
+
+
 def main() -> None:
     try:
         cli.main(standalone_mode=False)
@@ -437,7 +532,8 @@ def main() -> None:
     except click.ClickException as exc:
         click.echo(f"runner: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(EXIT_USAGE)
-    except click.exceptions.Abort:
-        sys.exit(EXIT_USAGE)
+    except click.exceptions.Abort as exc:
+        # click turns Ctrl-C outside a call (while loading, say) into Abort; nothing runs yet.
+        sys.exit(130 if isinstance(exc.__context__, KeyboardInterrupt) else EXIT_USAGE)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -21,6 +21,7 @@ MAX_RETRY_DELAY_MS = 600_000
 MAX_DEADLINE_MS = 3_600_000
 MAX_PARAMS_BYTES = 8 * 1024 * 1024
 MAX_PARAMS_DEPTH = MAX_DEPTH
+MAX_REQUEST_ERRORS = 20  # failing fields of a request listed in its INVALID_PARAMS answer
 # Printable text only: ids end up in environments, argv, audit lines and messages.
 ID_PATTERN = r"^[^\x00-\x1f\x7f]*$"  # lone surrogates are refused by _check_json
 
@@ -73,11 +74,12 @@ def _check_json(raw: dict[str, Any]) -> None:
         # are not JSON; a tool must never receive them.
         size = len(json.dumps(raw, ensure_ascii=False, allow_nan=False).encode("utf-8"))
     except (TypeError, ValueError, UnicodeEncodeError) as exc:
-        problem = (
-            "NaN, Infinity and circular values are not JSON"
-            if isinstance(exc, ValueError) and not isinstance(exc, UnicodeError)
-            else type(exc).__name__
-        )
+        if isinstance(exc, UnicodeError):
+            problem = "text holds a lone surrogate, which is not Unicode"
+        elif isinstance(exc, ValueError):
+            problem = "NaN, Infinity and circular values are not JSON"
+        else:  # TypeError: a Python value with no JSON form (a set, bytes, an object)
+            problem = "only objects, arrays, strings, numbers, true, false and null are JSON"
         raise CallError(
             ErrorCode.INVALID_PARAMS,
             "request is not plain JSON text",
@@ -108,12 +110,17 @@ def parse_request(raw: object) -> CallRequest | DiscoverRequest:
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        field = ".".join(str(p) for p in error["loc"]) or "(root)"
+        found = [(".".join(str(p) for p in error["loc"]) or "(root)", error["msg"]) for error in exc.errors()]
+        field, message = found[0]
+        more = f" (and {len(found) - 1} more: details.errors lists them)" if len(found) > 1 else ""
         raise CallError(
             ErrorCode.INVALID_PARAMS,
-            f"invalid request: {field}: {error['msg']}",
-            {"field": field, "problem": error["msg"]},
+            f"invalid request: {field}: {message}{more}",
+            {
+                "field": field,
+                "problem": message,
+                "errors": [{"path": path, "message": text} for path, text in found[:MAX_REQUEST_ERRORS]],
+            },
         ) from exc
 
 

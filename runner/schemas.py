@@ -28,6 +28,7 @@ def _refuse_retrieval(uri: str) -> Resource[Any]:
 
 _OFFLINE = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
 MAX_PROBLEM = 200
+MAX_ERRORS = 20  # failing fields listed in an INVALID_PARAMS answer; the rest are counted
 # Keywords whose messages name properties but never quote the value they reject.
 _QUOTE_FREE = frozenset(
     {"required", "additionalProperties", "unevaluatedProperties", "dependentRequired", "dependencies"}
@@ -110,15 +111,34 @@ def first_error(validator: Validator, instance: Any) -> dict[str, str] | None:
 class ParamsCheck:
     """What validating a call's params found.
 
-    ``problem`` is the first error (no secret in it), ``expired`` says the validation ran
+    ``problem`` is the first error (no secret in it) as ``field``, ``problem`` and
+    ``validator``, plus ``errors``: every failing field as ``{"path", "message"}`` (at most
+    ``MAX_ERRORS``, with ``moreErrors`` counting the rest), ``expired`` says the validation ran
     out of time, ``scrubber`` holds the request's sensitive strings and ``audit_params``
     are the params with every sensitive value as ``***``.
     """
 
-    problem: dict[str, str] | None
+    problem: dict[str, Any] | None
     expired: bool
     scrubber: Scrubber
     audit_params: Any
+
+
+def _describe(
+    error: ValidationError,
+    sensitive: frozenset[SensitivePath],
+    marked_ids: frozenset[int],
+    scrubber: Scrubber,
+) -> tuple[str, str, str]:
+    """``(field, message, keyword)`` of one error, with no sensitive value in the message."""
+    field = _field(error)
+    keyword = str(error.validator)
+    if is_sensitive(field, sensitive) or (
+        keyword not in _QUOTE_FREE and holds_marked(error.instance, marked_ids)
+    ):
+        # jsonschema quotes the value it rejects, a parent object with its secrets too.
+        return field, f"value rejected by '{keyword}'", keyword
+    return field, _cut(scrubber.scrub_text(error.message)), keyword
 
 
 def check_params(
@@ -136,7 +156,7 @@ def check_params(
     marked: list[object] = []
     expired = False
     errors: list[ValidationError] = []
-    problem: dict[str, str] | None = None
+    problem: dict[str, Any] | None = None
     with validation_run(time.monotonic() + budget_s, marked):
         try:
             errors = _sorted_errors(validator, params)
@@ -150,17 +170,18 @@ def check_params(
     marked_ids = frozenset(id(node) for node in nodes)
     scrubber = Scrubber.of(nodes)
     if errors:
-        error = errors[0]
-        field = _field(error)
-        keyword = str(error.validator)
-        if is_sensitive(field, sensitive) or (
-            keyword not in _QUOTE_FREE and holds_marked(error.instance, marked_ids)
-        ):
-            # jsonschema quotes the value it rejects, a parent object with its secrets too.
-            text = f"value rejected by '{keyword}'"
-        else:
-            text = _cut(scrubber.scrub_text(error.message))
-        problem = {"field": field, "problem": text, "validator": keyword}
+        described = [_describe(error, sensitive, marked_ids, scrubber) for error in errors[:MAX_ERRORS]]
+        field, text, keyword = described[0]
+        problem = {
+            "field": field,
+            "problem": text,
+            "validator": keyword,
+            "errors": [{"path": path, "message": message} for path, message, _ in described],
+        }
+        if len(errors) > MAX_ERRORS:
+            problem["moreErrors"] = len(errors) - MAX_ERRORS
+    elif problem is not None:  # the schema or the params could not be walked at all
+        problem["errors"] = [{"path": problem["field"], "message": problem["problem"]}]
     return ParamsCheck(
         problem=scrubber.scrub(problem) if problem is not None else None,
         expired=expired,
