@@ -1,7 +1,7 @@
 """What secrets cost: a call without and with one (each backend), and the scrubbing of a
 large output on its own.
 
-    python3 bench/secrets.py [--n 15] [--docker]
+    python3 bench/secret_cost.py [--n 15] [--docker]
 
 The same tool in every row; with a secret it is granted one (an environment variable
 source) and its stdout, stderr and audit events are searched for it after every attempt.
