@@ -31,8 +31,10 @@ _COUNTED_CODES = frozenset(
     {ErrorCode.TIMEOUT, ErrorCode.PARSE_ERROR, ErrorCode.EXECUTION_ERROR, ErrorCode.RETRY_EXHAUSTED}
 )
 # EXECUTION_ERROR reasons that say nothing of the tool's health: it reported an error of
-# its own, or it never ran (no secret, no sandbox), or the runner failed.
-_UNCOUNTED_REASONS = frozenset({"tool_error", "secret_unavailable", "sandbox_unavailable", "internal"})
+# its own, or it never ran (no secret, no sandbox, no audit trail), or the runner failed.
+_UNCOUNTED_REASONS = frozenset(
+    {"tool_error", "secret_unavailable", "sandbox_unavailable", "internal", "audit_unavailable"}
+)
 # The least ``retry_after_ms`` a refusal says: never 0, which would invite a caller to
 # come back at once, into the same refusal.
 MIN_RETRY_AFTER_MS = 1

@@ -62,6 +62,8 @@ REASON_RULES: dict[str, CodeRule] = {
     "secret_unavailable": CodeRule(retried=False, retryable=False),
     "sandbox_unavailable": CodeRule(retried=False, retryable=False),
     "internal": CodeRule(retried=False, retryable=False),
+    # audit.required and the trail cannot be written: refused before any attempt.
+    "audit_unavailable": CodeRule(retried=False, retryable=False),
 }
 
 
