@@ -418,6 +418,10 @@ class PreparedContainer:
                 if isinstance(exchange.exception(), OutputOverflow):
                     return StopReason.OUTPUT_LIMIT
                 exchange.result()  # a lost connection (OSError) goes up
+                if cgroup is not None:
+                    # A tool that hit a limit and exited within the last poll: one more
+                    # look while the cgroup is (most often) still there.
+                    self._breach(cgroup)
                 return None
             if watcher is not None and watcher.done():
                 return watcher.result()
