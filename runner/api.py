@@ -250,6 +250,34 @@ class Runner:
         """
         return self._discover(filter, role)
 
+    def tool_definitions(self, format: str, role: str | None = None) -> list[dict[str, Any]]:
+        """The tools ``role`` may call as definitions for an agent: ``openai``, ``anthropic``
+        or ``mcp`` (SPEC 10; ``runner.serve.definitions`` says what each format leaves out).
+
+        Raises:
+            ValueError: ``format`` is not one of those.
+            CallError: PERMISSION_DENIED when the role is unknown or missing.
+        """
+        from runner.serve.definitions import definitions
+
+        return definitions(self.callable_tools(role), format).tools
+
+    def callable_tools(self, role: str | None) -> list[Tool]:
+        """The registered tools ``role`` (default: the policy's) may call, by name.
+
+        Raises:
+            CallError: PERMISSION_DENIED when the role is unknown or missing.
+        """
+        resolved = self.policy.resolve_role(role)
+        if resolved is None or resolved not in self.policy.model.roles:
+            reason = "no_role" if resolved is None else "unknown_role"
+            raise CallError(
+                ErrorCode.PERMISSION_DENIED,
+                f"role {resolved!r} may not discover tools: {reason}",
+                {"reason": reason, "role": resolved},
+            )
+        return [tool for tool in self.registry if self.policy.decide(tool, resolved).allowed]
+
     # -- the call path ----------------------------------------------------------------
 
     async def _serve(self, raw: object) -> CallResult:
@@ -472,18 +500,10 @@ class Runner:
             return breaker
 
     def _discover(self, filter_text: str | None, role: str | None) -> list[dict[str, Any]]:
-        resolved = self.policy.resolve_role(role)
-        if resolved is None or resolved not in self.policy.model.roles:
-            reason = "no_role" if resolved is None else "unknown_role"
-            raise CallError(
-                ErrorCode.PERMISSION_DENIED,
-                f"role {resolved!r} may not discover tools: {reason}",
-                {"reason": reason, "role": resolved},
-            )
         return [
             _describe(tool, self.policy)
-            for tool in self.registry
-            if matches_filter(tool, filter_text) and self.policy.decide(tool, resolved).allowed
+            for tool in self.callable_tools(role)
+            if matches_filter(tool, filter_text)
         ]
 
 

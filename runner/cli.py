@@ -423,6 +423,16 @@ def _policy_audit_path(ctx: click.Context) -> Path | None:
         _fail_usage(" ".join(str(exc).split()))
 
 
+def _register_serve() -> None:
+    # Their own module (runner.serve); imported here so that `runner --help` lists them.
+    from runner.serve.commands import export_command
+
+    cli.add_command(export_command)
+
+
+_register_serve()
+
+
 def main() -> None:
     try:
         cli.main(standalone_mode=False)

@@ -25,6 +25,17 @@ RESERVED_ENV = frozenset({"HOME", "TMPDIR", "TOOL_NAME", "REQUEST_ID", "WORKSPAC
 RESERVED_ENV_PREFIXES = ("RUNNER_", "LD_")
 
 
+class AnnotationsModel(BaseModel):
+    """Hints for agents (SPEC 2), exported as MCP's ``readOnlyHint`` and the like."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    read_only: bool | None = Field(default=None, alias="readOnly")
+    destructive: bool | None = None
+    idempotent: bool | None = None
+    open_world: bool | None = Field(default=None, alias="openWorld")
+
+
 class ManifestModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -41,6 +52,7 @@ class ManifestModel(BaseModel):
     network: bool = False
     workspace: Literal["none", "read", "write"] = "none"
     env: dict[str, str] = Field(default_factory=dict)
+    annotations: AnnotationsModel = Field(default_factory=AnnotationsModel)
 
     @field_validator("name")
     @classmethod
