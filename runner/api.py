@@ -250,6 +250,20 @@ class Runner:
         """
         return self._discover(filter, role)
 
+    def reload(self, tools: Iterable[Path], policies: Path) -> None:
+        """Serve later calls with the policy file and tool folders as they are now (``runner
+        serve`` on a change); calls in flight finish with what they started with, and the
+        circuit breakers stay. Backend settings and the audit log are not reloaded.
+
+        Raises:
+            ConfigError: the policy file cannot be used; the runner keeps the old one.
+        """
+        policy = Policy.load(policies)
+        factory = self._sandbox_factory
+        registry = Registry.load(tools, factory.manifest_problems if isinstance(factory, Backends) else None)
+        with self._lock:
+            self.policy, self.registry = policy, registry
+
     def tool_definitions(self, format: str, role: str | None = None) -> list[dict[str, Any]]:
         """The tools ``role`` may call as definitions for an agent: ``openai``, ``anthropic``
         or ``mcp`` (SPEC 10; ``runner.serve.definitions`` says what each format leaves out).
