@@ -7,7 +7,7 @@ import sys
 import click
 
 from runner.cli import EXIT_OK, _fail_usage, _load, _location_options, _print_json
-from runner.errors import CallError
+from runner.errors import CallError, ConfigError
 from runner.serve.definitions import FORMATS, definitions
 
 
@@ -47,3 +47,26 @@ def serve_group(ctx: click.Context, stdio: bool, http: str | None, role: str | N
     from runner.serve.main import serve
 
     serve(ctx.obj, role=role, http=http)
+
+
+@serve_group.group("tokens")
+def tokens_group() -> None:
+    """Bearer tokens of runner serve --http (kept in the policy as SHA-256 digests)."""
+
+
+@tokens_group.command("add")
+@_location_options
+@click.argument("name")
+@click.option("--role", required=True, help="The role the token's calls get.")
+@click.pass_context
+def tokens_add_command(ctx: click.Context, name: str, role: str) -> None:
+    """Make a token NAME with ROLE: print it (once) and store its digest in the policy file."""
+    from runner.locations import find_policy
+    from runner.serve.tokens import add_token
+
+    try:
+        token = add_token(find_policy(ctx.find_root().obj["policies"]), name, role)
+    except ConfigError as exc:
+        _fail_usage(" ".join(str(exc).split()))
+    click.echo(token)
+    click.echo(f"runner: token {name!r} (role {role}) added; it is shown only this once", err=True)

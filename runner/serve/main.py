@@ -35,4 +35,24 @@ def serve(options: dict[str, Any], *, role: str | None, http: str | None) -> Non
         from runner.serve.stdio import StdioTransport
 
         anyio.run(run_until_stopped, service, reloader, StdioTransport(service))
+        sys.exit(EXIT_OK)
+    from runner.serve.http import HttpAddressError, HttpTransport, http_caller, parse_address
+
+    try:
+        host, port = parse_address(http)
+    except HttpAddressError as exc:
+        runner.close()
+        _fail_usage(str(exc))
+    service = ToolService(runner, http_caller, runner.policy.model.serve.max_concurrent)
+    try:
+        transport = HttpTransport(service, host, port)
+    except OSError as exc:
+        runner.close()
+        _fail_usage(f"cannot listen on {http}: {exc.strerror or exc}")
+    if not runner.policy.model.serve.tokens:
+        runner.audit.operator.warn("serve: no serve.tokens in the policy; every request is refused (401)")
+    # stderr: the address, with the port the system chose for port 0.
+    print(f"runner: serving MCP at {transport.url}", file=sys.stderr, flush=True)
+    reloader = Reloader(runner, policy_path, dirs, service.tools_changed)
+    anyio.run(run_until_stopped, service, reloader, transport)
     sys.exit(EXIT_OK)
