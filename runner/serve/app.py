@@ -41,6 +41,7 @@ SERVER_NAME = "runner"
 # Keys of ours in an MCP request's or result's `_meta` (namespaced, as MCP asks).
 REQUEST_ID_META = "dev.runner/requestId"
 ERROR_META = "dev.runner/error"
+DURATION_META = "dev.runner/durationMs"  # the runner's own time for the call (the answer's duration)
 # A call that runs longer than this gets progress notifications (when the client sent a
 # progressToken), one per interval: the client sees that it is alive.
 PROGRESS_INTERVAL_S = 1.0
@@ -215,7 +216,10 @@ async def _tick_progress(ctx: ServerRequestContext[Any, Any], tool_name: str) ->
 
 
 def _to_result(answer: dict[str, Any], tool: Tool | None) -> types.CallToolResult:
-    meta: dict[str, Any] = {REQUEST_ID_META: answer["metadata"].get("requestId")}
+    meta: dict[str, Any] = {
+        REQUEST_ID_META: answer["metadata"].get("requestId"),
+        DURATION_META: answer["metadata"].get("duration"),
+    }
     if not answer["success"]:
         error = answer["error"]
         meta[ERROR_META] = error
