@@ -67,7 +67,8 @@ async def mcp_rows(client: Client, n: int) -> tuple[list[float], list[float]]:
 
 
 async def over_stdio(n: int) -> tuple[list[float], list[float]]:
-    server = StdioServerParameters(command=SERVE[0], args=[*SERVE[1:], "--stdio"], env={"PYTHONPATH": str(REPO)})
+    env = {"PYTHONPATH": str(REPO)}
+    server = StdioServerParameters(command=SERVE[0], args=[*SERVE[1:], "--stdio"], env=env)
     async with Client(server) as client:
         return await mcp_rows(client, n)
 
@@ -109,8 +110,9 @@ async def main() -> None:
     print(row("tools/call over HTTP, round trip", http_trips))
     print(row("stdio: protocol overhead per call", stdio_overhead))
     print(row("HTTP: protocol overhead per call", http_overhead))
-    print(f"p50 round trip - p50 acall: stdio {statistics.median(stdio_trips) - statistics.median(acall):+.2f} ms,"
-          f" HTTP {statistics.median(http_trips) - statistics.median(acall):+.2f} ms")
+    base = statistics.median(acall)
+    print(f"p50 round trip - p50 acall: stdio {statistics.median(stdio_trips) - base:+.2f} ms,"
+          f" HTTP {statistics.median(http_trips) - base:+.2f} ms")
 
 
 if __name__ == "__main__":

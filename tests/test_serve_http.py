@@ -3,6 +3,8 @@ official MCP client (SDK v2) against the real server process."""
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
@@ -13,6 +15,8 @@ import pytest
 from conftest import ToolBench
 from mcp import Client
 from mcp_harness import ECHO, OBJECT_OUT, SLEEPER, SLOW, HttpServer, add_token, audit_events
+
+from runner.serve.app import DURATION_META
 
 pytestmark = pytest.mark.anyio
 
@@ -125,3 +129,21 @@ async def test_sigterm_lets_the_call_in_flight_finish_and_exits_zero(
         assert done[0].structured_content == {"slept": 2}
     assert server.stop() == 0
     assert "Traceback" not in "".join(server.stderr)
+
+
+async def test_the_protocol_adds_milliseconds_not_a_delayed_ack_to_each_call(
+    served: tuple[HttpServer, dict[str, str]],
+) -> None:
+    server, tokens = served
+    overheads = []
+    async with server.client(tokens["ops"]) as client:
+        await client.list_tools()
+        for _ in range(12):
+            started = time.perf_counter()
+            result = await client.call_tool("echo", {"n": 1})
+            trip_ms = (time.perf_counter() - started) * 1000
+            assert result.meta is not None
+            overheads.append(trip_ms - result.meta[DURATION_META])
+    # Without TCP_NODELAY, Nagle's algorithm and the client's delayed ACK add ~40 ms to
+    # every answer; bench/serve_call.py measures ~5 ms here.
+    assert statistics.median(overheads) < 25

@@ -18,7 +18,7 @@ from conftest import ToolBench
 from mcp import Client
 from mcp_harness import ECHO, OBJECT_OUT, SLEEPER, SLOW, audit_events, server_argv, server_pid, stdio_server
 
-from runner.serve.app import REQUEST_ID_META
+from runner.serve.app import ERROR_META, REQUEST_ID_META
 
 pytestmark = pytest.mark.anyio
 ERAS = ["auto", "legacy"]  # auto: 2026-07-28 (server/discover); legacy: the 2025-11-25 handshake
@@ -197,3 +197,26 @@ async def test_sigterm_drains_the_call_in_flight_then_exits_zero(bench: ToolBenc
             await anyio.sleep(0.1)
     assert results[0].structured_content == {"slept": 2}
     assert exit_file.read_text().strip() == "0"
+
+
+async def test_a_call_that_waits_for_a_slot_past_its_deadline_times_out_without_running(bench: ToolBench) -> None:
+    bench.tool("holder", SLEEPER, limits=SLOW)
+    bench.tool("quick", SLEEPER, limits={"timeout_ms": 1000, "deadline_ms": 1000})
+    bench.policy["serve"] = {"max_concurrent": 1}
+    async with Client(stdio_server(bench)) as client:
+        results: dict[str, types.CallToolResult] = {}
+
+        async def call(name: str, seconds: float) -> None:
+            results[name] = await client.call_tool(name, {"seconds": seconds})
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(call, "holder", 2.5)
+            await anyio.sleep(0.5)
+            tasks.start_soon(call, "quick", 0)
+    assert not results["holder"].is_error
+    assert results["quick"].is_error and text_of(results["quick"]).startswith("TIMEOUT: ")
+    assert results["quick"].meta is not None
+    assert results["quick"].meta[ERROR_META]["details"] == {"reason": "queued"}
+    assert audit_events(bench, event="call.attempt", toolName="quick") == []  # it never ran
+    [finished] = audit_events(bench, event="call.finished", toolName="quick")
+    assert finished["reason"] == "queued"
