@@ -254,6 +254,48 @@ class Runner:
         """
         return self._discover(filter, role)
 
+    def reload(self, tools: Iterable[Path], policies: Path) -> None:
+        """Serve later calls with the policy file and tool folders as they are now (``runner
+        serve`` on a change); calls in flight finish with what they started with, and the
+        circuit breakers stay. Backend settings and the audit log are not reloaded.
+
+        Raises:
+            ConfigError: the policy file cannot be used; the runner keeps the old one.
+        """
+        policy = Policy.load(policies)
+        factory = self._sandbox_factory
+        registry = Registry.load(tools, factory.manifest_problems if isinstance(factory, Backends) else None)
+        with self._lock:
+            self.policy, self.registry = policy, registry
+
+    def tool_definitions(self, format: str, role: str | None = None) -> list[dict[str, Any]]:
+        """The tools ``role`` may call as definitions for an agent: ``openai``, ``anthropic``
+        or ``mcp`` (SPEC 10; ``runner.serve.definitions`` says what each format leaves out).
+
+        Raises:
+            ValueError: ``format`` is not one of those.
+            CallError: PERMISSION_DENIED when the role is unknown or missing.
+        """
+        from runner.serve.definitions import definitions
+
+        return definitions(self.callable_tools(role), format).tools
+
+    def callable_tools(self, role: str | None) -> list[Tool]:
+        """The registered tools ``role`` (default: the policy's) may call, by name.
+
+        Raises:
+            CallError: PERMISSION_DENIED when the role is unknown or missing.
+        """
+        resolved = self.policy.resolve_role(role)
+        if resolved is None or resolved not in self.policy.model.roles:
+            reason = "no_role" if resolved is None else "unknown_role"
+            raise CallError(
+                ErrorCode.PERMISSION_DENIED,
+                f"{_caller(resolved)} may not discover tools: {reason}",
+                {"reason": reason, "role": resolved},
+            )
+        return [tool for tool in self.registry if self.policy.decide(tool, resolved).allowed]
+
     # -- the call path ----------------------------------------------------------------
 
     async def _serve(self, raw: object) -> CallResult:
@@ -514,18 +556,10 @@ class Runner:
             return breaker
 
     def _discover(self, filter_text: str | None, role: str | None) -> list[dict[str, Any]]:
-        resolved = self.policy.resolve_role(role)
-        if resolved is None or resolved not in self.policy.model.roles:
-            reason = "no_role" if resolved is None else "unknown_role"
-            raise CallError(
-                ErrorCode.PERMISSION_DENIED,
-                f"{_caller(resolved)} may not discover tools: {reason}",
-                {"reason": reason, "role": resolved},
-            )
         return [
             _describe(tool, self.policy)
-            for tool in self.registry
-            if matches_filter(tool, filter_text) and self.policy.decide(tool, resolved).allowed
+            for tool in self.callable_tools(role)
+            if matches_filter(tool, filter_text)
         ]
 
 

@@ -25,6 +25,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,6 +46,9 @@ IDENTITY_FIELDS = frozenset({"event", "timestamp", "requestId", "traceId", "tool
 # on record does not run.
 GATE_EVENTS = frozenset({"policy.decision"})
 AUDIT_UNAVAILABLE = "audit_unavailable"
+# The client a call is served for (`runner serve --http`: its token's name). The server sets
+# it around each call; every event written in that context carries it as `client`.
+AUDIT_CLIENT: ContextVar[str | None] = ContextVar("runner_audit_client", default=None)
 
 
 def iso_now() -> str:
@@ -224,6 +228,9 @@ class AuditLog:
             CallError: only with ``required``, for a gate event that was not written.
         """
         try:
+            client = AUDIT_CLIENT.get()
+            if client is not None:
+                fields["client"] = client
             if scrubber:
                 fields = {
                     key: value if key in IDENTITY_FIELDS else scrubber.scrub(value)

@@ -521,6 +521,17 @@ def _policy_audit_path(ctx: click.Context) -> Path | None:
         _fail_usage(" ".join(str(exc).split()))
 
 
+def _register_serve() -> None:
+    # Their own module (runner.serve); imported here so that `runner --help` lists them.
+    from runner.serve.commands import export_command, serve_group
+
+    cli.add_command(export_command)
+    cli.add_command(serve_group)
+
+
+_register_serve()
+
+
 document_environment(cli)
 
 

@@ -36,6 +36,17 @@ RESERVED_ENV = frozenset(
 RESERVED_ENV_PREFIXES = ("RUNNER_", "LD_")
 
 
+class AnnotationsModel(BaseModel):
+    """Hints for agents (SPEC 2), exported as MCP's ``readOnlyHint`` and the like."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    read_only: bool | None = Field(default=None, alias="readOnly")
+    destructive: bool | None = None
+    idempotent: bool | None = None
+    open_world: bool | None = Field(default=None, alias="openWorld")
+
+
 class ManifestModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -53,6 +64,7 @@ class ManifestModel(BaseModel):
     workspace: Literal["none", "read", "write"] = "none"
     env: dict[str, str] = Field(default_factory=dict)
     secrets: list[str] = Field(default_factory=list)  # granted per tool by the policy
+    annotations: AnnotationsModel = Field(default_factory=AnnotationsModel)
 
     @field_validator("name")
     @classmethod

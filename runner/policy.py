@@ -77,6 +77,27 @@ class SandboxModel(_Strict):
         return data
 
 
+class ServeTokenModel(_Strict):
+    """A bearer token of `runner serve --http`: only its SHA-256 is kept, with a name and a role."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")  # written into audit events as `client`
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    role: str
+
+
+class ServeModel(_Strict):
+    tokens: list[ServeTokenModel] = Field(default_factory=list)
+    max_concurrent: int = Field(default=32, gt=0, le=4096)  # calls running at once; more wait
+
+    @model_validator(mode="after")
+    def _unique(self) -> ServeModel:
+        for what in ("name", "sha256"):
+            values = [getattr(token, what) for token in self.tokens]
+            if len(values) != len(set(values)):
+                raise ValueError(f"two tokens have the same {what}")
+        return self
+
+
 class PolicyModel(_Strict):
     version: Literal[1]
     default_role: str | None = None
@@ -90,6 +111,7 @@ class PolicyModel(_Strict):
     workspace: str | None = None
     audit: AuditModel = Field(default_factory=AuditModel)
     sandbox: SandboxModel = Field(default_factory=SandboxModel)
+    serve: ServeModel = Field(default_factory=ServeModel)
     secrets: dict[str, SecretSource] = Field(default_factory=dict)  # where each value comes from
 
     @model_validator(mode="after")
@@ -109,6 +131,9 @@ class PolicyModel(_Strict):
             _expand_role(self.roles, name, ())
         if self.default_role is not None and self.default_role not in self.roles:
             raise ValueError(f"default_role {self.default_role!r} is not a defined role")
+        for token in self.serve.tokens:
+            if token.role not in self.roles:
+                raise ValueError(f"serve token {token.name!r} has role {token.role!r}, which is not defined")
         return self
 
 
