@@ -14,9 +14,10 @@ import copy
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from runner.manifest import Tool
+if TYPE_CHECKING:
+    from runner.manifest import Tool
 
 Format = Literal["openai", "anthropic", "mcp"]
 FORMATS: tuple[str, ...] = get_args(Format)
