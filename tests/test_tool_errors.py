@@ -417,10 +417,12 @@ def test_docker_says_which_program_is_missing(bench: ToolBench, docker_client: A
 
 
 def test_the_cases_cover_the_whole_reason_table_with_its_rules() -> None:
-    """secret_unavailable is the secrets work's to produce; internal is tested above."""
+    """secret_unavailable: tests/test_secrets.py; internal: above; audit_unavailable:
+    tests/test_audit_logger.py (refused before any attempt)."""
     from runner.errors import REASON_RULES
 
-    assert {case.reason for case in CASES} | {"internal", "secret_unavailable"} == set(REASON_RULES)
+    others = {"internal", "secret_unavailable", "audit_unavailable"}
+    assert {case.reason for case in CASES} | others == set(REASON_RULES)
     for case in CASES:
         if case.reason != "tool_error":  # retried on the tool's word, not the table's
             assert REASON_RULES[case.reason].retried is case.retried, case.id

@@ -13,7 +13,8 @@ from runner.serve.definitions import FORMATS, definitions
 
 @click.command("export")
 @_location_options
-@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True,
+              help="openai (functions), anthropic (tools) or mcp (as tools/list gives them).")
 @click.option("--role", default=None, help="Export the tools this role may call (default: default_role).")
 @click.pass_context
 def export_command(ctx: click.Context, fmt: str, role: str | None) -> None:
