@@ -19,6 +19,7 @@ import functools
 import itertools
 import os
 import re
+import select
 import shutil
 import signal
 import stat
@@ -65,6 +66,9 @@ from sandboxes.subprocess._seccomp import SeccompUnavailable, filter_fd, sealed_
 from sandboxes.view import SCRATCH_MOUNT, WORKSPACE_MOUNT, tool_env
 
 SHELL = "/bin/sh"
+# How long a sandbox started ahead may take to be set up before the pool moves on; one
+# slower than that is still used, and its call reports whatever became of it.
+STARTED_WAIT_S = 5.0
 _HOST_PATH = re.compile(r"/[^\s:'\"]+")
 
 
@@ -377,6 +381,11 @@ class PreparedSubprocess:
         assert popen.stdin is not None
         with contextlib.suppress(BrokenPipeError):  # died already: its run says how
             popen.stdin.write(token_line(self._token))  # one line, far below PIPE_BUF: atomic
+        # Ready once the sandbox is built and its shim runs (it then writes the started
+        # byte, read by ``_drive`` later: only waited for here). This also paces the pool:
+        # its next sandbox is not begun while this one still takes the CPU to set up.
+        assert self._started_read is not None
+        select.select([self._started_read], [], [], STARTED_WAIT_S)
 
     def set_timeout(self, timeout_ms: int) -> None:
         self._limits = replace(self._limits, timeout_ms=timeout_ms)
