@@ -38,6 +38,7 @@ from runner.manifest import Tool
 from runner.models import CallOptions, CallRequest, DiscoverRequest, parse_request, peek
 from runner.plan import CallPlan, resolve_plan
 from runner.policy import Policy
+from runner.pools import WarmPools
 from runner.redaction import Scrubber, nodes_at, redact_nodes
 from runner.registry import Registry, matches_filter
 from runner.secrets import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
@@ -78,6 +79,8 @@ class Runner:
         audit: AuditLog,
         sandbox_factory: SandboxFactory,
         clock: Clock | None = None,
+        *,
+        warm_pools: bool = True,
     ) -> None:
         self.registry = registry
         self.policy = policy
@@ -94,6 +97,10 @@ class Runner:
         self._lock = threading.Lock()
         self._in_flight: set[_InFlight] = set()
         self._closed = False
+        # Warm sandboxes (SPEC 11) for a long-lived runner; a one-shot one (the CLI's
+        # ``exec``) would start them only to throw them away.
+        self._warm_pools = warm_pools
+        self._pools = WarmPools(audit.operator.warn, audit.operator.fault)
 
     @classmethod
     def load(
@@ -104,10 +111,12 @@ class Runner:
         *,
         clock: Clock | None = None,
         sandbox_factory: SandboxFactory | None = None,
+        warm_pools: bool = True,
     ) -> Runner:
         """Load tools and policy (arguments, then ``RUNNER_*`` variables, then the search of
         ``runner.locations``: ``./policies.yaml``, ``~/.config/runner/``, ``/etc/runner/``;
-        tools default to ``tools/`` beside the policy file).
+        tools default to ``tools/`` beside the policy file). With ``warm_pools`` the
+        policy's pools (SPEC 11) start filling in the background at once.
 
         Raises:
             ConfigError: the policy file cannot be used, or none was given or found.
@@ -128,7 +137,9 @@ class Runner:
             audit = AuditLog(audit_path, required=policy.model.audit.required, operator=operator)
         except OSError as exc:
             raise ConfigError(str(audit_path), f"cannot open audit log: {exc.strerror}") from exc
-        return cls(registry, policy, audit, sandbox_factory or backends, clock)
+        runner = cls(registry, policy, audit, sandbox_factory or backends, clock, warm_pools=warm_pools)
+        runner._follow_pools()
+        return runner
 
     # -- the Python API -------------------------------------------------------------
 
@@ -221,6 +232,7 @@ class Runner:
                 call.loop.call_soon_threadsafe(call.task.cancel)
         if calls:
             await asyncio.wait([asyncio.wrap_future(call.ended) for call in calls])
+        await asyncio.to_thread(self._pools.close)  # every warm sandbox discarded
         if isinstance(self._sandbox_factory, Closable):
             await self._sandbox_factory.aclose()
         # Idle by now (every call has ended), unless a validation outlived its call's answer:
@@ -498,7 +510,8 @@ class Runner:
             with self._breaker(tool.name).guard(ends_by=deadline_at) as ticket:
                 if secrets.missing:
                     raise self._secret_unavailable(tool, secrets.missing[0])
-                sandbox = self._sandbox_factory(plan.sandbox)
+                self._follow_pools()
+                sandbox = self._pools.sandbox_for(tool.name, self._sandbox_factory(plan.sandbox))
                 spec = replace(_launch_spec(tool, ctx, self.policy, plan.runtime), secrets=secrets.values)
                 report = self._network_reporter(tool, ctx)
                 async with call_egress(tool, self.policy, spec, report) as spec:
@@ -513,6 +526,11 @@ class Runner:
                 f"{tool.name} is failing; its circuit breaker is {refused.state.value}",
                 {"retryAfterMs": refused.retry_after_ms, "state": refused.state.value},
             ) from None
+
+    def _follow_pools(self) -> None:
+        """Keep the pools of the policy and registry in force (a new one drains the old)."""
+        if self._warm_pools:
+            self._pools.follow(self.policy, self.registry, self._sandbox_factory, _NO_OPTIONS)
 
     def _network_reporter(self, tool: Tool, ctx: CallContext) -> Callable[[ConnectAttempt], None]:
         """Each connection the call's egress proxy opens or refuses, as an audit event."""

@@ -42,7 +42,10 @@ def _load(ctx: click.Context) -> Runner:
     options = ctx.obj
     try:
         return Runner.load(
-            tools=options["tools"], policies=options["policies"], audit_log=options["audit_log"]
+            tools=options["tools"],
+            policies=options["policies"],
+            audit_log=options["audit_log"],
+            warm_pools=False,  # one-shot commands; `serve` keeps a runner and wants them
         )
     except ConfigError as exc:
         _fail_usage(" ".join(str(exc).split()))

@@ -193,6 +193,7 @@ class Executor:
             reason=(error.reason if error else None) or (outcome.reason.value if outcome.reason else None),
             code=error.code.value if error else None,
             degraded=outcome.degraded,
+            warm=outcome.warm,
             missing=list(outcome.missing),
             stderr=outcome.stderr_tail[-500:],
         )

@@ -42,6 +42,15 @@ class ToolOverrideModel(CallSettings):
     runtime: str | None = None  # OCI runtime for docker tools, e.g. runsc
     network: NetworkAllow | None = None  # the egress this tool is granted
     secrets: list[str] = Field(default_factory=list)  # the secrets this tool is granted
+    pool: int | None = Field(default=None, ge=0, le=64)  # warm sandboxes kept for it (SPEC 11)
+
+
+class PoolModel(_Strict):
+    """Warm sandboxes (SPEC 11): ``size`` per tool unless ``tools.NAME.pool`` says."""
+
+    size: int = Field(default=0, ge=0, le=64)
+    max_idle_ms: int = Field(default=60000, gt=0)
+    max_total: int = Field(default=16, ge=0)
 
 
 class BreakerModel(_Strict):
@@ -113,6 +122,7 @@ class PolicyModel(_Strict):
     sandbox: SandboxModel = Field(default_factory=SandboxModel)
     serve: ServeModel = Field(default_factory=ServeModel)
     secrets: dict[str, SecretSource] = Field(default_factory=dict)  # where each value comes from
+    pool: PoolModel = Field(default_factory=PoolModel)
 
     @model_validator(mode="after")
     def _secrets_have_sources(self) -> PolicyModel:

@@ -26,11 +26,13 @@ if TYPE_CHECKING:
         LaunchSpec,
         Limits,
         PreparedSandbox,
+        PreStarts,
         Sandbox,
         SandboxOutcome,
         SandboxUnavailable,
         StopReason,
         ToolRequirements,
+        WarmSandbox,
     )
 
 __all__ = [
@@ -42,12 +44,14 @@ __all__ = [
     "EgressEndpoint",
     "LaunchSpec",
     "Limits",
+    "PreStarts",
     "PreparedSandbox",
     "Sandbox",
     "SandboxOutcome",
     "SandboxUnavailable",
     "StopReason",
     "ToolRequirements",
+    "WarmSandbox",
 ]
 
 

@@ -97,6 +97,8 @@ class SandboxOutcome:
     degraded: bool = False
     # When degraded: each isolation layer that was missing, with what to install.
     missing: tuple[str, ...] = ()
+    # The run used a sandbox started ahead of its call (SPEC 11).
+    warm: bool = False
 
     @property
     def ok(self) -> bool:
@@ -124,6 +126,37 @@ class PreparedSandbox(Protocol):
 
     async def close(self) -> None:
         """Kill whatever is left and release every resource. Safe to call twice."""
+        ...
+
+
+class WarmSandbox(PreparedSandbox, Protocol):
+    """A sandbox started ahead of its call: its program runs and waits for its payload.
+
+    Made and discarded from a plain thread, off every event loop: it outlives the loop
+    of any one call (a synchronous ``Runner.call`` runs each call on a fresh loop).
+    """
+
+    def set_timeout(self, timeout_ms: int) -> None:
+        """The run's timeout, counted from the moment ``run`` writes the payload; the
+        call's own, known only when the call takes the sandbox."""
+        ...
+
+    def discard(self) -> None:
+        """``close`` from a thread (blocking): for a sandbox that no call took."""
+        ...
+
+
+@runtime_checkable
+class PreStarts(Protocol):
+    """A backend that can start sandboxes ahead of their calls (SPEC 11, warm pools)."""
+
+    def prestart(self, spec: LaunchSpec, limits: Limits) -> WarmSandbox:
+        """Prepare a sandbox and start its program, blocked on its stdin (blocking).
+
+        Raises:
+            SandboxUnavailable: this machine cannot give the isolation required, or
+                ``spec`` needs what only a call can give (an egress endpoint).
+        """
         ...
 
 

@@ -14,7 +14,7 @@ import contextlib
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
 from sandboxes.cancellation import finish_shielded
@@ -37,6 +37,22 @@ class Ending(enum.Enum):
     OUTPUT_LIMIT = "output_limit"
     CPU_BUDGET = "cpu_budget"
     MEMORY_LIMIT = "memory_limit"  # the kernel OOM-killed some process of the tool
+
+
+class Driven(Protocol):
+    """A started process as ``drive`` uses it: asyncio's own, or one attached later
+    (``_attach.AttachedProcess``, a warm sandbox's)."""
+
+    stdin: asyncio.StreamWriter | None
+    stdout: asyncio.StreamReader | None
+    stderr: asyncio.StreamReader | None
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    def kill(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -80,7 +96,7 @@ async def _read_capped(stream: asyncio.StreamReader | None, sink: CappedBuffer) 
 
 
 async def drive(
-    proc: asyncio.subprocess.Process,
+    proc: Driven,
     payload: bytes,
     timeout_s: float,
     max_output: int,
@@ -166,7 +182,7 @@ def _overflowed(task: asyncio.Task[bool]) -> bool:
     return task.done() and not task.cancelled() and task.result()
 
 
-def _close_transport(proc: asyncio.subprocess.Process) -> None:
+def _close_transport(proc: Driven) -> None:
     transport = getattr(proc, "_transport", None)
     if transport is not None:
         transport.close()

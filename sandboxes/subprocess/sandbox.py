@@ -19,13 +19,16 @@ import functools
 import itertools
 import os
 import re
+import select
 import shutil
 import signal
 import stat
+import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,7 @@ from sandboxes.base import (
     SandboxUnavailable,
     StopReason,
 )
+from sandboxes.subprocess._attach import attach
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory, CgroupUnavailable
 from sandboxes.subprocess._launch import (
     drop_privileges_argv,
@@ -57,11 +61,14 @@ from sandboxes.subprocess._launch import (
 from sandboxes.subprocess._layout import GROUP, PASSWD, RESOLV_CONF, Sources, bwrap_argv
 from sandboxes.subprocess._library import publish_library
 from sandboxes.subprocess._network import SandboxNetwork
-from sandboxes.subprocess._process import Ending, ProcessResult, drive
+from sandboxes.subprocess._process import EXIT_GRACE_S, Driven, Ending, ProcessResult, drive
 from sandboxes.subprocess._seccomp import SeccompUnavailable, filter_fd, sealed_memfd
 from sandboxes.view import SCRATCH_MOUNT, WORKSPACE_MOUNT, tool_env
 
 SHELL = "/bin/sh"
+# How long a sandbox started ahead may take to be set up before the pool moves on; one
+# slower than that is still used, and its call reports whatever became of it.
+STARTED_WAIT_S = 5.0
 _HOST_PATH = re.compile(r"/[^\s:'\"]+")
 
 
@@ -195,6 +202,23 @@ class SubprocessSandbox:
             raise
         return prepared
 
+    def prestart(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
+        """A sandbox whose tool is already started and waits for its payload (blocking).
+
+        Raises:
+            SandboxUnavailable: as ``prepare``; also for an egress endpoint, which exists
+                only for its own call.
+        """
+        if spec.egress is not None:
+            raise SandboxUnavailable("a sandbox with an egress proxy is made for its call only")
+        prepared = self._prepare(spec, limits)
+        try:
+            prepared.start_waiting()
+        except BaseException:
+            prepared.discard()
+            raise
+        return prepared
+
     def _prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
         self.set_up()
         missing = self.missing_layers()
@@ -289,6 +313,11 @@ class PreparedSubprocess:
         self._teardown_lock = threading.Lock()
         self._scratch: Path | None = None
         self._pgid: int | None = None
+        self._started_read: int | None = None
+        # Started ahead of the call (``start_waiting``): the process, and the token the
+        # exec guard already read.
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._token = ""
         self.network: SandboxNetwork | None = None
 
     async def attach_egress(self) -> None:
@@ -299,29 +328,19 @@ class PreparedSubprocess:
             await self._spec.egress.attach(listener)
 
     async def run(self, payload: bytes) -> SandboxOutcome:
+        if self._popen is not None:
+            return await self._run_started(self._popen, payload)
         started = time.monotonic()
         token = new_token()
-        started_read, started_write = os.pipe()
-        os.set_blocking(started_read, False)
-        self._fds += [started_read, started_write]
-        try:
-            if self._hardened:
-                argv, env, cwd, pass_fds = self._hardened_command()
-            else:
-                argv, env, cwd, pass_fds = self._degraded_command()
-            unshare = self._owner.unshare if "RUNNER_STAGE" in env else None
-        except SeccompUnavailable as exc:
-            raise SandboxUnavailable(str(exc)) from exc
-        env["RUNNER_STARTED_FD"] = str(started_write)
-        env["RUNNER_PID"] = str(os.getpid())
+        argv, env, pass_fds = self._launch_command()
         try:
             proc = await asyncio.create_subprocess_exec(
-                *launcher_argv(SHELL, argv, unshare),
+                *argv,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=env,
-                cwd=cwd,
+                cwd="/",
                 start_new_session=True,
                 pass_fds=pass_fds,
             )
@@ -331,17 +350,93 @@ class PreparedSubprocess:
             for fd in pass_fds:  # the launcher has its copies (or never will)
                 os.close(fd)
         self._pgid = proc.pid
+        return await self._drive(proc, token_line(token) + payload, token, started)
+
+    # -- started ahead of the call (SPEC 11) --------------------------------------------
+
+    def start_waiting(self) -> None:
+        """Start the tool now, blocked on its stdin until ``run`` writes the payload
+        (blocking: the pool's thread). The exec guard's token goes in at once: it is this
+        sandbox's own, and the sandbox serves one call only."""
+        self._token = new_token()
+        argv, env, pass_fds = self._launch_command()
+        try:
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd="/",
+                start_new_session=True,
+                pass_fds=pass_fds,
+                bufsize=0,
+            )
+        except (OSError, ValueError) as exc:
+            raise SandboxUnavailable(f"cannot start the sandbox launcher: {type(exc).__name__}") from exc
+        finally:
+            for fd in pass_fds:
+                os.close(fd)
+        self._popen, self._pgid = popen, popen.pid
+        assert popen.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # died already: its run says how
+            popen.stdin.write(token_line(self._token))  # one line, far below PIPE_BUF: atomic
+        # Ready once the sandbox is built and its shim runs (it then writes the started
+        # byte, read by ``_drive`` later: only waited for here). This also paces the pool:
+        # its next sandbox is not begun while this one still takes the CPU to set up.
+        assert self._started_read is not None
+        select.select([self._started_read], [], [], STARTED_WAIT_S)
+
+    def set_timeout(self, timeout_ms: int) -> None:
+        self._limits = replace(self._limits, timeout_ms=timeout_ms)
+
+    def discard(self) -> None:
+        self._kill_now()
+        self._close_fds()
+        self._teardown()
+
+    async def _run_started(self, popen: subprocess.Popen[bytes], payload: bytes) -> SandboxOutcome:
+        started = time.monotonic()  # the timeout, too, counts from here: the payload's moment
+        try:
+            proc = await attach(popen)
+        except OSError as exc:
+            raise SandboxUnavailable(f"cannot attach the started sandbox: {exc.strerror}") from exc
+        try:
+            return await self._drive(proc, payload, self._token, started)
+        finally:
+            proc.detach()
+
+    def _launch_command(self) -> tuple[list[str], dict[str, str], tuple[int, ...]]:
+        """The launcher's argv and environment, and the descriptors it inherits (the
+        caller closes them once it is started). Opens the "started" pipe."""
+        started_read, started_write = os.pipe()
+        os.set_blocking(started_read, False)
+        self._started_read = started_read
+        self._fds += [started_read, started_write]
+        try:
+            if self._hardened:
+                argv, env, _, pass_fds = self._hardened_command()
+            else:
+                argv, env, _, pass_fds = self._degraded_command()
+            unshare = self._owner.unshare if "RUNNER_STAGE" in env else None
+        except SeccompUnavailable as exc:
+            raise SandboxUnavailable(str(exc)) from exc
+        env["RUNNER_STARTED_FD"] = str(started_write)
+        env["RUNNER_PID"] = str(os.getpid())
+        return launcher_argv(SHELL, argv, unshare), env, pass_fds
+
+    async def _drive(self, proc: Driven, stdin: bytes, token: str, started: float) -> SandboxOutcome:
         try:
             result = await drive(
                 proc,
-                token_line(token) + payload,
+                stdin,
                 self._limits.timeout_ms / 1000,
                 self._limits.max_output_bytes,
                 self._kill_now,
                 self._breached if self._cgroup else None,
             )
         finally:
-            tool_started = _started(started_read)
+            tool_started = self._started_read is not None and _started(self._started_read)
             self._close_fds()
         return self._outcome(result, tool_started, token, (time.monotonic() - started) * 1000)
 
@@ -536,6 +631,7 @@ class PreparedSubprocess:
                 self._cgroup.remove()  # kills until empty, then removes
                 self._cgroup = None
         finally:
+            self._reap_started()
             try:
                 if self._scratch is not None:
                     shutil.rmtree(self._scratch, ignore_errors=True)
@@ -550,6 +646,19 @@ class PreparedSubprocess:
                 if self.network is not None:
                     self.network.close()  # even if a process survived: it loses its way out
                     self.network = None
+
+
+    def _reap_started(self) -> None:
+        """The started-ahead process: killed (its group too) and reaped, its pipes closed."""
+        popen, self._popen = self._popen, None
+        if popen is None:
+            return
+        popen.kill()  # a no-op once reaped
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(EXIT_GRACE_S)
+        for pipe in (popen.stdin, popen.stdout, popen.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 @functools.lru_cache(maxsize=1024)

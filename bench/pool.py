@@ -1,0 +1,141 @@
+"""Warm pools (SPEC 11): the latency of a warm ``Runner.call``, next to a bare spawn and a
+cold call measured in the same run, and the memory one warm sandbox holds.
+
+    python3 bench/pool.py [--n 200]
+
+Rows: a bare ``python3 main.py`` spawn of the shipped ``add_numbers`` (the baseline), a
+cold ``Runner.call`` (no pool) and a warm one (``tools.add_numbers.pool: 2``). Each warm
+call waits, untimed, until the pool is full again and then 50 ms more (the tool's own
+start-up after its sandbox is set up), so every timed call finds a warm sandbox whose
+tool waits on its stdin: this is the latency a pool gives while it keeps up; the audit's ``warm`` field
+is counted to show that it did. Memory: RSS and USS (pages no other process shares)
+summed over the processes of one idle warm sandbox (bubblewrap, its init, the tool).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from _timing import starter_folder  # noqa: E402
+
+from runner import Runner  # noqa: E402
+from sandboxes.subprocess._cgroup import CgroupFactory  # noqa: E402
+from sandboxes.view import LIBRARY_SOURCE  # noqa: E402
+
+STARTER = starter_folder()
+TOOL = STARTER / "tools" / "add_numbers"
+PARAMS = {"a": 1, "b": 2}
+PAYLOAD = json.dumps(
+    {"params": PARAMS, "context": {"requestId": "bench", "toolName": "add_numbers", "attempt": 1}}
+).encode()
+PYTHON = "/usr/bin/python3"  # the interpreter the sandbox itself runs
+POOL_SIZE = 2
+CALL_GAP_S = 0.05
+
+
+# The tool-side helper the sandbox mounts for every tool (``runner_tool``), here in place.
+BARE_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": str(LIBRARY_SOURCE)}
+
+
+def bare() -> None:
+    argv = [PYTHON, "main.py"]
+    subprocess.run(argv, input=PAYLOAD, capture_output=True, cwd=TOOL, check=True, env=BARE_ENV)
+
+
+def runner(pool: int, audit: Path) -> Runner:
+    policy_path = STARTER / "policies.yaml"
+    policy = yaml.safe_load(policy_path.read_text())
+    policy.setdefault("tools", {}).setdefault("add_numbers", {})["pool"] = pool
+    path = STARTER / f"policies-pool{pool}.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    return Runner.load(tools=STARTER / "tools", policies=path, audit_log=audit)
+
+
+def wait_full(r: Runner) -> None:
+    deadline = time.monotonic() + 10
+    while r._pools.counts().get("add_numbers", 0) < POOL_SIZE:
+        if time.monotonic() > deadline:
+            raise SystemExit("the pool did not fill within 10 s")
+        time.sleep(0.002)
+    # A pooled sandbox counts once it is set up; its interpreter may still be starting.
+    # Calls that come this long after the refill find it waiting on its stdin.
+    time.sleep(CALL_GAP_S)
+
+
+def sample(fn, n: int, before=None) -> list[float]:  # type: ignore[no-untyped-def]
+    fn()  # warm-up
+    samples = []
+    for _ in range(n):
+        if before is not None:
+            before()
+        started = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def call(r: Runner) -> None:
+    result = r.call("add_numbers", PARAMS)
+    if not result.success:
+        raise SystemExit(f"call failed: {result.error}")
+
+
+def warm_sandbox_memory() -> tuple[float, float]:
+    """RSS and USS (MiB) of the processes of each idle warm sandbox of this process, averaged."""
+    pids_parent = next(p for p in CgroupFactory().parents if "pids" in p.parts)
+    groups = [g for g in pids_parent.iterdir() if g.name.startswith(f"{os.getpid()}-")]
+    rss = uss = 0
+    for group in groups:
+        for pid in (group / "cgroup.procs").read_text().split():
+            info = psutil.Process(int(pid)).memory_full_info()
+            rss += info.rss
+            uss += info.uss
+    return rss / len(groups) / 2**20, uss / len(groups) / 2**20
+
+
+def row(name: str, samples: list[float], base: float) -> None:
+    ordered = sorted(samples)
+    p50 = statistics.median(ordered)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    print(f"{name:<24}{p50:>9.1f}{p99:>9.1f}{p50 / base:>12.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=200)
+    n = parser.parse_args().n
+    audit = STARTER / "audit.log"
+    bare_ms = sample(bare, n)
+    with runner(0, Path(os.devnull)) as cold_runner:
+        cold_ms = sample(lambda: call(cold_runner), n)
+    with runner(POOL_SIZE, audit) as warm_runner:
+        warm_ms = sample(lambda: call(warm_runner), n, lambda: wait_full(warm_runner))
+        wait_full(warm_runner)
+        rss, uss = warm_sandbox_memory()
+    attempts = [json.loads(line) for line in audit.read_text().splitlines() if '"call.attempt"' in line]
+    warm_count = sum(1 for a in attempts if a.get("warm"))
+    base = statistics.median(bare_ms)
+    print(f"n={n} per row, {os.cpu_count()} cores")
+    print(f"{'what':<24}{'p50 ms':>9}{'p99 ms':>9}{'p50 x bare':>12}")
+    row("bare python3 main.py", bare_ms, base)
+    row("Runner.call cold", cold_ms, base)
+    row("Runner.call warm", warm_ms, base)
+    print(f"warm calls: {warm_count} of {len(attempts)} (warm-up included)")
+    print(f"one idle warm sandbox: RSS {rss:.1f} MiB, USS {uss:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
