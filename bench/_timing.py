@@ -23,6 +23,14 @@ def starter_folder() -> Path:
     return folder
 
 
+def bare_env() -> dict[str, str]:
+    """The environment of a bare ``python3 main.py`` baseline: what a sandbox gives, with the
+    tool-side helper (``runner_tool``, which every sandbox mounts) on the path in place."""
+    from sandboxes.view import LIBRARY_SOURCE
+
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": str(LIBRARY_SOURCE)}
+
+
 def timed(fn: Callable[[], object], n: int) -> list[float]:
     """Milliseconds of ``n`` runs of ``fn``, after one warm-up run."""
     fn()

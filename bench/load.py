@@ -25,18 +25,20 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _timing import starter_folder, timed  # noqa: E402
+from _timing import bare_env, starter_folder, timed  # noqa: E402
 
 from runner import Runner  # noqa: E402
 
 STARTER = starter_folder()
 TOOL = STARTER / "tools" / "add_numbers"
 PYTHON = "/usr/bin/python3"
+BARE_ENV = bare_env()
 
 
 def bare() -> None:
     payload = b'{"params": {"a": 1, "b": 2}, "context": {"requestId": "b", "toolName": "add_numbers"}}'
-    subprocess.run([PYTHON, "main.py"], input=payload, capture_output=True, cwd=TOOL, check=True)
+    argv = [PYTHON, "main.py"]
+    subprocess.run(argv, input=payload, capture_output=True, cwd=TOOL, check=True, env=BARE_ENV)
 
 
 def leftovers() -> list[str]:

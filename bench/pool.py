@@ -29,11 +29,10 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _timing import starter_folder  # noqa: E402
+from _timing import bare_env, starter_folder  # noqa: E402
 
 from runner import Runner  # noqa: E402
 from sandboxes.subprocess._cgroup import CgroupFactory  # noqa: E402
-from sandboxes.view import LIBRARY_SOURCE  # noqa: E402
 
 STARTER = starter_folder()
 TOOL = STARTER / "tools" / "add_numbers"
@@ -45,9 +44,7 @@ PYTHON = "/usr/bin/python3"  # the interpreter the sandbox itself runs
 POOL_SIZE = 2
 CALL_GAP_S = 0.05
 
-
-# The tool-side helper the sandbox mounts for every tool (``runner_tool``), here in place.
-BARE_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": str(LIBRARY_SOURCE)}
+BARE_ENV = bare_env()
 
 
 def bare() -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _timing import print_table, starter_folder, timed  # noqa: E402
+from _timing import bare_env, print_table, starter_folder, timed  # noqa: E402
 
 from runner import Runner  # noqa: E402
 
@@ -32,10 +32,12 @@ PAYLOAD = json.dumps(
     {"params": PARAMS, "context": {"requestId": "bench", "toolName": "add_numbers", "attempt": 1}}
 ).encode()
 PYTHON = "/usr/bin/python3"  # the interpreter the sandbox itself runs
+BARE_ENV = bare_env()
 
 
 def bare() -> None:
-    subprocess.run([PYTHON, "main.py"], input=PAYLOAD, capture_output=True, cwd=TOOL, check=True)
+    argv = [PYTHON, "main.py"]
+    subprocess.run(argv, input=PAYLOAD, capture_output=True, cwd=TOOL, check=True, env=BARE_ENV)
 
 
 def bare_bwrap() -> None:
@@ -45,6 +47,8 @@ def bare_bwrap() -> None:
             "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
             "--symlink", "usr/lib64", "/lib64",
             "--proc", "/proc", "--dev", "/dev", "--ro-bind", str(TOOL), "/tool", "--chdir", "/tool",
+            "--ro-bind", BARE_ENV["PYTHONPATH"], "/opt/runner/python",
+            "--setenv", "PYTHONPATH", "/opt/runner/python",
             "--", PYTHON, "main.py"]  # fmt: skip
     subprocess.run(argv, input=PAYLOAD, capture_output=True, check=True)
 
