@@ -6,10 +6,12 @@ own, on the host's loopback.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 
+import pytest
 from conftest import ToolBench
 
 # Opens many connections to its egress proxy and holds them without a word: each one is a
@@ -53,10 +55,46 @@ def test_a_tool_cannot_pin_hundreds_of_runner_descriptors_through_its_proxy(benc
     sampler.start()
     try:
         answer = runner.handle(
-            {"toolName": "hoard", "params": {"count": 600, "hold_s": 1.5}, "options": {"timeout": 20000, "deadline": 20000, "retries": 0}}
+            {
+                "toolName": "hoard",
+                "params": {"count": 600, "hold_s": 1.5},
+                "options": {"timeout": 20000, "deadline": 20000, "retries": 0},
+            }
         )
     finally:
         stop.set()
         sampler.join()
     assert answer["success"], answer["error"]
     assert peak[0] - baseline < 200, f"the runner held {peak[0] - baseline} more descriptors during the call"
+
+
+# Asks its proxy for a refused destination as fast as it can: each refusal is an audit event.
+REFUSAL_LOOP = """
+import json, os, socket, sys, time
+json.load(sys.stdin)
+host, port = os.environ["HTTP_PROXY"].removeprefix("http://").rsplit(":", 1)
+count, end = 0, time.monotonic() + 2
+while time.monotonic() < end:
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"CONNECT refused.example:443 HTTP/1.1\\r\\n\\r\\n")
+        sock.recv(100)
+    count += 1
+json.dump(count, sys.stdout)
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="every refused proxy request is its own network.connect event, with no per-call bound: "
+    "a tool writes thousands of audit lines a second (measured: 5198 events, 1.5 MB in 3 s)",
+)
+def test_a_tool_cannot_flood_the_audit_log_through_refused_proxy_requests(bench: ToolBench) -> None:
+    bench.tool("flood", REFUSAL_LOOP, network={"allow": ["example.com:80"]})
+    bench.policy["limits"]["network"] = True
+    bench.policy["tools"] = {"flood": {"network": {"allow": ["example.com:80"]}}}
+    answer = bench.runner().handle({"toolName": "flood", "options": {"timeout": 10000, "deadline": 10000}})
+    assert answer["success"], answer["error"]
+    assert answer["result"] > 1000  # the tool did try that often
+    events = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
+    refusals = [e for e in events if e["event"] == "network.connect"]
+    assert len(refusals) <= 1000, f"{len(refusals)} audit events for one call"
