@@ -10,6 +10,7 @@ import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from conftest import ToolBench
@@ -98,3 +99,26 @@ def test_a_tool_cannot_flood_the_audit_log_through_refused_proxy_requests(bench:
     events = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
     refusals = [e for e in events if e["event"] == "network.connect"]
     assert len(refusals) <= 1000, f"{len(refusals)} audit events for one call"
+
+
+def test_a_degraded_run_never_runs_a_program_of_the_tools_as_root(bench: ToolBench, tmp_path: Path) -> None:
+    # Degraded (no bubblewrap), the runner's root launcher binds the tool folder with
+    # `mount`, found through PATH: the manifest's own PATH, pointing into its own folder,
+    # made it run the tool's `mount` as root.
+    proof = tmp_path / "ran-as"
+    folder = bench.tools / "planted"
+    folder.mkdir()
+    fake = folder / "mount"
+    fake.write_text(f'#!/bin/sh\nid -u > {proof}\nexec /bin/mount "$@"\n')
+    fake.chmod(0o755)
+    code = "import json, os, sys\njson.load(sys.stdin)\njson.dump([os.getuid(), os.environ['PATH'], os.environ['GREETING']], sys.stdout)\n"
+    tool_path = f"{folder}:/usr/bin:/bin"
+    bench.tool("planted", code, env={"PATH": tool_path, "GREETING": "a b\n c"})
+    bench.policy["sandbox"] = {"backends": {"subprocess": {"allow_degraded": True, "bwrap": "/nonexistent"}}}
+    answer = bench.runner().handle({"toolName": "planted"})
+    assert answer["success"], answer["error"]
+    assert answer["metadata"].get("degraded") is True
+    uid, path, greeting = answer["result"]
+    assert uid != 0
+    assert (path, greeting) == (tool_path, "a b\n c")  # the tool still gets its environment as is
+    assert not proof.exists() or proof.read_text().strip() != "0", "the tool's mount ran as root"
