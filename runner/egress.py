@@ -53,6 +53,9 @@ class EgressBounds:
 
     max_connections: int = 32
     max_bytes: int = 64 * 1024 * 1024
+    # Connections from the tool served at once: each is a descriptor of the runner, whose
+    # table every call shares. More wait in the listener's backlog, in the kernel.
+    max_clients: int = 64
 
 
 @dataclass(frozen=True)
@@ -109,8 +112,10 @@ class EgressProxy:
         self._rules = rules
         self._report = report
         self._bounds = bounds or EgressBounds()
-        self._servers: list[asyncio.Server] = []
+        self._listeners: list[socket.socket] = []
+        self._acceptors: list[asyncio.Task[None]] = []
         self._handlers: set[asyncio.Task[Any]] = set()
+        self._slots = asyncio.Semaphore(self._bounds.max_clients)
         self._opened = 0
         self._bytes = 0
         self._closed = False
@@ -125,31 +130,64 @@ class EgressProxy:
         if self._closed:
             listener.close()
             raise RuntimeError("the call's egress proxy is closed")
-        server = await asyncio.start_server(self._handle, sock=listener, limit=HEAD_LIMIT)
-        self._servers.append(server)
+        listener.setblocking(False)
+        self._listeners.append(listener)
+        self._acceptors.append(asyncio.create_task(self._accept(listener)))
 
     async def aclose(self) -> None:
         """Stop listening and end every connection. Safe to call twice."""
         self._closed = True
-        for server in self._servers:
-            server.close()
+        for acceptor in self._acceptors:
+            acceptor.cancel()
+        await asyncio.gather(*self._acceptors, return_exceptions=True)
+        for listener in self._listeners:
+            listener.close()
         handlers = list(self._handlers)
         for task in handlers:
             task.cancel()
         await asyncio.gather(*handlers, return_exceptions=True)
-        self._servers.clear()
+        self._acceptors.clear()
+        self._listeners.clear()
+
+    async def _accept(self, listener: socket.socket) -> None:
+        """Accept only while fewer than ``max_clients`` connections are served (not
+        ``asyncio.start_server``, which accepts whatever comes: a tool could make the
+        runner hold a descriptor for each of thousands of idle connections)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._slots.acquire()
+            try:
+                connection, _ = await loop.sock_accept(listener)
+            except OSError:
+                self._slots.release()
+                await asyncio.sleep(0.05)  # out of descriptors, say: try again, never spin
+                continue
+            except BaseException:
+                self._slots.release()
+                raise
+            task = asyncio.create_task(self._serve_socket(connection))
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
+
+    async def _serve_socket(self, connection: socket.socket) -> None:
+        try:
+            reader, writer = await asyncio.open_connection(sock=connection, limit=HEAD_LIMIT)
+        except BaseException:
+            connection.close()
+            self._slots.release()
+            raise
+        try:
+            await self._handle(reader, writer)
+        finally:
+            self._slots.release()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
         try:
             if not self._closed:  # accepted just as the call ended: nothing more is opened
                 await self._serve(reader, writer)
         except OSError:
             pass  # either side went away: the connection is over, as the tool will see
         finally:
-            self._handlers.discard(task)
             writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

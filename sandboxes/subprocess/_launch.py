@@ -23,6 +23,8 @@ parts arrive as argv or ``RUNNER_*`` variables.
 
 from __future__ import annotations
 
+import re
+
 from sandboxes._exec_status import EXEC_GUARD
 
 LAUNCH_SCRIPT = r"""
@@ -59,8 +61,36 @@ unset RUNNER_CGROUPS RUNNER_CPU RUNNER_VMEM_KB RUNNER_STARTED_FD RUNNER_STAGE \
   RUNNER_TOOL_DIR RUNNER_WORKSPACE_DIR RUNNER_PID RUNNER_CHDIR
 exec "$@"
 """
+# A degraded run has no bubblewrap to hand the tool its environment: it travels through
+# the root launcher as RUNNER_TOOLENV_NAME variables (listed in RUNNER_TOOLENV), which
+# no program run as root reads; the shim, already the tool's user, exports them under
+# their own names. Only a checked name (``ENV_NAME``) is ever spliced into ``eval``; a
+# value is only expanded, never parsed.
+TOOL_ENV_PREFIX = "RUNNER_TOOLENV_"
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+LAUNCHER_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+UNPACK_TOOL_ENV = (
+    'for runner_name in $RUNNER_TOOLENV; do eval "export \\"$runner_name=\\${RUNNER_TOOLENV_$runner_name}\\"'
+    '; unset RUNNER_TOOLENV_$runner_name"; done; unset RUNNER_TOOLENV runner_name'
+)
 # Runs inside the sandbox, as the tool's own first instructions.
-STARTED_SHIM = f'printf s >&3; exec 3>&-; unset PWD OLDPWD; {EXEC_GUARD}; exec "$@"'  # sh exports PWD itself
+STARTED_SHIM = (
+    f"printf s >&3; exec 3>&-; unset PWD OLDPWD; {UNPACK_TOOL_ENV}; {EXEC_GUARD}; "
+    'exec "$@"'  # sh exports PWD itself
+)
+
+
+def carried_env(env: dict[str, str]) -> dict[str, str]:
+    """The tool's environment as the launcher passes it on untouched (see ``TOOL_ENV_PREFIX``),
+    with the launcher's own fixed PATH: what the root part of a degraded run sees.
+
+    Raises:
+        ValueError: a name the shim could not export.
+    """
+    if bad := [name for name in env if not ENV_NAME.fullmatch(name)]:
+        raise ValueError(f"{bad[0]!r} is not an environment variable name")
+    carried = {TOOL_ENV_PREFIX + name: value for name, value in env.items()}
+    return carried | {"RUNNER_TOOLENV": " ".join(env), "PATH": LAUNCHER_PATH}
 
 
 def launcher_argv(shell: str, argv: list[str], unshare: str | None) -> list[str]:

@@ -54,6 +54,7 @@ from sandboxes.base import (
 from sandboxes.subprocess._attach import attach
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory, CgroupUnavailable
 from sandboxes.subprocess._launch import (
+    carried_env,
     drop_privileges_argv,
     launcher_argv,
     started_shim_argv,
@@ -519,16 +520,21 @@ class PreparedSubprocess:
         granted = self._workspace.source if self._workspace is not None else None
         tool_dir, workspace = self._stage(launcher_env, granted)
         launcher_env["RUNNER_CHDIR"] = str(tool_dir)
-        # Secrets too: the launcher's environment, readable by root and by the tool's own uid only.
+        # Secrets too: the launcher's environment, readable by root and by the tool's own uid
+        # only; carried under other names, as nothing run as root may act on the tool's
+        # variables (a PATH into the tool's folder would make the launcher's `mount` its own).
         workspace_text = str(workspace) if workspace is not None else None
         env = tool_env(spec, str(self._scratch), workspace_text, str(self._owner.library_dir))
-        env |= spec.secrets
+        try:
+            carried = carried_env(env | dict(spec.secrets))
+        except ValueError as exc:
+            raise SandboxUnavailable(f"the tool's environment cannot be passed on: {exc}") from exc
         command = started_shim_argv(SHELL, list(spec.command))
         if self._owner.setpriv is not None:
             # Less isolation, never root: the tool still runs as a uid of its own.
             os.chown(self._scratch, self.uid, self._lease_gid(), follow_symlinks=False)
             command = drop_privileges_argv(self._owner.setpriv, self.uid, self._lease_gid()) + command
-        return self._entering_network(command), self._launcher_env(env | vmem | launcher_env), "/", ()
+        return self._entering_network(command), self._launcher_env(carried | vmem | launcher_env), "/", ()
 
     def _launcher_env(self, env: dict[str, str]) -> dict[str, str]:
         env = dict(env)
