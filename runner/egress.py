@@ -56,6 +56,11 @@ class EgressBounds:
     # Connections from the tool served at once: each is a descriptor of the runner, whose
     # table every call shares. More wait in the listener's backlog, in the kernel.
     max_clients: int = 64
+    # Refusals audited per call. Every refusal is an audit event (SPEC 4), so a tool that
+    # loops on refused requests would write thousands of lines a second: at this many the
+    # proxy says so once (reason refusal_limit) and stops listening, and the tool's further
+    # connections are refused by its own kernel, with nothing reaching the runner.
+    max_refusals: int = 200
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ class ConnectAttempt:
 
     decision: Decision
     # allowed, or why not: not_allowed, private_address, unresolvable, connect_failed,
-    # connection_limit, bad_request
+    # connection_limit, bad_request, refusal_limit (the last event: the proxy stopped)
     reason: str
     method: str
     host: str | None
@@ -118,6 +123,7 @@ class EgressProxy:
         self._slots = asyncio.Semaphore(self._bounds.max_clients)
         self._opened = 0
         self._bytes = 0
+        self._refusals = 0
         self._closed = False
 
     async def __aenter__(self) -> EgressProxy:
@@ -137,17 +143,30 @@ class EgressProxy:
     async def aclose(self) -> None:
         """Stop listening and end every connection. Safe to call twice."""
         self._closed = True
-        for acceptor in self._acceptors:
-            acceptor.cancel()
+        self._stop_listening()
         await asyncio.gather(*self._acceptors, return_exceptions=True)
-        for listener in self._listeners:
-            listener.close()
         handlers = list(self._handlers)
         for task in handlers:
             task.cancel()
         await asyncio.gather(*handlers, return_exceptions=True)
         self._acceptors.clear()
         self._listeners.clear()
+
+    def _stop_listening(self) -> None:
+        for acceptor in self._acceptors:
+            acceptor.cancel()
+        for listener in self._listeners:
+            listener.close()
+
+    def _deny(self, attempt: ConnectAttempt) -> None:
+        """Audit a refusal; past ``max_refusals`` stop listening, and say so once."""
+        if self._refusals >= self._bounds.max_refusals:
+            return
+        self._refusals += 1
+        self._report(attempt)
+        if self._refusals == self._bounds.max_refusals:
+            self._report(ConnectAttempt("deny", "refusal_limit", "-", None, None))
+            self._stop_listening()
 
     async def _accept(self, listener: socket.socket) -> None:
         """Accept only while fewer than ``max_clients`` connections are served (not
@@ -195,14 +214,14 @@ class EgressProxy:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
             request = parse_head(head)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, EgressRefused):
-            self._report(ConnectAttempt("deny", "bad_request", "?", None, None))
+            self._deny(ConnectAttempt("deny", "bad_request", "?", None, None))
             await _refuse(writer, 400, "bad_request")
             return
         try:
             upstream_reader, upstream_writer, address = await self._open(request.host, request.port)
         except EgressRefused as refused:
             refused_at = str(refused.address) if refused.address is not None else None
-            self._report(
+            self._deny(
                 ConnectAttempt("deny", refused.reason, request.method, request.host, request.port, refused_at)
             )
             await _refuse(writer, refused.status, refused.reason)

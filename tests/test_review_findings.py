@@ -12,7 +12,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 from conftest import ToolBench
 
 # Opens many connections to its egress proxy and holds them without a word: each one is a
@@ -76,19 +75,17 @@ json.load(sys.stdin)
 host, port = os.environ["HTTP_PROXY"].removeprefix("http://").rsplit(":", 1)
 count, end = 0, time.monotonic() + 2
 while time.monotonic() < end:
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(b"CONNECT refused.example:443 HTTP/1.1\\r\\n\\r\\n")
-        sock.recv(100)
+    try:
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"CONNECT refused.example:443 HTTP/1.1\\r\\n\\r\\n")
+            sock.recv(100)
+    except OSError:
+        pass  # the proxy stopped listening
     count += 1
 json.dump(count, sys.stdout)
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="every refused proxy request is its own network.connect event, with no per-call bound: "
-    "a tool writes thousands of audit lines a second (measured: 5198 events, 1.5 MB in 3 s)",
-)
 def test_a_tool_cannot_flood_the_audit_log_through_refused_proxy_requests(bench: ToolBench) -> None:
     bench.tool("flood", REFUSAL_LOOP, network={"allow": ["example.com:80"]})
     bench.policy["limits"]["network"] = True
@@ -98,7 +95,9 @@ def test_a_tool_cannot_flood_the_audit_log_through_refused_proxy_requests(bench:
     assert answer["result"] > 1000  # the tool did try that often
     events = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
     refusals = [e for e in events if e["event"] == "network.connect"]
+    # Measured before the bound: 5198 events, 1.5 MB in 3 s from one call.
     assert len(refusals) <= 1000, f"{len(refusals)} audit events for one call"
+    assert refusals[-1]["reason"] == "refusal_limit", refusals[-1]
 
 
 def test_a_degraded_run_never_runs_a_program_of_the_tools_as_root(bench: ToolBench, tmp_path: Path) -> None:
