@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -39,6 +40,15 @@ def bare() -> None:
     payload = b'{"params": {"a": 1, "b": 2}, "context": {"requestId": "b", "toolName": "add_numbers"}}'
     argv = [PYTHON, "main.py"]
     subprocess.run(argv, input=payload, capture_output=True, cwd=TOOL, check=True, env=BARE_ENV)
+
+
+def bare_rate(calls: int, concurrency: int) -> float:
+    """Bare spawns per second with the same number of callers on the same cores: what the
+    machine itself allows, the ceiling of any sandboxed throughput."""
+    with ThreadPoolExecutor(concurrency) as pool:
+        started = time.perf_counter()
+        list(pool.map(lambda _: bare(), range(calls)))
+        return calls / (time.perf_counter() - started)
 
 
 def leftovers() -> list[str]:
@@ -87,6 +97,7 @@ def main() -> None:
     args = parser.parse_args()
     runner = Runner.load(tools=STARTER / "tools", policies=STARTER / "policies.yaml", audit_log=os.devnull)
     bare_ms = statistics.median(timed(bare, 20))
+    ceiling = bare_rate(args.calls, args.concurrency)
     cold_ms = statistics.median(timed(lambda: runner.call("add_numbers", {"a": 1, "b": 2}), 20))
     me = psutil.Process()
     rss_before, fds_before = me.memory_info().rss, me.num_fds()
@@ -101,6 +112,8 @@ def main() -> None:
     print(f"Runner.call, one at once  median {cold_ms:7.1f} ms   {cold_ms / bare_ms:5.2f}x bare")
     print(f"{args.calls} calls at concurrency {args.concurrency}: {correct} correct, "
           f"p50 {p50:.0f} ms, p99 {p99:.0f} ms, {args.calls / wall:.0f} calls/s")
+    print(f"bare spawns at concurrency {args.concurrency}: {ceiling:.0f}/s; "
+          f"the runner's throughput is {args.calls / wall / ceiling:.2f}x that")
     print(f"runner process: RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB, "
           f"open descriptors {fds_before} -> {fds_after}")
     left = leftovers()
