@@ -106,9 +106,36 @@ class NetworkAllow(BaseModel):
         return tuple(parse_destination(entry) for entry in self.allow)
 
 
+# IPv6 ranges that carry an IPv4 address in their last 32 bits: the well-known NAT64 prefix
+# and the IPv4-compatible range. A gateway on the way turns them into that IPv4 address.
+_IPV4_IN_LOW_BITS = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("::/96"))
+# Local-use NAT64 (RFC 8215): where the IPv4 address sits depends on the network's own prefix.
+_LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")
+
+
 def is_public(address: IPAddress) -> bool:
-    """Globally routable unicast: not loopback, private, link-local, multicast, reserved."""
-    return address.is_global and not address.is_multicast
+    """Globally routable unicast: not loopback, private, link-local, multicast, reserved;
+    an IPv6 address that leads to an IPv4 one (NAT64, 6to4, Teredo) only when that one is
+    public too (Python counts 64:ff9b::/96 and 2002::/16 as global whatever they carry)."""
+    if not address.is_global or address.is_multicast:
+        return False
+    if isinstance(address, ipaddress.IPv6Address):
+        if address in _LOCAL_NAT64:
+            return False
+        carried = _carried_ipv4(address)
+        if carried is not None:
+            return is_public(carried)
+    return True
+
+
+def _carried_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if any(address in network for network in _IPV4_IN_LOW_BITS):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]  # the client's address, where the traffic goes
+    return None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import pytest
 from conftest import write_tool
 
 from runner.egress import EgressRefused, parse_head
-from runner.egress_rules import EgressRules, parse_destination
+from runner.egress_rules import EgressRules, is_public, parse_destination
 from runner.manifest import ManifestError, load_tool
 
 
@@ -106,3 +106,22 @@ def test_a_manifest_with_a_bad_allow_entry_is_invalid(tmp_path: Path) -> None:
     folder = write_tool(tmp_path, "fetch", "", network={"allow": ["no-port.example"]})
     with pytest.raises(ManifestError, match="network"):
         load_tool(folder)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "64:ff9b::7f00:1",  # NAT64 of 127.0.0.1
+        "64:ff9b::a00:5",  # NAT64 of 10.0.0.5
+        "64:ff9b:1::1",  # local-use NAT64
+        "2002:7f00:1::1",  # 6to4 of 127.0.0.1
+        "2002:c0a8:101::1",  # 6to4 of 192.168.1.1
+    ],
+)
+def test_an_ipv6_address_that_leads_to_a_private_ipv4_one_is_not_public(text: str) -> None:
+    assert not is_public(ipaddress.ip_address(text))
+
+
+def test_an_ipv6_address_that_leads_to_a_public_ipv4_one_is_public() -> None:
+    assert is_public(ipaddress.ip_address("64:ff9b::808:808"))  # NAT64 of 8.8.8.8
+    assert is_public(ipaddress.ip_address("2606:4700:4700::1111"))
