@@ -67,7 +67,7 @@ def _read_int(path: Path, default: int = 0) -> int:
 
 
 class CallCgroup:
-    """The cgroup(s) of one attempt. ``procs_files`` are what the launcher joins."""
+    """The cgroup(s) of one attempt. ``join_files`` are what the launcher joins."""
 
     def __init__(self, version: int, dirs: list[Path]) -> None:
         self.version = version
@@ -76,6 +76,19 @@ class CallCgroup:
     @property
     def procs_files(self) -> list[Path]:
         return [d / "cgroup.procs" for d in self.dirs]
+
+    @property
+    def join_files(self) -> list[Path]:
+        """Where the launcher writes ``0`` (itself) to join.
+
+        On v1, ``tasks``: moving the writing thread itself is the one migration the
+        kernel does without taking the global threadgroup lock, whose write side waits
+        for an RCU grace period (measured: ~10 ms a call here). The launcher is a
+        single-threaded shell, so its one thread is the whole process, and everything it
+        starts afterwards is born inside. v2 has no such file for a domain cgroup.
+        """
+        name = "tasks" if self.version == 1 else "cgroup.procs"
+        return [d / name for d in self.dirs]
 
     def cpu_seconds(self) -> float:
         """CPU time used by every process of the attempt so far."""

@@ -3,8 +3,9 @@
 Setting limits from Python (``preexec_fn``) would disable vfork and cost ~20 ms per spawn
 from a large parent, so the child sets them itself. In order, as the runner's user:
 
-1. join the attempt's cgroups, then make sure the runner is still alive (see
-   ``sandboxes._watchdog``), and set the CPU rlimit (inherited by everything after);
+1. join the attempt's cgroups (by its own thread: ``CallCgroup.join_files``), then make
+   sure the runner is still alive (see ``sandboxes._watchdog``), and set the CPU rlimit
+   (inherited by everything after);
 2. open fd 3 on the runner's "started" pipe (through ``/proc/$PPID/fd``, so no extra
    descriptor is inherited by the tool);
 3. when the runner is root, inside a private mount namespace made by ``unshare``:
@@ -30,7 +31,7 @@ from sandboxes._exec_status import EXEC_GUARD
 LAUNCH_SCRIPT = r"""
 fail() { echo "runner-launch: $1" >&2; exit 125; }
 for f in $RUNNER_CGROUPS; do
-  echo $$ > "$f" || fail "cannot join cgroup"
+  echo 0 > "$f" || fail "cannot join cgroup"
 done
 if [ -n "$RUNNER_PID" ]; then
   # Joined first, checked second: a runner that died before the join is seen here, one

@@ -540,7 +540,7 @@ class PreparedSubprocess:
         env = dict(env)
         env["RUNNER_CPU"] = str(self._limits.cpu_seconds)
         if self._cgroup is not None:
-            env["RUNNER_CGROUPS"] = " ".join(str(p) for p in self._cgroup.procs_files)
+            env["RUNNER_CGROUPS"] = " ".join(str(p) for p in self._cgroup.join_files)
         return env
 
     def _kill_now(self) -> None:
