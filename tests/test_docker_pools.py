@@ -138,9 +138,10 @@ KEEPER = """
 import sys, time
 from runner import Runner
 runner = Runner.load(tools=sys.argv[1], policies=sys.argv[2], audit_log=sys.argv[3])
-while runner._pools.counts().get("trace") != 3:
+deadline = time.monotonic() + 30
+while runner._pools.counts().get("trace") != 3 and time.monotonic() < deadline:
     time.sleep(0.02)
-print("ready", flush=True)
+print("ready" if runner._pools.counts().get("trace") == 3 else "not pooled", flush=True)
 time.sleep(120)
 """
 
