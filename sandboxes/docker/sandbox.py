@@ -13,6 +13,11 @@ cgroup is complete: on cgroup v1 its TCP buffers get their own limit, which only
 sockets created after it is set. While the container runs its cgroup is polled, so a
 limit broken by any of its processes ends the attempt with that limit's reason.
 
+A warm container (``prestart``, SPEC 11) goes as far ahead of its call as the payload
+allows: created, attached, started, its cgroup completed and its gate released, so its
+tool waits on stdin; its run writes the payload and attends as a cold one, the timeout
+counting from the payload. It serves that one call and is removed after it.
+
 SDK pitfalls handled here: the attach socket is written through its underlying socket;
 end of input is a half-close (``stdin_once`` makes Docker pass it on); stdout and stderr
 arrive multiplexed in 8-byte-header frames (no TTY); reads run under our own deadline.
@@ -567,8 +572,14 @@ class PreparedContainer:
     def _final_state(self) -> dict[str, Any]:
         """The container's state; empty when the daemon cannot tell (then the outcome is
         ``sandbox_unavailable``). Any other exception is a bug and goes up."""
-        with contextlib.suppress(*daemon_failures()):  # a wait past the grace: inspect tells
-            self._client.wait(self.container_id, timeout=math.ceil(EXIT_GRACE_S))
+        state = self._inspect_state()
+        if state.get("Running"):  # most often it has exited by the end of its output: one round trip
+            with contextlib.suppress(*daemon_failures()):  # a wait past the grace: inspect tells
+                self._client.wait(self.container_id, timeout=math.ceil(EXIT_GRACE_S))
+            state = self._inspect_state()
+        return state
+
+    def _inspect_state(self) -> dict[str, Any]:
         try:
             inspected = self._client.inspect_container(self.container_id)
         except daemon_failures():
