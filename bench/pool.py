@@ -1,7 +1,7 @@
 """Warm pools (SPEC 11): the latency of a warm ``Runner.call``, next to a bare spawn and a
 cold call measured in the same run, and the memory one warm sandbox holds.
 
-    python3 bench/pool.py [--n 200]
+    python3 bench/pool.py [--n 200] [--docker-n 50]
 
 Rows: a bare ``python3 main.py`` spawn of the shipped ``add_numbers`` (the baseline), a
 cold ``Runner.call`` (no pool) and a warm one (``tools.add_numbers.pool: 2``). Each warm
@@ -10,6 +10,11 @@ start-up after its sandbox is set up), so every timed call finds a warm sandbox 
 tool waits on its stdin: this is the latency a pool gives while it keeps up; the audit's ``warm`` field
 is counted to show that it did. Memory: RSS and USS (pages no other process shares)
 summed over the processes of one idle warm sandbox (bubblewrap, its init, the tool).
+
+Docker rows (``--docker-n 0`` skips them), with their own baseline measured in the same
+run: ``docker run --rm -i`` of an adding tool in ``runner/base:latest`` (the flags of
+``bench/docker_call.py``), and a warm docker ``Runner.call`` of the same tool
+(``pool: 2``), each call made once the pool is full again, as above.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,9 +67,9 @@ def runner(pool: int, audit: Path) -> Runner:
     return Runner.load(tools=STARTER / "tools", policies=path, audit_log=audit)
 
 
-def wait_full(r: Runner) -> None:
+def wait_full(r: Runner, tool: str = "add_numbers") -> None:
     deadline = time.monotonic() + 10
-    while r._pools.counts().get("add_numbers", 0) < POOL_SIZE:
+    while r._pools.counts().get(tool, 0) < POOL_SIZE:
         if time.monotonic() > deadline:
             raise SystemExit("the pool did not fill within 10 s")
         time.sleep(0.002)
@@ -103,6 +109,50 @@ def warm_sandbox_memory() -> tuple[float, float]:
     return rss / len(groups) / 2**20, uss / len(groups) / 2**20
 
 
+DOCKER_CODE = "import json, sys\np = json.load(sys.stdin)['params']\njson.dump(p['a'] + p['b'], sys.stdout)\n"
+
+
+def docker_rows(n: int) -> tuple[list[float], list[float], int]:
+    """``docker run --rm -i`` and a warm docker ``Runner.call`` of the same tool, with the
+    number of calls the audit says were warm."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tool = Path(tmp) / "tools" / "dadd"
+        tool.mkdir(parents=True)
+        (tool / "main.py").write_text(DOCKER_CODE)
+        (tool / "tool.yaml").write_text(
+            "name: dadd\ndescription: add in docker\ncommand: [python3, main.py]\n"
+            "sandbox: docker\nimage: runner/base:latest\nparameters: {type: object}\n"
+        )
+        policy = Path(tmp) / "policies.yaml"
+        policy.write_text(
+            "version: 1\ndefault_role: u\nwhitelist: ['*']\nroles: {u: {allow: ['*']}}\n"
+            f"tools: {{dadd: {{pool: {POOL_SIZE}}}}}\n"
+        )
+        cli = [
+            "docker", "run", "--rm", "-i", "--network", "none", "--read-only", "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges", "--user", "65534:65534", "--init",
+            "--tmpfs", "/tmp:size=64m", "--memory", "256m", "--memory-swap", "256m", "--pids-limit", "64",
+            "-v", f"{tool}:/tool:ro", "-w", "/tool", "runner/base:latest", "python3", "main.py",
+        ]  # fmt: skip
+
+        def docker_run() -> None:
+            done = subprocess.run(cli, check=False, input=PAYLOAD, capture_output=True)
+            if done.stdout.strip() != b"3":
+                raise SystemExit(f"docker run failed: {done.stderr.decode(errors='replace')[-300:]}")
+
+        def warm_call(r: Runner) -> None:
+            result = r.call("dadd", PARAMS, retries=0)
+            if not result.success:
+                raise SystemExit(f"docker call failed: {result.error}")
+
+        run_ms = sample(docker_run, n)
+        audit = Path(tmp) / "audit.log"
+        with Runner.load(tools=Path(tmp) / "tools", policies=policy, audit_log=audit) as warm_runner:
+            warm_ms = sample(lambda: warm_call(warm_runner), n, lambda: wait_full(warm_runner, "dadd"))
+        attempts = [json.loads(line) for line in audit.read_text().splitlines() if '"call.attempt"' in line]
+        return run_ms, warm_ms, sum(1 for a in attempts if a.get("warm"))
+
+
 def row(name: str, samples: list[float], base: float) -> None:
     ordered = sorted(samples)
     p50 = statistics.median(ordered)
@@ -113,7 +163,9 @@ def row(name: str, samples: list[float], base: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=200)
-    n = parser.parse_args().n
+    parser.add_argument("--docker-n", type=int, default=50)
+    args = parser.parse_args()
+    n = args.n
     audit = STARTER / "audit.log"
     bare_ms = sample(bare, n)
     with runner(0, Path(os.devnull)) as cold_runner:
@@ -132,6 +184,13 @@ def main() -> None:
     row("Runner.call warm", warm_ms, base)
     print(f"warm calls: {warm_count} of {len(attempts)} (warm-up included)")
     print(f"one idle warm sandbox: RSS {rss:.1f} MiB, USS {uss:.1f} MiB")
+    if args.docker_n > 0:
+        run_ms, docker_warm_ms, docker_warm = docker_rows(args.docker_n)
+        docker_base = statistics.median(run_ms)
+        print(f"{'docker':<24}{'p50 ms':>9}{'p99 ms':>9}{'p50 x run':>12}")
+        row("docker run --rm -i", run_ms, docker_base)
+        row("Runner.call warm docker", docker_warm_ms, docker_base)
+        print(f"warm docker calls: {docker_warm} of {args.docker_n + 1} (warm-up included)")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,11 @@ cgroup is complete: on cgroup v1 its TCP buffers get their own limit, which only
 sockets created after it is set. While the container runs its cgroup is polled, so a
 limit broken by any of its processes ends the attempt with that limit's reason.
 
+A warm container (``prestart``, SPEC 11) goes as far ahead of its call as the payload
+allows: created, attached, started, its cgroup completed and its gate released, so its
+tool waits on stdin; its run writes the payload and attends as a cold one, the timeout
+counting from the payload. It serves that one call and is removed after it.
+
 SDK pitfalls handled here: the attach socket is written through its underlying socket;
 end of input is a half-close (``stdin_once`` makes Docker pass it on); stdout and stderr
 arrive multiplexed in 8-byte-header frames (no TTY); reads run under our own deadline.
@@ -166,6 +171,38 @@ class DockerSandbox:
         return client
 
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedContainer:
+        # Daemon calls and files: blocking work, done in a thread. A caller cancelled
+        # meanwhile does not stop the thread, so what it made is closed before re-raising.
+        work = asyncio.ensure_future(asyncio.to_thread(self._prepare, spec, limits))
+        try:
+            prepared = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            with contextlib.suppress(SandboxUnavailable):
+                await (await work).close()
+            raise
+        prepared.egress = spec.egress
+        return prepared
+
+    def prestart(self, spec: LaunchSpec, limits: Limits) -> PreparedContainer:
+        """A container already started, its cgroup complete and its tool released from the
+        gate, waiting on stdin for its payload (blocking: the pool's thread).
+
+        Raises:
+            SandboxUnavailable: as ``prepare``; also for an egress endpoint, which exists
+                only for its own call.
+        """
+        if spec.egress is not None:
+            raise SandboxUnavailable("a sandbox with an egress proxy is made for its call only")
+        prepared = self._prepare(spec, limits)
+        try:
+            prepared.start_waiting()
+        except BaseException:
+            prepared.discard()
+            raise
+        return prepared
+
+    def _prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedContainer:
+        """A created container, not yet started (blocking)."""
         if not spec.image:
             raise SandboxUnavailable("the docker sandbox needs an image")
         gate_input = gate_release(spec.secrets)  # before any container exists: it may refuse
@@ -180,24 +217,21 @@ class DockerSandbox:
         problem = egress_problem(spec, spec.runtime or self.config.runtime)
         if problem is not None:
             raise SandboxUnavailable(problem)
-        client = await asyncio.to_thread(self.client)
-        cgroup_v1 = await asyncio.to_thread(self._daemon_cgroup_v1, client)
+        client = self.client()
+        cgroup_v1 = self._daemon_cgroup_v1(client)
         lease = lease_identity()
         workspace = None
         try:
             name = f"{os.getpid()}-docker-{next(self._sequence)}"
-            workspace = await asyncio.to_thread(GrantedWorkspace.open, spec, limits.disk_mb, name)
-            container_id = await asyncio.to_thread(
-                _create, client, spec, limits, lease, workspace, self.config.runtime
-            )
+            workspace = GrantedWorkspace.open(spec, limits.disk_mb, name)
+            container_id = _create(client, spec, limits, lease, workspace, self.config.runtime)
         except BaseException:
             if workspace is not None:
-                await asyncio.to_thread(workspace.release)
+                workspace.release()
             lease.release()
             raise
         prepared = PreparedContainer(client, container_id, limits, cgroup_v1=cgroup_v1, release=gate_input)
         prepared.hold(lease, workspace)
-        prepared.egress = spec.egress
         return prepared
 
     def _daemon_cgroup_v1(self, client: APIClient) -> bool:
@@ -329,38 +363,84 @@ class PreparedContainer:
         self._pids_refused = 0
         self._oom_killed = False
         self.egress: EgressEndpoint | None = None
+        self._waiting: _Attached | None = None  # started ahead of its call
 
     async def run(self, payload: bytes) -> SandboxOutcome:
         started = time.monotonic()
-        token = new_token()
-        client, cid = self._client, self.container_id
-        with daemon_call("attach to the container"):
-            sock = await asyncio.to_thread(
-                client.attach_socket, cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-            )
-        raw: socket.socket = getattr(sock, "_sock", sock)  # SocketIO is read-only as returned
         stdout, stderr = CappedBuffer(self._limits.max_output_bytes), TailBuffer(STDERR_TAIL_BYTES)
+        attached, self._waiting = self._waiting, None
         try:
-            with daemon_call("start the container"):
-                await asyncio.to_thread(client.start, cid)
-            cgroup = await asyncio.to_thread(self._complete_cgroup)
-            await self._attach_egress()
-            release = token_line(token) + self._release
-            reason = await self._attend(raw, release + payload, stdout, stderr, cgroup)
+            if attached is None:
+                attached = await self._start()
+            # The timeout counts from here (``_attend``): for a warm container, the
+            # moment of the payload, whenever it was started.
+            data, attached.unsent = attached.unsent + payload, b""
+            reason = await self._attend(attached.raw, data, stdout, stderr, attached.cgroup)
         except OSError as exc:
             await asyncio.to_thread(self._kill)
             message = f"lost the connection to the Docker daemon: {type(exc).__name__}"
             raise SandboxUnavailable(message) from exc
         finally:
-            with contextlib.suppress(OSError):
-                raw.close()
-            with contextlib.suppress(OSError):
-                sock.close()
+            if attached is not None:
+                attached.close()
         if reason is not None:
             await asyncio.to_thread(self._kill)
         state = await asyncio.to_thread(self._final_state)
-        outcome = _outcome(state, reason, stdout, stderr, token, (time.monotonic() - started) * 1000)
+        outcome = _outcome(state, reason, stdout, stderr, attached.token, (time.monotonic() - started) * 1000)
         return self._blame_limits(outcome)
+
+    async def _start(self) -> _Attached:
+        """Attach, start, complete the cgroup and put the egress proxy in place; the tool
+        is still held by the gate, its release left for ``run`` to write."""
+        with daemon_call("attach to the container"):
+            sock = await asyncio.to_thread(self._attach_socket)
+        attached = _Attached(sock, new_token())
+        try:
+            with daemon_call("start the container"):
+                await asyncio.to_thread(self._client.start, self.container_id)
+            attached.cgroup = await asyncio.to_thread(self._complete_cgroup)
+            await self._attach_egress()
+        except BaseException:
+            attached.close()
+            raise
+        attached.unsent = token_line(attached.token) + self._release
+        return attached
+
+    # -- started ahead of the call (SPEC 11) --------------------------------------------
+
+    def start_waiting(self) -> None:
+        """Start the container now and release its tool from the gate, so that it waits
+        on stdin for the payload ``run`` writes (blocking: the pool's thread). The cgroup
+        is complete before the release, as for a cold run; the exec guard's token is this
+        container's own, and the container serves one call only.
+
+        Raises:
+            SandboxUnavailable: the daemon failed, or the cgroup could not be completed.
+        """
+        with daemon_call("attach to the container"):
+            sock = self._attach_socket()
+        attached = _Attached(sock, new_token())
+        try:
+            with daemon_call("start the container"):
+                self._client.start(self.container_id)
+            attached.cgroup = self._complete_cgroup()
+            with daemon_call("release the started container"):
+                attached.raw.sendall(token_line(attached.token) + self._release)
+        except BaseException:
+            attached.close()
+            raise
+        self._waiting = attached
+
+    def set_timeout(self, timeout_ms: int) -> None:
+        self._limits = dataclasses.replace(self._limits, timeout_ms=timeout_ms)
+
+    def discard(self) -> None:
+        self._teardown()
+
+    def _attach_socket(self) -> Any:
+        """The container's stdin, stdout and stderr as one socket (blocking)."""
+        params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+        return self._client.attach_socket(self.container_id, params=params)
 
     async def _attach_egress(self) -> None:
         """Put the call's egress proxy on the container's loopback; the tool is still gated."""
@@ -492,8 +572,14 @@ class PreparedContainer:
     def _final_state(self) -> dict[str, Any]:
         """The container's state; empty when the daemon cannot tell (then the outcome is
         ``sandbox_unavailable``). Any other exception is a bug and goes up."""
-        with contextlib.suppress(*daemon_failures()):  # a wait past the grace: inspect tells
-            self._client.wait(self.container_id, timeout=math.ceil(EXIT_GRACE_S))
+        state = self._inspect_state()
+        if state.get("Running"):  # most often it has exited by the end of its output: one round trip
+            with contextlib.suppress(*daemon_failures()):  # a wait past the grace: inspect tells
+                self._client.wait(self.container_id, timeout=math.ceil(EXIT_GRACE_S))
+            state = self._inspect_state()
+        return state
+
+    def _inspect_state(self) -> dict[str, Any]:
         try:
             inspected = self._client.inspect_container(self.container_id)
         except daemon_failures():
@@ -506,20 +592,44 @@ class PreparedContainer:
         self._workspace = workspace
 
     async def close(self) -> None:
+        await asyncio.to_thread(self._teardown)
+
+    def _teardown(self) -> None:
+        """Remove the container, then give back what it held (blocking). Safe to call twice."""
         if self._closed:
             return
         self._closed = True
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            waiting.close()
         try:
-            await asyncio.to_thread(_remove, self._client, self.container_id)
+            _remove(self._client, self.container_id)
         finally:
             try:
                 workspace, self._workspace = self._workspace, None
                 if workspace is not None:
-                    await asyncio.to_thread(workspace.release)  # applies staged writes
+                    workspace.release()  # applies staged writes
             finally:
                 if self._lease is not None:
                     self._lease.release()  # the container, and every process of that uid, is gone
                     self._lease = None
+
+
+class _Attached:
+    """A started container's attach socket, with what its run needs besides."""
+
+    def __init__(self, sock: Any, token: str) -> None:
+        self.sock = sock
+        self.raw: socket.socket = getattr(sock, "_sock", sock)  # SocketIO is read-only as returned
+        self.token = token
+        self.cgroup: ContainerCgroup | None = None
+        self.unsent = b""  # the gate's release, when not written yet
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.raw.close()
+        with contextlib.suppress(OSError):
+            self.sock.close()
 
 
 def _remove(client: APIClient, container_id: str) -> None:
