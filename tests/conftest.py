@@ -47,6 +47,48 @@ BASE_POLICY: dict[str, Any] = {
 }
 
 
+# A pooled tool for the single-use tests (SPEC 11) of both backends: everything a previous
+# call could have left (a marker and a file of its own in /tmp, a child that stays alive),
+# and what this call sees, as its answer (its hostname is its container's id in docker).
+TRACING_TOOL = """
+import json, os, socket, sys, time
+request = json.load(sys.stdin)
+n = request["params"].get("n", 0)
+tmp_before = sorted(os.listdir("/tmp"))
+pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+secret = os.urandom(8).hex()
+with open(f"/tmp/secret-{n}", "w") as f:
+    f.write(secret)
+with open(f"/tmp/secret-{n}") as f:
+    read_back = f.read()
+open(f"/tmp/marker-{n}", "w").close()
+if os.fork() == 0:
+    os.setsid()
+    time.sleep(60)
+    os._exit(0)
+time.sleep(request["params"].get("sleep", 0))
+print(json.dumps({
+    "tmp_before": tmp_before,
+    "pids": pids,
+    "me": os.getpid(),
+    "host": socket.gethostname(),
+    "own_file_ok": read_back == secret,
+    "pidns": os.readlink("/proc/self/ns/pid"),
+    "cgroupns": os.readlink("/proc/self/ns/cgroup"),
+    "env": sorted(os.environ),
+    "context": request["context"],
+}))
+"""
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll ``condition`` until it holds; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
 def write_tool(root: Path, name: str, code: str, **manifest: Any) -> Path:
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)

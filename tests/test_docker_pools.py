@@ -14,11 +14,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import ToolBench
+from conftest import TRACING_TOOL, ToolBench, wait_for
 from docker import APIClient
 
 from runner import Runner
@@ -26,35 +25,8 @@ from sandboxes.docker._client import LABEL_OWNER
 
 pytestmark = pytest.mark.docker
 
-# Everything a previous call could have left: a marker in /tmp, a child that stays alive;
-# what this call sees is its answer, with the container it ran in (its hostname).
-TRACING_TOOL = """
-import json, os, socket, sys, time
-request = json.load(sys.stdin)
-n = request["params"].get("n", 0)
-tmp_before = sorted(os.listdir("/tmp"))
-pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
-open(f"/tmp/marker-{n}", "w").close()
-if os.fork() == 0:
-    os.setsid()
-    time.sleep(60)
-    os._exit(0)
-time.sleep(request["params"].get("sleep", 0))
-print(json.dumps({
-    "tmp_before": tmp_before,
-    "pids": pids,
-    "me": os.getpid(),
-    "host": socket.gethostname(),
-    "env": sorted(os.environ),
-}))
-"""
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
+# Starting containers is slower than spawning processes: the pool gets longer to fill.
+CONTAINERS_READY_S = 20.0
 
 
 def _containers(client: APIClient, owner: int, running_only: bool = False) -> set[str]:
@@ -85,7 +57,7 @@ def test_twenty_pooled_calls_each_get_a_fresh_container_and_see_none_of_the_othe
     hosts: list[str] = []
     with pooled.runner() as runner:
         for n in range(20):
-            _wait_for(lambda: _idle(runner) == 2)
+            wait_for(lambda: _idle(runner) == 2, CONTAINERS_READY_S)
             answer = runner.handle({"toolName": "trace", "params": {"n": n}})
             assert answer["success"], answer
             seen = answer["result"]
@@ -101,7 +73,7 @@ def test_twenty_pooled_calls_each_get_a_fresh_container_and_see_none_of_the_othe
 
 def test_closing_the_runner_leaves_no_container(pooled: ToolBench, docker_client: APIClient) -> None:
     runner = pooled.runner()
-    _wait_for(lambda: _idle(runner) == 2)
+    wait_for(lambda: _idle(runner) == 2, CONTAINERS_READY_S)
     assert len(_containers(docker_client, os.getpid(), running_only=True)) == 2
     runner.close()
     assert _containers(docker_client, os.getpid()) == set()
@@ -109,7 +81,7 @@ def test_closing_the_runner_leaves_no_container(pooled: ToolBench, docker_client
 
 def test_the_timeout_counts_from_the_payload_not_from_the_start(pooled: ToolBench) -> None:
     with pooled.runner() as runner:
-        _wait_for(lambda: _idle(runner) == 2)
+        wait_for(lambda: _idle(runner) == 2, CONTAINERS_READY_S)
         time.sleep(1.0)  # idle far longer than the call's timeout
         answer = runner.handle({"toolName": "trace", "params": {"sleep": 0.1}, "options": {"timeout": 800}})
     assert answer["success"], answer
@@ -120,14 +92,14 @@ def test_a_warm_call_that_times_out_kills_only_its_own_container(
     pooled: ToolBench, docker_client: APIClient
 ) -> None:
     with pooled.runner() as runner:
-        _wait_for(lambda: _idle(runner) == 2)
+        wait_for(lambda: _idle(runner) == 2, CONTAINERS_READY_S)
         before = _containers(docker_client, os.getpid(), running_only=True)
         assert len(before) == 2
         answer = runner.handle({"toolName": "trace", "params": {"sleep": 30}, "options": {"timeout": 500}})
         assert answer["error"]["code"] == "TIMEOUT", answer
         survivors = before & _containers(docker_client, os.getpid(), running_only=True)
         assert len(survivors) == 1  # the other warm container, untouched and still running
-        _wait_for(lambda: _idle(runner) == 2)
+        wait_for(lambda: _idle(runner) == 2, CONTAINERS_READY_S)
         (survivor,) = survivors
         assert survivor in _containers(docker_client, os.getpid(), running_only=True)
         assert runner.handle({"toolName": "trace"})["success"]
@@ -163,4 +135,4 @@ def test_sigkill_of_a_runner_holding_a_pool_leaves_no_container(
         if holder.stdout is not None:
             holder.stdout.close()
     # The holder's watchdog removes every container labelled with its pid.
-    _wait_for(lambda: _containers(docker_client, holder.pid) == set(), 10.0)
+    wait_for(lambda: _containers(docker_client, holder.pid) == set(), 10.0)

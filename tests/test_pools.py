@@ -15,12 +15,12 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ToolBench
+from conftest import TRACING_TOOL, ToolBench, wait_for
 
 from runner import Runner
 from runner.policy import Policy
@@ -30,38 +30,6 @@ from sandboxes.testing import processes_with_env
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the hardened sandbox runs as root here")
 
-# Everything a previous call could have left: a marker in /tmp, a child that stays alive,
-# a file of its own; what this call sees is its answer.
-TRACING_TOOL = """
-import json, os, sys, time
-request = json.load(sys.stdin)
-n = request["params"].get("n", 0)
-tmp_before = sorted(os.listdir("/tmp"))
-pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
-secret = os.urandom(8).hex()
-with open(f"/tmp/secret-{n}", "w") as f:
-    f.write(secret)
-with open(f"/tmp/secret-{n}") as f:
-    read_back = f.read()
-open(f"/tmp/marker-{n}", "w").close()
-if os.fork() == 0:
-    os.setsid()
-    time.sleep(60)
-    os._exit(0)
-time.sleep(request["params"].get("sleep", 0))
-print(json.dumps({
-    "tmp_before": tmp_before,
-    "pids": pids,
-    "me": os.getpid(),
-    "own_file_ok": read_back == secret,
-    "pidns": os.readlink("/proc/self/ns/pid"),
-    "cgroupns": os.readlink("/proc/self/ns/cgroup"),
-    "env": sorted(os.environ),
-    "context": request["context"],
-}))
-"""
-
-
 def _marker() -> tuple[str, str]:
     value = uuid.uuid4().hex
     return "POOL_MARK", value
@@ -70,12 +38,6 @@ def _marker() -> tuple[str, str]:
 def _warm_pids(mark: str) -> list[int]:
     return processes_with_env(f"POOL_MARK={mark}")
 
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def _idle(runner: Runner) -> dict[str, int]:
@@ -115,7 +77,7 @@ def pooled(bench: ToolBench) -> Iterator[tuple[ToolBench, str]]:
     bench.tool("trace", TRACING_TOOL, env={name: mark})
     bench.policy["tools"] = {"trace": {"pool": 2}}
     yield bench, mark
-    _wait_for(lambda: _warm_pids(mark) == [], 5.0)
+    wait_for(lambda: _warm_pids(mark) == [], 5.0)
 
 
 def test_fifty_pooled_calls_each_see_a_fresh_sandbox_and_none_of_the_others(
@@ -129,7 +91,7 @@ def test_fifty_pooled_calls_each_see_a_fresh_sandbox_and_none_of_the_others(
     host_cgroups: dict[str, int] = {}  # each host cgroup seen, with the one process it held
     with bench.runner() as runner:
         for n in range(50):
-            _wait_for(lambda: _idle(runner)["trace"] == 2 and len(_warm_pids(mark)) == 2)
+            wait_for(lambda: _idle(runner)["trace"] == 2 and len(_warm_pids(mark)) == 2)
             waiting = set(_warm_pids(mark))
             for pid in waiting:
                 cgroup = _host_cgroup(pid)
@@ -155,7 +117,7 @@ def test_a_warm_call_gets_its_request_id_in_the_context_not_the_environment(
 ) -> None:
     bench, _ = pooled
     with bench.runner() as runner:
-        _wait_for(lambda: _idle(runner)["trace"] == 2)
+        wait_for(lambda: _idle(runner)["trace"] == 2)
         answer = runner.handle({"toolName": "trace", "requestId": "req-warm-1", "params": {}})
     assert answer["success"], answer
     assert answer["result"]["context"] == {"requestId": "req-warm-1", "toolName": "trace", "attempt": 1}
@@ -168,10 +130,10 @@ def test_a_warm_call_gets_its_request_id_in_the_context_not_the_environment(
 def test_the_pool_refills_after_each_call(pooled: tuple[ToolBench, str]) -> None:
     bench, mark = pooled
     with bench.runner() as runner:
-        _wait_for(lambda: _idle(runner)["trace"] == 2 and len(_warm_pids(mark)) == 2)
+        wait_for(lambda: _idle(runner)["trace"] == 2 and len(_warm_pids(mark)) == 2)
         before = set(_warm_pids(mark))
         assert runner.handle({"toolName": "trace"})["success"]
-        _wait_for(lambda: _idle(runner)["trace"] == 2 and len(_warm_pids(mark)) == 2)
+        wait_for(lambda: _idle(runner)["trace"] == 2 and len(_warm_pids(mark)) == 2)
         after = set(_warm_pids(mark))
     assert len(after) == 2
     assert len(before & after) == 1  # one taken and destroyed, one new
@@ -181,9 +143,9 @@ def test_a_sandbox_idle_past_max_idle_ms_is_replaced(pooled: tuple[ToolBench, st
     bench, mark = pooled
     bench.policy["pool"] = {"max_idle_ms": 300}
     with bench.runner() as runner:
-        _wait_for(lambda: len(_warm_pids(mark)) == 2)
+        wait_for(lambda: len(_warm_pids(mark)) == 2)
         first = set(_warm_pids(mark))
-        _wait_for(lambda: not first & set(_warm_pids(mark)) and len(_warm_pids(mark)) == 2)
+        wait_for(lambda: not first & set(_warm_pids(mark)) and len(_warm_pids(mark)) == 2)
         assert _idle(runner)["trace"] == 2
 
 
@@ -193,18 +155,18 @@ def test_max_total_bounds_warm_sandboxes_over_all_tools(bench: ToolBench) -> Non
         bench.tool(tool, TRACING_TOOL, env={name: mark})
     bench.policy["pool"] = {"size": 3, "max_total": 4}
     with bench.runner() as runner:
-        _wait_for(lambda: sum(_idle(runner).values()) == 4)
+        wait_for(lambda: sum(_idle(runner).values()) == 4)
         time.sleep(0.5)  # the keeper had time to overshoot, were it to
         assert sum(_idle(runner).values()) == 4
         assert len(_warm_pids(mark)) == 4
         assert min(_idle(runner).values()) >= 1  # shared out, not one tool first
-    _wait_for(lambda: _warm_pids(mark) == [], 5.0)
+    wait_for(lambda: _warm_pids(mark) == [], 5.0)
 
 
 def test_closing_the_runner_leaves_no_warm_sandbox(pooled: tuple[ToolBench, str]) -> None:
     bench, mark = pooled
     runner = bench.runner()
-    _wait_for(lambda: _idle(runner)["trace"] == 2)
+    wait_for(lambda: _idle(runner)["trace"] == 2)
     assert _our_cgroups(os.getpid()) != []
     runner.close()
     assert _warm_pids(mark) == []
@@ -215,14 +177,14 @@ def test_closing_the_runner_leaves_no_warm_sandbox(pooled: tuple[ToolBench, str]
 def test_a_policy_change_drains_the_pools(pooled: tuple[ToolBench, str]) -> None:
     bench, mark = pooled
     with bench.runner() as runner:
-        _wait_for(lambda: len(_warm_pids(mark)) == 2)
+        wait_for(lambda: len(_warm_pids(mark)) == 2)
         bench.policy["tools"] = {"trace": {"pool": 0}}
         policy_path = bench.root / "policies.yaml"
         policy_path.write_text(json.dumps(bench.policy))
         runner.policy = Policy.load(policy_path)
         answer = runner.handle({"toolName": "trace"})
         assert answer["success"], answer
-        _wait_for(lambda: _warm_pids(mark) == [], 5.0)
+        wait_for(lambda: _warm_pids(mark) == [], 5.0)
     assert [event["warm"] for event in _attempts(bench)] == [False]
 
 
@@ -248,22 +210,22 @@ def test_sigkill_of_a_runner_holding_a_pool_leaves_no_process_cgroup_or_scratch(
     try:
         assert holder.stdout is not None
         assert holder.stdout.readline() == "ready\n"
-        _wait_for(lambda: len(_warm_pids(mark)) == 3)
+        wait_for(lambda: len(_warm_pids(mark)) == 3)
         assert len(_our_cgroups(holder.pid)) >= 3
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
         if holder.stdout is not None:
             holder.stdout.close()
-    _wait_for(lambda: _warm_pids(mark) == [], 5.0)
-    _wait_for(lambda: _our_cgroups(holder.pid) == [], 5.0)  # the holder's watchdog sweeps them
+    wait_for(lambda: _warm_pids(mark) == [], 5.0)
+    wait_for(lambda: _our_cgroups(holder.pid) == [], 5.0)  # the holder's watchdog sweeps them
     assert _our_scratch(holder.pid) == []
 
 
 def test_the_timeout_counts_from_the_payload_not_from_the_start(pooled: tuple[ToolBench, str]) -> None:
     bench, _ = pooled
     with bench.runner() as runner:
-        _wait_for(lambda: _idle(runner)["trace"] == 2)
+        wait_for(lambda: _idle(runner)["trace"] == 2)
         time.sleep(0.8)  # idle far longer than the call's timeout
         answer = runner.handle({"toolName": "trace", "params": {"sleep": 0.1}, "options": {"timeout": 500}})
     assert answer["success"], answer
@@ -274,11 +236,11 @@ def test_a_warm_call_that_times_out_kills_only_its_own_sandbox(pooled: tuple[Too
     bench, mark = pooled
     bench.policy["pool"] = {"max_idle_ms": 600000}
     with bench.runner() as runner:
-        _wait_for(lambda: _idle(runner)["trace"] == 2 and len(_warm_pids(mark)) == 2)
+        wait_for(lambda: _idle(runner)["trace"] == 2 and len(_warm_pids(mark)) == 2)
         before = set(_warm_pids(mark))
         answer = runner.handle({"toolName": "trace", "params": {"sleep": 5}, "options": {"timeout": 300}})
         assert answer["error"]["code"] == "TIMEOUT"
         survivors = before & set(_warm_pids(mark))
         assert len(survivors) == 1  # the other warm sandbox, untouched
-        _wait_for(lambda: _idle(runner)["trace"] == 2)
+        wait_for(lambda: _idle(runner)["trace"] == 2)
         assert runner.handle({"toolName": "trace"})["success"]

@@ -46,6 +46,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from sandboxes._ahead import start_ahead
 from sandboxes._config import read_config
 from sandboxes._exec_status import EXEC_GUARD, exec_failure, new_token, token_line
 from sandboxes._identity import IdentityLease, lease_identity
@@ -185,21 +186,8 @@ class DockerSandbox:
 
     def prestart(self, spec: LaunchSpec, limits: Limits) -> PreparedContainer:
         """A container already started, its cgroup complete and its tool released from the
-        gate, waiting on stdin for its payload (blocking: the pool's thread).
-
-        Raises:
-            SandboxUnavailable: as ``prepare``; also for an egress endpoint, which exists
-                only for its own call.
-        """
-        if spec.egress is not None:
-            raise SandboxUnavailable("a sandbox with an egress proxy is made for its call only")
-        prepared = self._prepare(spec, limits)
-        try:
-            prepared.start_waiting()
-        except BaseException:
-            prepared.discard()
-            raise
-        return prepared
+        gate, waiting on stdin for its payload (blocking: the pool's thread)."""
+        return start_ahead(spec, lambda: self._prepare(spec, limits))
 
     def _prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedContainer:
         """A created container, not yet started (blocking)."""

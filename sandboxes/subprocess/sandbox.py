@@ -34,6 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from sandboxes._ahead import start_ahead
 from sandboxes._config import read_config
 from sandboxes._exec_status import exec_failure, new_token, token_line
 from sandboxes._identity import IdentityLease, lease_identity
@@ -204,21 +205,8 @@ class SubprocessSandbox:
         return prepared
 
     def prestart(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
-        """A sandbox whose tool is already started and waits for its payload (blocking).
-
-        Raises:
-            SandboxUnavailable: as ``prepare``; also for an egress endpoint, which exists
-                only for its own call.
-        """
-        if spec.egress is not None:
-            raise SandboxUnavailable("a sandbox with an egress proxy is made for its call only")
-        prepared = self._prepare(spec, limits)
-        try:
-            prepared.start_waiting()
-        except BaseException:
-            prepared.discard()
-            raise
-        return prepared
+        """A sandbox whose tool is already started and waits for its payload (blocking)."""
+        return start_ahead(spec, lambda: self._prepare(spec, limits))
 
     def _prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
         self.set_up()
