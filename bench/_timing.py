@@ -4,6 +4,7 @@ print medians against a baseline row."""
 from __future__ import annotations
 
 import atexit
+import json
 import shutil
 import statistics
 import tempfile
@@ -21,6 +22,45 @@ def starter_folder() -> Path:
     write_starter(folder)
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return folder
+
+
+PYTHON = "/usr/bin/python3"  # the interpreter the sandboxes run
+ADD_PARAMS = {"a": 1, "b": 2}
+ADD_PAYLOAD = json.dumps(
+    {"params": ADD_PARAMS, "context": {"requestId": "bench", "toolName": "add_numbers", "attempt": 1}}
+).encode()
+DOCKER_ADD_CODE = (
+    "import json, sys\np = json.load(sys.stdin)['params']\njson.dump(p['a'] + p['b'], sys.stdout)\n"
+)
+
+
+def docker_add_folder(root: Path, tools_policy: str = "{}") -> tuple[Path, Path]:
+    """A docker tool ``dadd`` (adds ``a`` and ``b``) in ``root/tools`` and a policy letting
+    anyone call it, with ``tools_policy`` as its ``tools:``: the tools folder and the policy."""
+    tool = root / "tools" / "dadd"
+    tool.mkdir(parents=True)
+    (tool / "main.py").write_text(DOCKER_ADD_CODE)
+    (tool / "tool.yaml").write_text(
+        "name: dadd\ndescription: add in docker\ncommand: [python3, main.py]\n"
+        "sandbox: docker\nimage: runner/base:latest\nparameters: {type: object}\n"
+    )
+    policy = root / "policies.yaml"
+    policy.write_text(
+        "version: 1\ndefault_role: u\nwhitelist: ['*']\nroles: {u: {allow: ['*']}}\n"
+        f"tools: {tools_policy}\n"
+    )
+    return root / "tools", policy
+
+
+def docker_run_argv(tool: Path) -> list[str]:
+    """``docker run --rm -i`` of ``tool`` with the flags the runner's containers get: the
+    baseline of the docker benchmarks."""
+    return [
+        "docker", "run", "--rm", "-i", "--network", "none", "--read-only", "--cap-drop", "ALL",
+        "--security-opt", "no-new-privileges", "--user", "65534:65534", "--init",
+        "--tmpfs", "/tmp:size=64m", "--memory", "256m", "--memory-swap", "256m", "--pids-limit", "64",
+        "-v", f"{tool}:/tool:ro", "-w", "/tool", "runner/base:latest", "python3", "main.py",
+    ]  # fmt: skip
 
 
 def bare_env() -> dict[str, str]:

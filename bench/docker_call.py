@@ -20,11 +20,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _timing import print_table, timed  # noqa: E402
+from _timing import docker_add_folder, docker_run_argv, print_table, timed  # noqa: E402
 
 from runner import Runner  # noqa: E402
 
-CODE = "import json, sys\np = json.load(sys.stdin)['params']\njson.dump(p['a'] + p['b'], sys.stdout)\n"
 PAYLOAD = json.dumps(
     {"params": {"a": 1, "b": 2}, "context": {"requestId": "b", "toolName": "add", "attempt": 1}}
 )
@@ -35,27 +34,15 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=15)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        tool = Path(tmp) / "tools" / "dadd"
-        tool.mkdir(parents=True)
-        (tool / "main.py").write_text(CODE)
-        (tool / "tool.yaml").write_text(
-            "name: dadd\ndescription: add in docker\ncommand: [python3, main.py]\n"
-            "sandbox: docker\nimage: runner/base:latest\nparameters: {type: object}\n"
-        )
-        policy = Path(tmp) / "policies.yaml"
-        policy.write_text("version: 1\ndefault_role: u\nwhitelist: ['*']\nroles: {u: {allow: ['*']}}\n")
-        runner = Runner.load(tools=Path(tmp) / "tools", policies=policy, audit_log=os.devnull)
+        tools, policy = docker_add_folder(Path(tmp))
+        tool = tools / "dadd"
+        runner = Runner.load(tools=tools, policies=policy, audit_log=os.devnull)
 
         def through_runner() -> None:
             result = runner.call("dadd", {"a": 1, "b": 2}, retries=0)
             assert result.success, result.error
 
-        cli = [
-            "docker", "run", "--rm", "-i", "--network", "none", "--read-only", "--cap-drop", "ALL",
-            "--security-opt", "no-new-privileges", "--user", "65534:65534", "--init",
-            "--tmpfs", "/tmp:size=64m", "--memory", "256m", "--memory-swap", "256m", "--pids-limit", "64",
-            "-v", f"{tool}:/tool:ro", "-w", "/tool", "runner/base:latest", "python3", "main.py",
-        ]  # fmt: skip
+        cli = docker_run_argv(tool)
 
         def docker_run() -> None:
             done = subprocess.run(cli, check=False, input=PAYLOAD.encode(), capture_output=True)

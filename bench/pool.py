@@ -35,18 +35,22 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _timing import bare_env, starter_folder  # noqa: E402
+from _timing import (  # noqa: E402
+    ADD_PARAMS,
+    ADD_PAYLOAD,
+    PYTHON,
+    bare_env,
+    docker_add_folder,
+    docker_run_argv,
+    starter_folder,
+)
 
 from runner import Runner  # noqa: E402
 from sandboxes.subprocess._cgroup import CgroupFactory  # noqa: E402
 
 STARTER = starter_folder()
 TOOL = STARTER / "tools" / "add_numbers"
-PARAMS = {"a": 1, "b": 2}
-PAYLOAD = json.dumps(
-    {"params": PARAMS, "context": {"requestId": "bench", "toolName": "add_numbers", "attempt": 1}}
-).encode()
-PYTHON = "/usr/bin/python3"  # the interpreter the sandbox itself runs
+PARAMS, PAYLOAD = ADD_PARAMS, ADD_PAYLOAD
 POOL_SIZE = 2
 CALL_GAP_S = 0.05
 
@@ -109,31 +113,13 @@ def warm_sandbox_memory() -> tuple[float, float]:
     return rss / len(groups) / 2**20, uss / len(groups) / 2**20
 
 
-DOCKER_CODE = "import json, sys\np = json.load(sys.stdin)['params']\njson.dump(p['a'] + p['b'], sys.stdout)\n"
-
-
 def docker_rows(n: int) -> tuple[list[float], list[float], int]:
     """``docker run --rm -i`` and a warm docker ``Runner.call`` of the same tool, with the
     number of calls the audit says were warm."""
     with tempfile.TemporaryDirectory() as tmp:
-        tool = Path(tmp) / "tools" / "dadd"
-        tool.mkdir(parents=True)
-        (tool / "main.py").write_text(DOCKER_CODE)
-        (tool / "tool.yaml").write_text(
-            "name: dadd\ndescription: add in docker\ncommand: [python3, main.py]\n"
-            "sandbox: docker\nimage: runner/base:latest\nparameters: {type: object}\n"
-        )
-        policy = Path(tmp) / "policies.yaml"
-        policy.write_text(
-            "version: 1\ndefault_role: u\nwhitelist: ['*']\nroles: {u: {allow: ['*']}}\n"
-            f"tools: {{dadd: {{pool: {POOL_SIZE}}}}}\n"
-        )
-        cli = [
-            "docker", "run", "--rm", "-i", "--network", "none", "--read-only", "--cap-drop", "ALL",
-            "--security-opt", "no-new-privileges", "--user", "65534:65534", "--init",
-            "--tmpfs", "/tmp:size=64m", "--memory", "256m", "--memory-swap", "256m", "--pids-limit", "64",
-            "-v", f"{tool}:/tool:ro", "-w", "/tool", "runner/base:latest", "python3", "main.py",
-        ]  # fmt: skip
+        tools, policy = docker_add_folder(Path(tmp), f"{{dadd: {{pool: {POOL_SIZE}}}}}")
+        tool = tools / "dadd"
+        cli = docker_run_argv(tool)
 
         def docker_run() -> None:
             done = subprocess.run(cli, check=False, input=PAYLOAD, capture_output=True)
@@ -147,7 +133,7 @@ def docker_rows(n: int) -> tuple[list[float], list[float], int]:
 
         run_ms = sample(docker_run, n)
         audit = Path(tmp) / "audit.log"
-        with Runner.load(tools=Path(tmp) / "tools", policies=policy, audit_log=audit) as warm_runner:
+        with Runner.load(tools=tools, policies=policy, audit_log=audit) as warm_runner:
             warm_ms = sample(lambda: warm_call(warm_runner), n, lambda: wait_full(warm_runner, "dadd"))
         attempts = [json.loads(line) for line in audit.read_text().splitlines() if '"call.attempt"' in line]
         return run_ms, warm_ms, sum(1 for a in attempts if a.get("warm"))

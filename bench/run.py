@@ -21,17 +21,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _timing import bare_env, print_table, starter_folder, timed  # noqa: E402
+from _timing import ADD_PARAMS, ADD_PAYLOAD, PYTHON, bare_env, print_table, starter_folder, timed  # noqa: E402
 
 from runner import Runner  # noqa: E402
 
 STARTER = starter_folder()
 TOOL = STARTER / "tools" / "add_numbers"
-PARAMS = {"a": 1, "b": 2}
-PAYLOAD = json.dumps(
-    {"params": PARAMS, "context": {"requestId": "bench", "toolName": "add_numbers", "attempt": 1}}
-).encode()
-PYTHON = "/usr/bin/python3"  # the interpreter the sandbox itself runs
+PARAMS, PAYLOAD = ADD_PARAMS, ADD_PAYLOAD
 BARE_ENV = bare_env()
 
 
