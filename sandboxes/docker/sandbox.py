@@ -46,12 +46,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from sandboxes._ahead import start_ahead
 from sandboxes._config import read_config
 from sandboxes._exec_status import EXEC_GUARD, exec_failure, new_token, token_line
 from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import pid_alive
+from sandboxes._prepare import prepare_in_thread, start_ahead
 from sandboxes._staging import STAGING_ROOT
 from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
 from sandboxes._watchdog import watch
@@ -172,15 +172,7 @@ class DockerSandbox:
         return client
 
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedContainer:
-        # Daemon calls and files: blocking work, done in a thread. A caller cancelled
-        # meanwhile does not stop the thread, so what it made is closed before re-raising.
-        work = asyncio.ensure_future(asyncio.to_thread(self._prepare, spec, limits))
-        try:
-            prepared = await asyncio.shield(work)
-        except asyncio.CancelledError:
-            with contextlib.suppress(SandboxUnavailable):
-                await (await work).close()
-            raise
+        prepared = await prepare_in_thread(lambda: self._prepare(spec, limits))
         prepared.egress = spec.egress
         return prepared
 

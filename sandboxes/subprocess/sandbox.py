@@ -34,12 +34,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from sandboxes._ahead import start_ahead
 from sandboxes._config import read_config
 from sandboxes._exec_status import exec_failure, new_token, token_line
 from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import owner_alive, remove_folders
+from sandboxes._prepare import prepare_in_thread, start_ahead
 from sandboxes._staging import STAGING_ROOT
 from sandboxes._staging import remove_stale as remove_stale_staging
 from sandboxes._watchdog import watch
@@ -188,15 +188,7 @@ class SubprocessSandbox:
         return refused
 
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
-        # Files, mounts and cgroups: blocking work, done in a thread. A caller cancelled
-        # meanwhile does not stop the thread, so what it made is closed before re-raising.
-        work = asyncio.ensure_future(asyncio.to_thread(self._prepare, spec, limits))
-        try:
-            prepared = await asyncio.shield(work)
-        except asyncio.CancelledError:
-            with contextlib.suppress(SandboxUnavailable):
-                await (await work).close()
-            raise
+        prepared = await prepare_in_thread(lambda: self._prepare(spec, limits))
         try:
             await prepared.attach_egress()
         except BaseException:

@@ -1,11 +1,18 @@
-"""Starting a sandbox ahead of its call (SPEC 11), the same way in every backend."""
+"""Preparing a sandbox from a thread, the same way in every backend: for a call (from its
+event loop) and ahead of one (SPEC 11, from the pool's thread)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from sandboxes.base import LaunchSpec, SandboxUnavailable
+
+
+class _Closable(Protocol):
+    async def close(self) -> None: ...
 
 
 class _Startable(Protocol):
@@ -14,7 +21,21 @@ class _Startable(Protocol):
     def discard(self) -> None: ...
 
 
+C = TypeVar("C", bound=_Closable)
 S = TypeVar("S", bound=_Startable)
+
+
+async def prepare_in_thread(prepare: Callable[[], C]) -> C:
+    """Run the blocking ``prepare()`` (files, mounts, cgroups, daemon calls) in a thread. A
+    caller cancelled meanwhile does not stop the thread, so what it made is closed before
+    the cancellation goes on."""
+    work = asyncio.ensure_future(asyncio.to_thread(prepare))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        with contextlib.suppress(SandboxUnavailable):
+            await (await work).close()
+        raise
 
 
 def start_ahead(spec: LaunchSpec, prepare: Callable[[], S]) -> S:
