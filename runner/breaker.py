@@ -24,17 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from runner.clock import Clock
-from runner.errors import CallError, ErrorCode
+from runner.errors import CallError, ErrorCode, rule_of
 
-# Codes that say the tool failed (SPEC 3), unless their reason says otherwise.
-_COUNTED_CODES = frozenset(
-    {ErrorCode.TIMEOUT, ErrorCode.PARSE_ERROR, ErrorCode.EXECUTION_ERROR, ErrorCode.RETRY_EXHAUSTED}
-)
-# EXECUTION_ERROR reasons that say nothing of the tool's health: it reported an error of
-# its own, or it never ran (no secret, no sandbox, no audit trail), or the runner failed.
-_UNCOUNTED_REASONS = frozenset(
-    {"tool_error", "secret_unavailable", "sandbox_unavailable", "internal", "audit_unavailable"}
-)
 # The least ``retry_after_ms`` a refusal says: never 0, which would invite a caller to
 # come back at once, into the same refusal.
 MIN_RETRY_AFTER_MS = 1
@@ -60,14 +51,13 @@ def tool_verdict(error: CallError | None) -> bool | None:
     (None: not counted). ``RETRY_EXHAUSTED`` is judged by its last attempt's error."""
     if error is None:
         return True
-    if error.code not in _COUNTED_CODES:
-        return None
-    reason = error.reason
-    if error.code is ErrorCode.RETRY_EXHAUSTED:
+    code, reason = error.code, error.reason
+    if code is ErrorCode.RETRY_EXHAUSTED:
         last = error.details.get("lastError")
         details = last.get("details") if isinstance(last, dict) else None
+        code = ErrorCode.EXECUTION_ERROR  # judged by the last attempt's reason (counted if none)
         reason = details.get("reason") if isinstance(details, dict) else None
-    return None if reason in _UNCOUNTED_REASONS else False
+    return False if rule_of(code, reason).counted else None
 
 
 @dataclass(eq=False)

@@ -32,38 +32,41 @@ class ErrorCode(enum.StrEnum):
 class CodeRule:
     retried: bool  # does the executor try again after an attempt failed this way
     retryable: bool  # what the wire tells the caller about coming back later
+    counted: bool  # does the circuit breaker hold it against the tool (SPEC 3)
 
 
 CODE_RULES: dict[ErrorCode, CodeRule] = {
-    ErrorCode.TOOL_NOT_FOUND: CodeRule(retried=False, retryable=False),
-    ErrorCode.PERMISSION_DENIED: CodeRule(retried=False, retryable=False),
-    ErrorCode.INVALID_PARAMS: CodeRule(retried=False, retryable=False),
-    ErrorCode.CIRCUIT_OPEN: CodeRule(retried=False, retryable=True),
-    ErrorCode.TIMEOUT: CodeRule(retried=True, retryable=True),
-    ErrorCode.EXECUTION_ERROR: CodeRule(retried=True, retryable=True),
-    ErrorCode.PARSE_ERROR: CodeRule(retried=False, retryable=False),
-    ErrorCode.RETRY_EXHAUSTED: CodeRule(retried=False, retryable=True),
+    ErrorCode.TOOL_NOT_FOUND: CodeRule(retried=False, retryable=False, counted=False),
+    ErrorCode.PERMISSION_DENIED: CodeRule(retried=False, retryable=False, counted=False),
+    ErrorCode.INVALID_PARAMS: CodeRule(retried=False, retryable=False, counted=False),
+    ErrorCode.CIRCUIT_OPEN: CodeRule(retried=False, retryable=True, counted=False),
+    ErrorCode.TIMEOUT: CodeRule(retried=True, retryable=True, counted=True),
+    ErrorCode.EXECUTION_ERROR: CodeRule(retried=True, retryable=True, counted=True),
+    ErrorCode.PARSE_ERROR: CodeRule(retried=False, retryable=False, counted=True),
+    ErrorCode.RETRY_EXHAUSTED: CodeRule(retried=False, retryable=True, counted=True),
 }
 
 # EXECUTION_ERROR by reason (SPEC 3). A plain failure may be a flake; the same input
 # breaks the same limit again, a program that cannot be started stays so, a missing
 # secret or sandbox is the host's to fix, and a runner fault is the operator's. A
 # ``tool_error`` is retried exactly when the tool said ``retryable: true`` (the error
-# is built with the tool's word). A reason not listed follows the code's rule.
+# is built with the tool's word). A reason not listed follows the code's rule. Not
+# counted by the breaker: what says nothing of the tool's health (it reported an error
+# of its own, or it never ran: no secret, no sandbox, no audit trail, a runner fault).
 REASON_RULES: dict[str, CodeRule] = {
-    "exit_code": CodeRule(retried=True, retryable=True),
-    "signal": CodeRule(retried=True, retryable=True),
-    "tool_error": CodeRule(retried=False, retryable=False),
-    "memory_limit": CodeRule(retried=False, retryable=False),
-    "cpu_limit": CodeRule(retried=False, retryable=False),
-    "pids_limit": CodeRule(retried=False, retryable=False),
-    "output_limit": CodeRule(retried=False, retryable=False),
-    "not_executable": CodeRule(retried=False, retryable=False),
-    "secret_unavailable": CodeRule(retried=False, retryable=False),
-    "sandbox_unavailable": CodeRule(retried=False, retryable=False),
-    "internal": CodeRule(retried=False, retryable=False),
+    "exit_code": CodeRule(retried=True, retryable=True, counted=True),
+    "signal": CodeRule(retried=True, retryable=True, counted=True),
+    "tool_error": CodeRule(retried=False, retryable=False, counted=False),
+    "memory_limit": CodeRule(retried=False, retryable=False, counted=True),
+    "cpu_limit": CodeRule(retried=False, retryable=False, counted=True),
+    "pids_limit": CodeRule(retried=False, retryable=False, counted=True),
+    "output_limit": CodeRule(retried=False, retryable=False, counted=True),
+    "not_executable": CodeRule(retried=False, retryable=False, counted=True),
+    "secret_unavailable": CodeRule(retried=False, retryable=False, counted=False),
+    "sandbox_unavailable": CodeRule(retried=False, retryable=False, counted=False),
+    "internal": CodeRule(retried=False, retryable=False, counted=False),
     # audit.required and the trail cannot be written: refused before any attempt.
-    "audit_unavailable": CodeRule(retried=False, retryable=False),
+    "audit_unavailable": CodeRule(retried=False, retryable=False, counted=False),
 }
 
 
