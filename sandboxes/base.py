@@ -129,6 +129,53 @@ class PreparedSandbox(Protocol):
         ...
 
 
+class Pipe(Protocol):
+    """A running tool's stdin and stdout, as a ``Dialogue`` sees them."""
+
+    async def send(self, data: bytes) -> None:
+        """Write ``data`` to the tool's stdin.
+
+        Raises:
+            ConnectionError: the tool closed its stdin (or is gone).
+        """
+        ...
+
+    async def receive(self) -> bytes:
+        """The next bytes the tool wrote on stdout; ``b""`` once it closed stdout. What
+        passes the run's ``max_output_bytes`` in total is never returned: the run ends
+        then as ``output_limit``, and this call waits until it is cancelled."""
+        ...
+
+
+class Dialogue(Protocol):
+    """A conversation with a tool that answers more than once (SPEC 12: an MCP server).
+
+    The backend starts the tool as for ``run`` and lets ``talk`` speak with it; the run
+    ends when ``talk`` returns (the tool is then killed: a conversation's end is not the
+    tool's to choose), and otherwise as any run ends: the tool exits (even with status
+    0: ``exit_code``), the timeout passes (counted from the start of ``talk``), a limit
+    breaks. The outcome's ``stdout`` is empty: what was said is the dialogue's to keep.
+    ``talk`` must not raise; at the tool's end of stdout it waits (the tool's exit, or
+    the timeout, tells how the run ended).
+    """
+
+    async def talk(self, pipe: Pipe) -> None: ...
+
+
+@runtime_checkable
+class Converses(Protocol):
+    """A prepared sandbox that can hold a ``Dialogue`` instead of one payload."""
+
+    async def converse(self, dialogue: Dialogue) -> SandboxOutcome:
+        """Start the tool (or take the one started ahead) and hold ``dialogue`` with it
+        under the limits. ``reason`` is None exactly when ``talk`` returned.
+
+        Raises:
+            SandboxUnavailable: the tool could not be started in the required isolation.
+        """
+        ...
+
+
 class WarmSandbox(PreparedSandbox, Protocol):
     """A sandbox started ahead of its call: its program runs and waits for its payload.
 
