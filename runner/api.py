@@ -132,9 +132,12 @@ class Runner:
         )
         audit_value = audit_log or os.environ.get("RUNNER_AUDIT_LOG")
         audit_path = Path(audit_value) if audit_value else policy.audit_path
+        settings = policy.model.audit
+        if settings.chain and audit_path is None:
+            raise ConfigError(str(policy_path), "audit.chain needs a file: set audit.path or --audit-log")
         operator = OperatorLog.open(policy.operator_log_path)
         try:
-            audit = AuditLog(audit_path, required=policy.model.audit.required, operator=operator)
+            audit = AuditLog(audit_path, required=settings.required, chain=settings.chain, operator=operator)
         except OSError as exc:
             raise ConfigError(str(audit_path), f"cannot open audit log: {exc.strerror}") from exc
         runner = cls(registry, policy, audit, sandbox_factory or backends, clock, warm_pools=warm_pools)

@@ -14,6 +14,9 @@ An event that cannot be written is never dropped silently: it is counted
 (``AuditLog.dropped``) and the first one is warned about on standard error. With
 ``required``, a call whose ``policy.decision`` cannot be written is refused before
 anything runs (``EXECUTION_ERROR``, reason ``audit_unavailable``).
+
+With ``chain`` each line also carries ``prevHash`` and ``hash`` (``runner.audit_chain``):
+the file sink then takes an exclusive ``flock`` per line, and nothing else changes.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any, Protocol
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
+from runner.audit_chain import ChainedFileSink
 from runner.errors import CallError, ErrorCode
 from runner.faults import OperatorLog
 from runner.redaction import NO_SECRETS, Scrubber
@@ -136,6 +140,10 @@ class FileSink:
                 self._fd = None
 
 
+def _file_sink(path: Path, chain: bool) -> LineSink:
+    return ChainedFileSink(path) if chain else FileSink(path)
+
+
 class StderrSink:
     """Standard error (file descriptor 2, one ``os.write`` per line), when no file is set."""
 
@@ -201,10 +209,19 @@ class AuditLog:
         *,
         sink: LineSink | None = None,
         required: bool = False,
+        chain: bool = False,
         operator: OperatorLog | None = None,
     ) -> None:
-        """Raises ``OSError`` when ``path`` cannot be opened for appending."""
-        self._sink: LineSink = sink if sink is not None else FileSink(path) if path else StderrSink()
+        """With ``chain``, events written to ``path`` are hash-chained (``sink`` is used as given).
+
+        Raises:
+            OSError: ``path`` cannot be opened for appending (with ``chain``: also when it is a
+                symlink or not a regular file).
+            ValueError: ``chain`` without ``path`` or ``sink``: standard error cannot be chained.
+        """
+        if chain and path is None and sink is None:
+            raise ValueError("a hash-chained audit trail needs a file")
+        self._sink: LineSink = sink if sink is not None else _file_sink(path, chain) if path else StderrSink()
         self.path = path
         self.required = required
         self.operator = operator or OperatorLog()

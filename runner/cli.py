@@ -6,10 +6,7 @@ stderr and exit 2; call failures are answers on stdout and exit 1.
 
 from __future__ import annotations
 
-import io
-import itertools
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,8 +18,6 @@ from runner.cli_help import ENVIRONMENT, document_environment, environment_epilo
 from runner.errors import ConfigError
 
 if TYPE_CHECKING:
-    from datetime import datetime
-
     from runner.api import Runner
     from runner.policy import Policy
 
@@ -420,119 +415,17 @@ def images_build_command(contexts: Path | None) -> None:
         _fail_usage(str(exc))
 
 
-def _time_option(value: str | None, flag: str) -> datetime | None:
-    from runner.audit_query import parse_time
-
-    if value is None:
-        return None
-    when = parse_time(value)
-    if when is None:
-        _fail_usage(f"{flag} is not an ISO 8601 time: {value}")
-    return when
-
-
-@cli.command("audit")
-@_location_options
-@click.option("--request-id", default=None, help="A request id, or the start of one.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Print at most this many events.")
-@click.option("--tool", default=None, help="Only events of this tool.")
-@click.option("--role", default=None, help="Only events of calls made as this role.")
-@click.option("--decision", type=click.Choice(["allow", "deny"]), default=None,
-              help="Only policy decisions that allowed, or denied.")
-@click.option("--code", default=None, help="Error code, e.g. TIMEOUT.")
-@click.option("--since", default=None, help="Only events at or after this ISO 8601 time.")
-@click.option("--until", default=None, help="Only events at or before this ISO 8601 time.")
-@click.option("--follow", "-f", is_flag=True,
-              help="Keep printing matching events as they are appended, until Ctrl-C (like tail -f).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one event a line.")
-@click.option(
-    "--log",
-    "log_path",
-    default=None,
-    type=click.Path(path_type=Path),
-    help="The log to read (default: where the runner writes).",
-)
-@click.pass_context
-def audit_command(
-    ctx: click.Context,
-    request_id: str | None,
-    limit: int | None,
-    tool: str | None,
-    role: str | None,
-    decision: str | None,
-    code: str | None,
-    since: str | None,
-    until: str | None,
-    follow: bool,
-    as_json: bool,
-    log_path: Path | None,
-) -> None:
-    """Search the audit trail (a table, coloured on a terminal; --json for JSON lines)."""
-    from runner.audit_follow import follow as follow_log
-    from runner.audit_follow import pipe_reader_gone
-    from runner.audit_query import AuditFilter, query, write_table
-    from runner.terminal import Output, audit_row, audit_table
-
-    path = log_path or ctx.obj["audit_log"] or _policy_audit_path(ctx)
-    if path is None:
-        _fail_usage("no audit log file is configured (events go to stderr); pass --log")
-    if not path.is_file():
-        _fail_usage(f"audit log {path} does not exist")
-    wanted = AuditFilter(
-        request_id=request_id,
-        tool=tool,
-        role=role,
-        decision=decision,
-        code=code,
-        since=_time_option(since, "--since"),
-        until=_time_option(until, "--until"),
-    )
-    out = Output.detect()
-    if follow and isinstance(sys.stdout, io.TextIOWrapper):
-        sys.stdout.reconfigure(line_buffering=True)  # a followed event is wanted now, not when a buffer fills
-    try:
-        found = follow_log(path, wanted, pipe_reader_gone(sys.stdout)) if follow else query(path, wanted)
-        events = itertools.islice(found, limit)
-        if as_json:
-            for event in events:
-                _print_json(event)
-        elif out.human:
-            table = audit_table(out)
-            table.header()
-            for event in events:
-                table.row(audit_row(event))
-        else:
-            write_table(events, sys.stdout)
-    except KeyboardInterrupt:
-        if not follow:  # Ctrl-C is how --follow ends, not an error; elsewhere it cuts a search short
-            sys.exit(130)
-    except BrokenPipeError:
-        # The reader went away (`runner audit | head`): not an error. Point stdout at
-        # /dev/null so that the interpreter's last flush does not complain either.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except OSError as exc:
-        _fail_usage(f"cannot read audit log {path}: {exc.strerror or 'read failed'}")
-
-
-def _policy_audit_path(ctx: click.Context) -> Path | None:
-    from runner.locations import find_policy
-    from runner.policy import Policy
-
-    try:
-        return Policy.load(find_policy(ctx.obj["policies"])).audit_path
-    except ConfigError as exc:
-        _fail_usage(" ".join(str(exc).split()))
-
-
-def _register_serve() -> None:
-    # Their own module (runner.serve); imported here so that `runner --help` lists them.
+def _register_commands() -> None:
+    # Their own modules; imported here so that `runner --help` lists them.
+    from runner.audit_commands import audit_group
     from runner.serve.commands import export_command, serve_group
 
+    cli.add_command(audit_group)
     cli.add_command(export_command)
     cli.add_command(serve_group)
 
 
-_register_serve()
+_register_commands()
 
 
 document_environment(cli)

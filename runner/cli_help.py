@@ -28,6 +28,8 @@ READS: Mapping[str, tuple[str, ...]] = {
     "exec": (*_LOCATIONS, "NO_COLOR"),
     "doctor": ("RUNNER_POLICIES", "XDG_CONFIG_HOME", "NO_COLOR", "DOCKER_HOST"),
     "audit": ("RUNNER_POLICIES", "RUNNER_AUDIT_LOG", "XDG_CONFIG_HOME", "NO_COLOR"),
+    "verify": ("RUNNER_POLICIES", "RUNNER_AUDIT_LOG", "XDG_CONFIG_HOME", "NO_COLOR"),  # audit verify
+    "report": ("RUNNER_POLICIES", "RUNNER_AUDIT_LOG", "XDG_CONFIG_HOME", "NO_COLOR"),  # audit report
     "images": ("DOCKER_HOST",),
     "build": ("DOCKER_HOST",),
 }

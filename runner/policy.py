@@ -63,6 +63,9 @@ class AuditModel(_Strict):
     # Refuse a call whose policy.decision event cannot be written, rather than run it unrecorded.
     required: bool = False
     operator_log: str | None = None  # runner faults' tracebacks; standard error when unset
+    # Every event carries prevHash and hash (SPEC 13), so that `runner audit verify` finds an
+    # edited, removed or inserted line. Needs a file: standard error cannot be chained.
+    chain: bool = False
 
 
 # Settings that moved into the backends' own configuration, and where they live now.

@@ -1,0 +1,164 @@
+"""The hash chain of a tamper-evident audit log (``audit: {chain: true}``, SPEC 13).
+
+Each event gets ``prevHash`` (the ``hash`` of the file's last line, ``GENESIS`` when the
+file is empty or its last line carries no hash) and then ``hash``: the SHA-256, in lower-case
+hex, of the event without ``hash`` written as canonical JSON (``canonical``: keys sorted, no
+spaces, ``ensure_ascii``). The line on disk is exactly that canonical text with
+``,"hash":"<64 hex>"`` put before its closing brace, so an auditor can check a line with any
+tool: cut the last 75 characters, put back ``}``, hash (``docs/audit.md``).
+
+Several runner processes may append to one file. Each append holds an exclusive ``flock`` on
+the file around "read the last line's hash from the file, compute, append": the previous
+hash always comes from the file itself, never from memory, because another process may have
+appended since. The lock orders the writers; the chain is the order of the lines.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+GENESIS = "0" * 64  # the prevHash of a file's first chained event
+HASH_FIELD = "hash"
+PREV_FIELD = "prevHash"
+_SUFFIX_START = ',"hash":"'
+SUFFIX_LENGTH = len(_SUFFIX_START) + 64 + len('"}')  # 75: what a chained line ends with
+# What a chained line ends with (its newline included), read from the file's tail.
+_TAIL = re.compile(rb',"hash":"([0-9a-f]{64})"\}\n\Z')
+LOCK_WAIT_S = 5.0  # a writer holds the lock for microseconds; 5 s means a stuck or hostile holder
+_LOCK_PAUSE_S = 0.0002  # first pause between tries, doubled up to _LOCK_PAUSE_MAX_S
+_LOCK_PAUSE_MAX_S = 0.01
+
+
+def canonical(event: Mapping[str, Any]) -> str:
+    """The text that is hashed: sorted keys, no spaces, ASCII only (``\\uXXXX`` escapes).
+
+    Raises:
+        ValueError: a float that is NaN or infinite (the audit processors never pass one).
+    """
+    return json.dumps(event, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+def chained_line(event: Mapping[str, Any], prev_hash: str) -> str:
+    """``event`` with ``prevHash`` and ``hash``, as the line to append (without newline)."""
+    fields = {key: value for key, value in event.items() if key != HASH_FIELD}
+    fields[PREV_FIELD] = prev_hash
+    body = canonical(fields)
+    return f'{body[:-1]}{_SUFFIX_START}{digest(body.encode("ascii"))}"}}'
+
+
+def split_line(line: bytes) -> tuple[bytes, str] | None:
+    """A chained line (without newline) as (the hashed text, its claimed hash); None when the
+    line does not end as a chained line does."""
+    if len(line) <= SUFFIX_LENGTH or not line.endswith(b'"}'):
+        return None
+    suffix = line[-SUFFIX_LENGTH:]
+    if not suffix.startswith(_SUFFIX_START.encode()):
+        return None
+    claimed = suffix[len(_SUFFIX_START) : -2]
+    if re.fullmatch(rb"[0-9a-f]{64}", claimed) is None:
+        return None
+    return line[:-SUFFIX_LENGTH] + b"}", claimed.decode("ascii")
+
+
+class ChainedFileSink:
+    """Appends chained lines to a file, under an exclusive ``flock`` per line.
+
+    The file is opened once, read-write and append-only, without following a symlink at
+    its path (``O_NOFOLLOW``: a link planted there must not redirect the trail), and must
+    be a regular file (its tail is read with ``pread``).
+    """
+
+    def __init__(self, path: Path) -> None:
+        """Raises ``OSError``: the file cannot be opened, is a symlink (``ELOOP``) or is not a
+        regular file."""
+        self.path = path
+        self._lock = threading.Lock()  # flock orders processes; threads share one descriptor
+        path.parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise OSError(
+                    errno.ELOOP, "it is a symbolic link, which a chained log never follows"
+                ) from exc
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "the audit log is not a regular file", str(path))
+        os.set_blocking(fd, True)  # O_NONBLOCK only kept a FIFO at the path from blocking open
+        self._fd: int | None = fd
+
+    def write(self, line: str) -> None:
+        """Append ``line`` (one rendered event) with its chain fields.
+
+        Raises:
+            OSError: not written whole, or the lock stayed held for ``LOCK_WAIT_S``.
+            ValueError: ``line`` is not a JSON object.
+        """
+        event = json.loads(line)
+        if not isinstance(event, dict):
+            raise ValueError("an audit line must be a JSON object")
+        with self._lock:
+            if self._fd is None:
+                raise OSError(errno.EBADF, "the audit log is closed")
+            fd = self._fd
+            _lock_file(fd)
+            try:
+                prev_hash, torn = _last_hash(fd)
+                data = (("\n" if torn else "") + chained_line(event, prev_hash) + "\n").encode("ascii")
+                written = os.write(fd, data)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        if written != len(data):  # a full disk can take part of a line: verify will name it
+            raise OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes written")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+def _lock_file(fd: int) -> None:
+    """Take the exclusive lock, waiting at most ``LOCK_WAIT_S`` (never hang on a holder that
+    does not let go)."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    pause = _LOCK_PAUSE_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise OSError(errno.ETIMEDOUT, f"the audit log stayed locked for {LOCK_WAIT_S:g} s") from None
+            time.sleep(pause)
+            pause = min(pause * 2, _LOCK_PAUSE_MAX_S)
+
+
+def _last_hash(fd: int) -> tuple[str, bool]:
+    """The hash of the file's last line (``GENESIS`` when it has none), and whether that line
+    is torn (no newline: the next line must start on a line of its own)."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return GENESIS, False
+    tail = os.pread(fd, SUFFIX_LENGTH + 1, max(size - SUFFIX_LENGTH - 1, 0))
+    if not tail.endswith(b"\n"):
+        return GENESIS, True
+    found = _TAIL.search(tail)
+    return (found.group(1).decode("ascii") if found else GENESIS), False

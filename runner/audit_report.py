@@ -1,0 +1,190 @@
+"""``runner audit report``: per tool, role or client, what the calls did (SPEC 13).
+
+Counted from two events per call: ``policy.decision`` (denials by reason) and
+``call.finished`` (calls, successes, cancellations, errors by code and reason, duration).
+A denied call also ends in a failed ``call.finished`` (``PERMISSION_DENIED``, or
+``TOOL_NOT_FOUND``/``INVALID_REQUEST`` when refused before the policy), so it counts under
+its denial reason and under its error code: ``errors`` says how calls ended, ``denials``
+what the policy said.
+
+The file is streamed with bounded memory: each line is bounded (``MAX_LINE_BYTES``), lines
+that are neither event are skipped before parsing, durations go into a ``DurationHistogram``
+(a fixed set of buckets, not the values) and past ``MAX_GROUPS`` groups the rest are counted
+together under ``OTHER``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from runner.audit_query import parse_time
+from runner.audit_verify import bounded_lines
+
+GroupBy = Literal["tool", "role", "client"]
+GROUP_FIELDS: dict[str, str] = {"tool": "toolName", "role": "role", "client": "client"}
+MAX_GROUPS = 10_000  # tool names of refused calls are logged as sent: a caller could invent many
+MAX_KEYS = 1000  # distinct reasons (or codes) kept per count; a foreign file may hold any
+OTHER = "(other)"
+NONE = "-"  # the group of events without the field (a call not served over HTTP has no client)
+EXACT_BELOW_MS = 1000  # durations below this are counted exactly, per millisecond
+BUCKET_RATIO = 1.01  # above it, buckets 1% wide: a percentile is within 0.5% of the true value
+_LOG_RATIO = math.log(BUCKET_RATIO)
+_EVENTS = (b"call.finished", b"policy.decision")  # a line with neither is skipped unparsed
+
+
+class DurationHistogram:
+    """Durations in milliseconds: exact below ``EXACT_BELOW_MS``, above it in buckets
+    ``BUCKET_RATIO`` wide, a percentile reported as its bucket's geometric middle (within
+    0.5%). At most about 1,000 + 230 per decade of buckets, whatever the count of values."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[int] = Counter()
+        self.count = 0
+
+    def add(self, duration_ms: float) -> None:
+        self._counts[_bucket(max(duration_ms, 0.0))] += 1
+        self.count += 1
+
+    def percentile(self, fraction: float) -> float | None:
+        """The nearest-rank percentile (the smallest value with ``fraction`` of all at or below
+        it), or None when empty."""
+        if not self.count:
+            return None
+        rank = max(math.ceil(fraction * self.count), 1)
+        seen = 0
+        for bucket in sorted(self._counts):
+            seen += self._counts[bucket]
+            if seen >= rank:
+                return _value(bucket)
+        return None  # not reached: the counts add up to self.count
+
+
+def _bucket(duration_ms: float) -> int:
+    if duration_ms < EXACT_BELOW_MS:
+        return round(duration_ms)
+    return EXACT_BELOW_MS + int(math.log(duration_ms / EXACT_BELOW_MS) / _LOG_RATIO)
+
+
+def _value(bucket: int) -> float:
+    if bucket < EXACT_BELOW_MS:
+        return float(bucket)
+    low = EXACT_BELOW_MS * BUCKET_RATIO ** (bucket - EXACT_BELOW_MS)
+    return round(low * math.sqrt(BUCKET_RATIO), 1)
+
+
+@dataclass
+class GroupStats:
+    calls: int = 0
+    successes: int = 0
+    cancelled: int = 0
+    denials: Counter[str] = field(default_factory=Counter)
+    errors: dict[str, Counter[str]] = field(default_factory=dict)  # code -> reason -> count
+    durations: DurationHistogram = field(default_factory=DurationHistogram)
+
+    def take(self, event: dict[str, Any]) -> None:
+        if event.get("event") == "policy.decision":
+            if event.get("decision") == "deny":
+                _count(self.denials, event.get("reason"))
+            return
+        self.calls += 1
+        duration = event.get("duration")
+        if isinstance(duration, int | float) and not isinstance(duration, bool) and math.isfinite(duration):
+            self.durations.add(duration)
+        if event.get("success") is True:
+            self.successes += 1
+        elif event.get("cancelled") is True:
+            self.cancelled += 1
+        else:
+            code = _text(event.get("code"))
+            if code not in self.errors and len(self.errors) >= MAX_KEYS:
+                code = OTHER
+            _count(self.errors.setdefault(code, Counter()), event.get("reason"))
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "successes": self.successes,
+            "cancelled": self.cancelled,
+            "denials": dict(self.denials.most_common()),
+            "errors": {code: dict(reasons.most_common()) for code, reasons in sorted(self.errors.items())},
+            "durationMs": {"p50": self.durations.percentile(0.5), "p95": self.durations.percentile(0.95)},
+        }
+
+
+def _text(value: object) -> str:
+    return NONE if value is None else str(value)
+
+
+def _count(counter: Counter[str], value: object) -> None:
+    key = _text(value)
+    counter[key if key in counter or len(counter) < MAX_KEYS else OTHER] += 1
+
+
+@dataclass
+class AuditReport:
+    by: GroupBy
+    since: datetime | None = None
+    groups: dict[str, GroupStats] = field(default_factory=dict)
+    total: GroupStats = field(default_factory=GroupStats)
+    lines: int = 0
+    skipped: int = 0  # lines that were candidates but not events (torn, foreign, too long)
+
+    def take(self, event: dict[str, Any]) -> None:
+        name = _text(event.get(GROUP_FIELDS[self.by]))
+        stats = self.groups.get(name)
+        if stats is None:
+            if len(self.groups) >= MAX_GROUPS:
+                name = OTHER
+            stats = self.groups.setdefault(name, GroupStats())
+        stats.take(event)
+        self.total.take(event)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "by": self.by,
+            "since": self.since.isoformat() if self.since else None,
+            "groups": [{"group": name, **stats.as_json()} for name, stats in self.sorted_groups()],
+            "total": self.total.as_json(),
+        }
+
+    def sorted_groups(self) -> list[tuple[str, GroupStats]]:
+        """Busiest first, then by name."""
+        return sorted(self.groups.items(), key=lambda item: (-item[1].calls, item[0]))
+
+
+def build_report(lines: Iterable[bytes | None], by: GroupBy, since: datetime | None = None) -> AuditReport:
+    """The report of ``lines`` (None stands for a line too long to read)."""
+    report = AuditReport(by, since)
+    for raw in lines:
+        report.lines += 1
+        if raw is None:
+            report.skipped += 1
+            continue
+        if _EVENTS[0] not in raw and _EVENTS[1] not in raw:
+            continue
+        try:
+            event = json.loads(raw)
+        except ValueError:
+            report.skipped += 1
+            continue
+        if not isinstance(event, dict) or event.get("event") not in ("call.finished", "policy.decision"):
+            continue
+        if since is not None:
+            when = parse_time(event.get("timestamp"))
+            if when is None or when < since:
+                continue
+        report.take(event)
+    return report
+
+
+def report_file(path: Path, by: GroupBy, since: datetime | None = None) -> AuditReport:
+    """Raises ``OSError``: the log cannot be opened or read."""
+    with path.open("rb") as stream:
+        return build_report(bounded_lines(stream), by, since)
