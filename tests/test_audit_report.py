@@ -37,7 +37,7 @@ def generate(path: Path, calls: int, seed: int = 7) -> list[dict[str, Any]]:
     kept: list[dict[str, Any]] = []
     with path.open("w") as log:
         for index in range(calls):
-            common = {
+            common: dict[str, Any] = {
                 "timestamp": _stamp(index),
                 "requestId": f"req_{index:032x}",
                 "traceId": f"{index:032x}",
@@ -47,7 +47,7 @@ def generate(path: Path, calls: int, seed: int = 7) -> list[dict[str, Any]]:
             if rng.random() < 0.5:
                 common["client"] = rng.choice(("ci-agent", "ops"))
             denied = rng.random() < 0.1
-            decision = {
+            decision: dict[str, Any] = {
                 **common,
                 "event": "policy.decision",
                 "decision": "deny" if denied else "allow",
@@ -55,7 +55,7 @@ def generate(path: Path, calls: int, seed: int = 7) -> list[dict[str, Any]]:
                 "rule": None,
                 "params": {"event": "call.finished", "note": "a param that looks like an event"},
             }
-            events = [decision]
+            events: list[dict[str, Any]] = [decision]
             duration = rng.choice((rng.randint(0, 900), rng.randint(0, 60), int(rng.lognormvariate(8, 1))))
             if denied:
                 finished = {
