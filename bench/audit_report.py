@@ -41,7 +41,8 @@ def generate(path: Path, events: int, seed: int = 1) -> int:
             call += 1
             ms = 1_700_000_000_000 + call * 37
             common = {
-                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z",
+                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000))
+                + f".{ms % 1000:03d}Z",
                 "requestId": f"req_{rng.getrandbits(128):032x}",
                 "traceId": f"{rng.getrandbits(128):032x}",
                 "toolName": rng.choice(TOOLS),
@@ -54,7 +55,11 @@ def generate(path: Path, events: int, seed: int = 1) -> int:
                 "decision": "deny" if denied else "allow",
                 "reason": "not_allowed" if denied else "allowed",
                 "rule": None if denied else "*",
-                "params": {"a": rng.randint(0, 99), "b": rng.randint(0, 99), "note": "x" * rng.randint(0, 80)},
+                "params": {
+                    "a": rng.randint(0, 99),
+                    "b": rng.randint(0, 99),
+                    "note": "x" * rng.randint(0, 80),
+                },
                 "event": "policy.decision",
             }
             lines = [decision]
@@ -107,7 +112,9 @@ def measured(argv: list[str]) -> tuple[float, float, bytes]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--keep", type=Path, default=None, help="write the log here and keep it")
     args = parser.parse_args()
@@ -121,7 +128,18 @@ def main() -> None:
         base_s, base_mib, _ = measured([sys.executable, "-c", READ_ONLY, str(log)])
         rows = [("python reading the lines (baseline)", base_s, base_mib)]
         for by in ("tool", "client"):
-            argv = [sys.executable, "-m", "runner", "audit", "report", "--log", str(log), "--json", "--by", by]
+            argv = [
+                sys.executable,
+                "-m",
+                "runner",
+                "audit",
+                "report",
+                "--log",
+                str(log),
+                "--json",
+                "--by",
+                by,
+            ]
             wall, mib, out = measured(argv)
             calls = json.loads(out)["total"]["calls"]
             rows.append((f"runner audit report --by {by} ({calls} calls)", wall, mib))

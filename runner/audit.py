@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
+from runner import audit_chain
 from runner.audit_chain import ChainedFileSink
 from runner.errors import CallError, ErrorCode
 from runner.faults import OperatorLog
@@ -89,17 +90,28 @@ def render_line(_: WrappedLogger, __: str, event_dict: EventDict) -> str:
     # so a value can never end the line or start a forged event.
     line = json.dumps(event_dict, default=str, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
     if len(line) > MAX_LINE:
-        line = json.dumps(
-            {k: event_dict.get(k) for k in ("timestamp", "event", "requestId", "traceId")}
-            | {"truncated": True},
-            default=str,
-            ensure_ascii=True,
-            allow_nan=False,
-        )
+        line = json.dumps(_stub(event_dict), default=str, ensure_ascii=True, allow_nan=False)
     return line
 
 
+def _stub(event_dict: EventDict) -> dict[str, Any]:
+    """What is left of an event whose line would pass ``MAX_LINE``."""
+    return {k: event_dict.get(k) for k in ("timestamp", "event", "requestId", "traceId")} | {
+        "truncated": True
+    }
+
+
+def render_for_chain(_: WrappedLogger, __: str, event_dict: EventDict) -> str:
+    """The event as ``audit_chain.prepare`` makes it, for ``ChainedFileSink`` (whose lock
+    then covers only the hashing); the same bound on length as ``render_line``."""
+    prepared = audit_chain.prepare(event_dict)
+    if len(prepared) > MAX_LINE:
+        prepared = audit_chain.prepare(_stub(event_dict))
+    return prepared
+
+
 PROCESSORS: tuple[Processor, ...] = (add_timestamp, bound_fields, render_line)
+CHAIN_PROCESSORS: tuple[Processor, ...] = (add_timestamp, bound_fields, render_for_chain)
 
 
 class LineSink(Protocol):
@@ -186,9 +198,10 @@ class _LineLogger:
 
 def _own_logger(sink: LineSink) -> Any:
     # Every setting given: none is read from structlog's global configuration.
+    processors = CHAIN_PROCESSORS if isinstance(sink, ChainedFileSink) else PROCESSORS
     return structlog.wrap_logger(
         _LineLogger(sink),
-        processors=list(PROCESSORS),
+        processors=list(processors),
         wrapper_class=structlog.BoundLogger,
         context_class=dict,
         cache_logger_on_first_use=True,

@@ -40,25 +40,51 @@ _LOCK_PAUSE_S = 0.0002  # first pause between tries, doubled up to _LOCK_PAUSE_M
 _LOCK_PAUSE_MAX_S = 0.01
 
 
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+# Between the two halves of a prepared event: a newline, which JSON text from the encoder never holds.
+_HALVES = "\n"
+
+
 def canonical(event: Mapping[str, Any]) -> str:
     """The text that is hashed: sorted keys, no spaces, ASCII only (``\\uXXXX`` escapes).
 
     Raises:
         ValueError: a float that is NaN or infinite (the audit processors never pass one).
     """
-    return json.dumps(event, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return _ENCODER.encode(event)
 
 
 def digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
+def prepare(event: Mapping[str, Any]) -> str:
+    """``event`` ready for ``ChainedFileSink.write``: the canonical JSON of its keys that sort
+    before ``prevHash`` and of those after, joined by a newline. Everything costly is done here,
+    outside the lock; under it only ``prevHash`` is put between the halves and hashed.
+
+    Raises:
+        ValueError: as ``canonical``.
+    """
+    before = {key: value for key, value in event.items() if key < PREV_FIELD and key != HASH_FIELD}
+    after = {key: value for key, value in event.items() if key > PREV_FIELD}
+    return f"{canonical(before)}{_HALVES}{canonical(after)}"
+
+
+def _assemble(prepared: str, prev_hash: str) -> str:
+    """The chained line (without newline) of a prepared event."""
+    before, separator, after = prepared.partition(_HALVES)
+    if not separator or not before.startswith("{") or not after.endswith("}"):
+        raise ValueError("not an event made by prepare()")
+    head = f"{before[:-1]}," if len(before) > 2 else "{"
+    tail = f",{after[1:]}" if len(after) > 2 else "}"
+    body = f'{head}"{PREV_FIELD}":"{prev_hash}"{tail}'
+    return f'{body[:-1]}{_SUFFIX_START}{digest(body.encode("ascii"))}"}}'
+
+
 def chained_line(event: Mapping[str, Any], prev_hash: str) -> str:
     """``event`` with ``prevHash`` and ``hash``, as the line to append (without newline)."""
-    fields = {key: value for key, value in event.items() if key != HASH_FIELD}
-    fields[PREV_FIELD] = prev_hash
-    body = canonical(fields)
-    return f'{body[:-1]}{_SUFFIX_START}{digest(body.encode("ascii"))}"}}'
+    return _assemble(prepare(event), prev_hash)
 
 
 def split_line(line: bytes) -> tuple[bytes, str] | None:
@@ -105,15 +131,12 @@ class ChainedFileSink:
         self._fd: int | None = fd
 
     def write(self, line: str) -> None:
-        """Append ``line`` (one rendered event) with its chain fields.
+        """Append one event, given as ``prepare`` made it, with its chain fields.
 
         Raises:
             OSError: not written whole, or the lock stayed held for ``LOCK_WAIT_S``.
-            ValueError: ``line`` is not a JSON object.
+            ValueError: ``line`` was not made by ``prepare``.
         """
-        event = json.loads(line)
-        if not isinstance(event, dict):
-            raise ValueError("an audit line must be a JSON object")
         with self._lock:
             if self._fd is None:
                 raise OSError(errno.EBADF, "the audit log is closed")
@@ -121,7 +144,7 @@ class ChainedFileSink:
             _lock_file(fd)
             try:
                 prev_hash, torn = _last_hash(fd)
-                data = (("\n" if torn else "") + chained_line(event, prev_hash) + "\n").encode("ascii")
+                data = (("\n" if torn else "") + _assemble(line, prev_hash) + "\n").encode("ascii")
                 written = os.write(fd, data)
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
@@ -138,23 +161,28 @@ class ChainedFileSink:
 def _lock_file(fd: int) -> None:
     """Take the exclusive lock, waiting at most ``LOCK_WAIT_S`` (never hang on a holder that
     does not let go)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass  # held by another writer: wait for it below, with a bound
     deadline = time.monotonic() + LOCK_WAIT_S
     pause = _LOCK_PAUSE_S
     while True:
+        time.sleep(pause)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 raise OSError(errno.ETIMEDOUT, f"the audit log stayed locked for {LOCK_WAIT_S:g} s") from None
-            time.sleep(pause)
             pause = min(pause * 2, _LOCK_PAUSE_MAX_S)
 
 
 def _last_hash(fd: int) -> tuple[str, bool]:
     """The hash of the file's last line (``GENESIS`` when it has none), and whether that line
     is torn (no newline: the next line must start on a line of its own)."""
-    size = os.fstat(fd).st_size
+    size = os.lseek(fd, 0, os.SEEK_END)  # the offset does not matter: O_APPEND writes at the end
     if size == 0:
         return GENESIS, False
     tail = os.pread(fd, SUFFIX_LENGTH + 1, max(size - SUFFIX_LENGTH - 1, 0))

@@ -8,9 +8,9 @@ its denial reason and under its error code: ``errors`` says how calls ended, ``d
 what the policy said.
 
 The file is streamed with bounded memory: each line is bounded (``MAX_LINE_BYTES``), lines
-that are neither event are skipped before parsing, durations go into a ``DurationHistogram``
-(a fixed set of buckets, not the values) and past ``MAX_GROUPS`` groups the rest are counted
-together under ``OTHER``.
+that are neither a call's end nor a denial are skipped before parsing, durations go into a
+``DurationHistogram`` (a fixed set of buckets, not the values) and past ``MAX_GROUPS``
+groups the rest are counted together under ``OTHER``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ NONE = "-"  # the group of events without the field (a call not served over HTTP
 EXACT_BELOW_MS = 1000  # durations below this are counted exactly, per millisecond
 BUCKET_RATIO = 1.01  # above it, buckets 1% wide: a percentile is within 0.5% of the true value
 _LOG_RATIO = math.log(BUCKET_RATIO)
-_EVENTS = (b"call.finished", b"policy.decision")  # a line with neither is skipped unparsed
+# Only these lines are parsed: a call's end, and a denial (an allow adds nothing to count).
+_FINISHED, _DECISION, _DENY = b"call.finished", b"policy.decision", b"deny"
+_DECODER = json.JSONDecoder()
 
 
 class DurationHistogram:
@@ -51,6 +53,10 @@ class DurationHistogram:
     def add(self, duration_ms: float) -> None:
         self._counts[_bucket(max(duration_ms, 0.0))] += 1
         self.count += 1
+
+    def merge(self, other: DurationHistogram) -> None:
+        self._counts.update(other._counts)
+        self.count += other.count
 
     def percentile(self, fraction: float) -> float | None:
         """The nearest-rank percentile (the smallest value with ``fraction`` of all at or below
@@ -107,6 +113,15 @@ class GroupStats:
                 code = OTHER
             _count(self.errors.setdefault(code, Counter()), event.get("reason"))
 
+    def merge(self, other: GroupStats) -> None:
+        self.calls += other.calls
+        self.successes += other.successes
+        self.cancelled += other.cancelled
+        self.denials.update(other.denials)
+        for code, reasons in other.errors.items():
+            self.errors.setdefault(code, Counter()).update(reasons)
+        self.durations.merge(other.durations)
+
     def as_json(self) -> dict[str, Any]:
         return {
             "calls": self.calls,
@@ -132,7 +147,6 @@ class AuditReport:
     by: GroupBy
     since: datetime | None = None
     groups: dict[str, GroupStats] = field(default_factory=dict)
-    total: GroupStats = field(default_factory=GroupStats)
     lines: int = 0
     skipped: int = 0  # lines that were candidates but not events (torn, foreign, too long)
 
@@ -144,7 +158,14 @@ class AuditReport:
                 name = OTHER
             stats = self.groups.setdefault(name, GroupStats())
         stats.take(event)
-        self.total.take(event)
+
+    @property
+    def total(self) -> GroupStats:
+        """All groups together."""
+        total = GroupStats()
+        for stats in self.groups.values():
+            total.merge(stats)
+        return total
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -167,10 +188,10 @@ def build_report(lines: Iterable[bytes | None], by: GroupBy, since: datetime | N
         if raw is None:
             report.skipped += 1
             continue
-        if _EVENTS[0] not in raw and _EVENTS[1] not in raw:
+        if _FINISHED not in raw and (_DECISION not in raw or _DENY not in raw):
             continue
         try:
-            event = json.loads(raw)
+            event = _DECODER.decode(raw.decode("utf-8", errors="replace"))
         except ValueError:
             report.skipped += 1
             continue

@@ -79,6 +79,25 @@ def test_a_runner_with_chain_writes_lines_each_linked_to_the_one_before_and_reha
     assert verify(bench.audit_log).intact
 
 
+@pytest.mark.parametrize(
+    "event",
+    [
+        {},
+        {"a": 1},
+        {"z": 1},
+        {"Zeta": [1, {"b": None}], "prevHashes": 1, "pre": "\u00e9"},
+        {"hash": "x", "prevHash": "y"},
+    ],
+)
+def test_a_chained_line_is_the_canonical_json_of_the_event_with_prev_hash_and_its_hash_appended(
+    event: dict[str, Any],
+) -> None:
+    line = audit_chain.chained_line(event, GENESIS)
+    body = {key: value for key, value in event.items() if key != "hash"} | {"prevHash": GENESIS}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    assert line == f'{text[:-1]},"hash":"{hashlib.sha256(text.encode()).hexdigest()}"}}'
+
+
 def test_without_chain_nothing_changes_no_chain_fields_and_no_lock(tmp_path: Path) -> None:
     log = tmp_path / "audit.log"
     log.touch()

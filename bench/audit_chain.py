@@ -1,0 +1,117 @@
+"""What the hash chain costs per audit event, and what ``runner audit verify`` costs per line.
+
+    python3 bench/audit_chain.py [--events 20000] [--rounds 5]
+
+Each round writes ``--events`` events of a call's usual size (a ``policy.decision`` with
+params) through ``AuditLog.emit`` to a fresh file: plain (one ``O_APPEND`` write, the
+baseline) and chained (``flock``, read the tail's hash, canonical JSON, SHA-256, write,
+unlock). Then the same with two processes appending to one chained file at once (the lock
+contended), and ``verify`` over the chained file. Medians of the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from runner.audit import AuditLog  # noqa: E402
+from runner.audit_verify import verify  # noqa: E402
+
+FIELDS = {
+    "toolName": "add_numbers",
+    "requestId": "req_7733db314a9e4ab299663a0ddd4bb3a3",
+    "traceId": "21612c553b04453291ed10e3dafc0b22",
+    "role": "user",
+    "decision": "allow",
+    "reason": "allowed",
+    "rule": "add_numbers",
+    "params": {"a": 1, "b": 2, "note": "a short note of the kind a model sends"},
+}
+WRITER = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from runner.audit import AuditLog
+audit = AuditLog(Path(sys.argv[1]), chain=True)
+sys.stdin.read()
+fields = {"toolName": "add_numbers", "role": "user", "decision": "allow", "params": {"a": 1, "b": 2}}
+started = time.perf_counter()
+for _ in range(int(sys.argv[2])):
+    audit.emit("policy.decision", **fields)
+print(time.perf_counter() - started)
+"""
+
+
+def per_event_us(folder: Path, events: int, chain: bool) -> float:
+    path = folder / f"{'chained' if chain else 'plain'}-{time.monotonic_ns()}.log"
+    audit = AuditLog(path, chain=chain)
+    started = time.perf_counter()
+    for _ in range(events):
+        audit.emit("policy.decision", **FIELDS)
+    elapsed = time.perf_counter() - started
+    audit.close()
+    assert audit.dropped == 0
+    return elapsed / events * 1e6
+
+
+def contended_us(folder: Path, events: int) -> float:
+    """Two processes appending to one chained file at once: the slower one's time per event."""
+    path = folder / f"shared-{time.monotonic_ns()}.log"
+    argv = [sys.executable, "-c", WRITER, str(path), str(events), str(REPO)]
+    procs = [
+        subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.close()
+    times = []
+    for proc in procs:
+        assert proc.stdout is not None
+        times.append(float(proc.stdout.read()))
+        proc.wait(timeout=300)
+    assert verify(path).intact
+    return max(times) / events * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="runner-bench-chain-") as scratch:
+        folder = Path(scratch)
+        plain, chained, shared, checks = [], [], [], []
+        for _ in range(args.rounds):
+            plain.append(per_event_us(folder, args.events, chain=False))
+            chained.append(per_event_us(folder, args.events, chain=True))
+            shared.append(contended_us(folder, args.events))
+        log = max(folder.glob("chained-*.log"))
+        started = time.perf_counter()
+        verdict = verify(log)
+        checks.append((time.perf_counter() - started) / verdict.lines * 1e6)
+        base = statistics.median(plain)
+        rows = [
+            ("emit, plain (baseline)", base),
+            ("emit, chained", statistics.median(chained)),
+            ("emit, chained, 2 processes on one file", statistics.median(shared)),
+            ("verify, per line", statistics.median(checks)),
+        ]
+        print(f"{args.events} events x {args.rounds} rounds")
+        print(f"{'':42} {'us/event':>9} {'x base':>7}")
+        for name, value in rows:
+            print(f"{name:42} {value:9.2f} {value / base:7.2f}")
+        print(f"chain cost per event: {statistics.median(chained) - base:+.2f} us")
+
+
+if __name__ == "__main__":
+    main()
