@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from runner import strict_json
 
@@ -66,6 +66,21 @@ def read_events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
             continue
         if isinstance(event, dict) and "event" in event:
             yield event
+
+
+def bounded_lines(stream: BinaryIO, limit: int) -> Iterator[bytes | None]:
+    """Each line of ``stream`` (its newline kept; the last may lack one), or None for a line
+    longer than ``limit`` bytes, which is skipped without being held."""
+    while True:
+        line = stream.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit:
+            yield line
+            continue
+        while line and not line.endswith(b"\n"):  # the rest of the long line
+            line = stream.readline(limit + 1)
+        yield None
 
 
 def query(path: Path, wanted: AuditFilter) -> Iterator[dict[str, Any]]:

@@ -24,11 +24,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from runner.audit_query import parse_time
-from runner.audit_verify import bounded_lines
+from runner.audit_query import bounded_lines, parse_time
 
 GroupBy = Literal["tool", "role", "client"]
 GROUP_FIELDS: dict[str, str] = {"tool": "toolName", "role": "role", "client": "client"}
+MAX_LINE_BYTES = 1 << 20  # far above any line the runner writes; a longer one is skipped
 MAX_GROUPS = 10_000  # tool names of refused calls are logged as sent: a caller could invent many
 MAX_KEYS = 1000  # distinct reasons (or codes) kept per count; a foreign file may hold any
 OTHER = "(other)"
@@ -208,4 +208,4 @@ def build_report(lines: Iterable[bytes | None], by: GroupBy, since: datetime | N
 def report_file(path: Path, by: GroupBy, since: datetime | None = None) -> AuditReport:
     """Raises ``OSError``: the log cannot be opened or read."""
     with path.open("rb") as stream:
-        return build_report(bounded_lines(stream), by, since)
+        return build_report(bounded_lines(stream, MAX_LINE_BYTES), by, since)

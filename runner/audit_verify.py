@@ -23,13 +23,13 @@ with one recorded elsewhere for that.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from runner import audit_chain
 from runner.audit_chain import GENESIS, HASH_FIELD, PREV_FIELD
+from runner.audit_query import bounded_lines
 
 MAX_LINE_BYTES = 1 << 20  # far above any line the runner writes (16 KiB and the chain fields)
 MAX_PROBLEMS = 100  # kept to show; all are counted
@@ -69,21 +69,6 @@ class ChainVerdict:
             "problemCount": self.problem_count,
             "problems": [problem.as_json() for problem in self.problems],
         }
-
-
-def bounded_lines(stream: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[bytes | None]:
-    """Each line of ``stream`` (its newline kept; the last may lack one), or None for a line
-    longer than ``limit`` bytes, which is skipped without being held."""
-    while True:
-        line = stream.readline(limit + 1)
-        if not line:
-            return
-        if len(line) <= limit:
-            yield line
-            continue
-        while line and not line.endswith(b"\n"):  # the rest of the long line
-            line = stream.readline(limit + 1)
-        yield None
 
 
 class _Walk:
@@ -187,12 +172,10 @@ def verify_stream(stream: BinaryIO) -> ChainVerdict:
         OSError: the stream cannot be read.
     """
     walk = _Walk()
-    last_line: bytes | None = None
-    for number, raw in enumerate(bounded_lines(stream), start=1):
+    for number, raw in enumerate(bounded_lines(stream, MAX_LINE_BYTES), start=1):
         walk.take(number, raw)
-        last_line = raw
     verdict = walk.verdict
-    if last_line is not None and verdict.problems and verdict.problems[-1].line == verdict.lines:
+    if verdict.problems and verdict.problems[-1].line == verdict.lines:
         last = verdict.problems[-1]
         if last.kind == "broken":  # a last line that is not JSON: the tail was cut mid-line
             verdict.problems[-1] = ChainProblem(last.line, "truncated", f"the last line is {last.detail}")

@@ -140,6 +140,14 @@ def test_a_chained_log_at_a_symlink_is_refused_and_its_target_left_alone(bench: 
     assert target.read_text() == "precious\n"
 
 
+def test_a_fifo_at_a_chained_logs_path_is_refused_without_blocking(bench: ToolBench) -> None:
+    os.mkfifo(bench.audit_log)
+    bench.policy["audit"] = {"chain": True}
+    with pytest.raises(ConfigError) as refused:
+        bench.runner()
+    assert "not a regular file" in str(refused.value)
+
+
 def test_a_chain_needs_a_file(bench: ToolBench) -> None:
     bench.policy["audit"] = {"chain": True}
     bench.runner().close()  # the bench gives --audit-log
