@@ -33,8 +33,8 @@ HASH_FIELD = "hash"
 PREV_FIELD = "prevHash"
 _SUFFIX_START = ',"hash":"'
 SUFFIX_LENGTH = len(_SUFFIX_START) + 64 + len('"}')  # 75: what a chained line ends with
-# What a chained line ends with (its newline included), read from the file's tail.
-_TAIL = re.compile(rb',"hash":"([0-9a-f]{64})"\}\n\Z')
+# How a chained line ends (its newline, when it has one, included).
+_ENDING = re.compile(rb',"hash":"([0-9a-f]{64})"\}\n?\Z')
 LOCK_WAIT_S = 5.0  # a writer holds the lock for microseconds; 5 s means a stuck or hostile holder
 _LOCK_PAUSE_S = 0.0002  # first pause between tries, doubled up to _LOCK_PAUSE_MAX_S
 _LOCK_PAUSE_MAX_S = 0.01
@@ -90,15 +90,12 @@ def chained_line(event: Mapping[str, Any], prev_hash: str) -> str:
 def split_line(line: bytes) -> tuple[bytes, str] | None:
     """A chained line (without newline) as (the hashed text, its claimed hash); None when the
     line does not end as a chained line does."""
-    if len(line) <= SUFFIX_LENGTH or not line.endswith(b'"}'):
+    if len(line) <= SUFFIX_LENGTH:
         return None
-    suffix = line[-SUFFIX_LENGTH:]
-    if not suffix.startswith(_SUFFIX_START.encode()):
+    found = _ENDING.match(line, len(line) - SUFFIX_LENGTH)
+    if found is None:
         return None
-    claimed = suffix[len(_SUFFIX_START) : -2]
-    if re.fullmatch(rb"[0-9a-f]{64}", claimed) is None:
-        return None
-    return line[:-SUFFIX_LENGTH] + b"}", claimed.decode("ascii")
+    return line[:-SUFFIX_LENGTH] + b"}", found.group(1).decode("ascii")
 
 
 class ChainedFileSink:
@@ -188,5 +185,5 @@ def _last_hash(fd: int) -> tuple[str, bool]:
     tail = os.pread(fd, SUFFIX_LENGTH + 1, max(size - SUFFIX_LENGTH - 1, 0))
     if not tail.endswith(b"\n"):
         return GENESIS, True
-    found = _TAIL.search(tail)
+    found = _ENDING.match(tail, max(len(tail) - SUFFIX_LENGTH - 1, 0))
     return (found.group(1).decode("ascii") if found else GENESIS), False
