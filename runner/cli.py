@@ -532,7 +532,15 @@ def _register_serve() -> None:
     cli.add_command(serve_group)
 
 
+def _register_mcp() -> None:
+    # runner mcp add: its own module (runner.hosted), like the serve commands.
+    from runner.hosted.commands import mcp_group
+
+    cli.add_command(mcp_group)
+
+
 _register_serve()
+_register_mcp()
 
 
 document_environment(cli)
