@@ -220,11 +220,17 @@ def _install_pip(folder: Path, source: PipSource) -> list[str]:
     match = _PIP_PACKAGE.fullmatch(source.package)
     assert match is not None  # _check_source matched it
     module = source.module or match["name"].replace("-", "_")
-    _check_module(python, module, given=source.module is not None)
+    check_module(python, module, given=source.module is not None)
     return [f"{VENV_DIR}/bin/python3", "-m", module]
 
 
-def _check_module(python: Path, module: str, *, given: bool) -> None:
+def check_module(python: Path, module: str, *, given: bool = True) -> None:
+    """Check that ``python -m module`` finds ``module`` in the virtual environment of
+    ``python`` (found, not imported: none of the package's code runs).
+
+    Raises:
+        McpAddError: ``no_module``, naming --module and the runnable packages there.
+    """
     sites = sorted((python.parent.parent / "lib").glob("python3*/site-packages"))
     if not sites:
         raise McpAddError(
@@ -268,12 +274,17 @@ def _install_npm(folder: Path, source: NpmSource) -> list[str]:
     _checked(f"npm install {source.package}", _run([*argv, source.package]))
     match = _NPM_PACKAGE.fullmatch(source.package)
     assert match is not None  # _check_source matched it
-    return ["node", _bin_path(folder, match["name"], source.bin)]
+    return ["node", node_program(folder, match["name"], source.bin)]
 
 
-def _bin_path(folder: Path, package: str, chosen: str | None) -> str:
-    """The bin file of the installed ``package``, relative to ``folder``; resolved, so that a
-    symlink the package planted cannot point it outside the folder."""
+def node_program(folder: Path, package: str, chosen: str | None) -> str:
+    """The program (``bin`` of its package.json; ``chosen``, else its only one) of the npm
+    ``package`` installed in ``folder``, relative to ``folder``. Resolved, so that a symlink
+    the package planted cannot point it outside the folder.
+
+    Raises:
+        McpAddError: ``bin_choice`` (several, none chosen), ``no_bin``, ``bin_outside``.
+    """
     root = folder.resolve()
     package_dir = folder / "node_modules" / package
     described = _inside(root, package_dir / "package.json", package)
