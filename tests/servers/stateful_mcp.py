@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 COUNTER = 0
 MARKER = "/tmp/stateful-mcp-marker"
@@ -32,16 +33,16 @@ TOOLS = [
 ]
 
 
-def send(message):
+def send(message: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
 
 
-def text(value):
+def text(value: str) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": value}]}
 
 
-def call(request):
+def call(request: dict[str, Any]) -> Any:
     global COUNTER  # noqa: PLW0603 - the very state a fresh sandbox must not keep
     name = request["params"]["name"]
     arguments = request["params"].get("arguments") or {}
