@@ -51,6 +51,7 @@ class Registry:
         cache = cache if cache is not None else ManifestCache.open()
         tools: dict[str, Tool] = {}
         problems: list[LoadProblem] = []
+        servers: list[ServerEntry] = []
         for root in directories:
             if not root.is_dir():
                 problems.append(LoadProblem(root, "tool directory does not exist"))
@@ -61,22 +62,15 @@ class Registry:
                 except ManifestError as exc:
                     problems.append(LoadProblem(exc.path, exc.reason, folder.name))
                     continue
-                path = folder / MANIFEST_FILE
-                # The backend's rules first: a server it refuses is not even started.
-                checked = entry if isinstance(entry, Tool) else server_as_tool(entry)
-                refused = backend_problems(checked) if backend_problems is not None else []
-                if refused:
-                    problems.append(LoadProblem(path, "; ".join(refused), checked.name))
+                if isinstance(entry, ServerEntry):
+                    servers.append(entry)  # after every tool of its own: it never shadows one
                     continue
-                found = [entry] if isinstance(entry, Tool) else _server_tools(entry, cache, lister, problems)
-                for tool in found:
-                    if tool.name in tools:
-                        first = tools[tool.name].directory / MANIFEST_FILE
-                        problems.append(
-                            LoadProblem(path, f"duplicate tool name {tool.name!r} (first defined in {first})")
-                        )
-                        continue
-                    tools[tool.name] = tool
+                if _admitted(entry, backend_problems, problems):
+                    _add(tools, entry, problems)
+        for server in servers:
+            if _admitted(server_as_tool(server), backend_problems, problems):
+                for tool in _server_tools(server, cache, lister, problems):
+                    _add(tools, tool, problems)
         cache.save()
         return cls(tools.values(), problems)
 
@@ -102,6 +96,25 @@ def matches_filter(tool: Tool, text: str | None) -> bool:
     manifest = tool.manifest
     haystack = [manifest.name, manifest.description, *manifest.tags]
     return any(needle in part.lower() for part in haystack)
+
+
+def _admitted(
+    tool: Tool, backend_problems: Callable[[Tool], list[str]] | None, problems: list[LoadProblem]
+) -> bool:
+    """Whether the tool's backend takes it (a server's is checked before it is started)."""
+    refused = backend_problems(tool) if backend_problems is not None else []
+    if refused:
+        problems.append(LoadProblem(tool.directory / MANIFEST_FILE, "; ".join(refused), tool.name))
+    return not refused
+
+
+def _add(tools: dict[str, Tool], tool: Tool, problems: list[LoadProblem]) -> None:
+    if tool.name in tools:
+        first = tools[tool.name].directory / MANIFEST_FILE
+        where = tool.directory / MANIFEST_FILE
+        problems.append(LoadProblem(where, f"duplicate tool name {tool.name!r} (first defined in {first})"))
+        return
+    tools[tool.name] = tool
 
 
 def _server_tools(

@@ -48,17 +48,19 @@ class _Conversation:
     async def talk(self, pipe: Pipe) -> None:
         incoming_send, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](16)
         outgoing, outgoing_receive = anyio.create_memory_object_stream[SessionMessage](16)
-        async with anyio.create_task_group() as group:
+        async with incoming_send, incoming, outgoing, outgoing_receive, anyio.create_task_group() as group:
             group.start_soon(self._read, pipe, incoming_send, group.cancel_scope)
             group.start_soon(_write, pipe, outgoing_receive)
             try:
                 async with ClientSession(incoming, outgoing, client_info=CLIENT_INFO) as session:
-                    await session.initialize()
-                    await self.exchange(session)
-            except MCPError as exc:
-                self.spoken.refused = exc.error.message or f"error {exc.error.code}"
+                    # Inside the session: its task group would wrap what goes out of it.
+                    try:
+                        await session.initialize()
+                        await self.exchange(session)
+                    except MCPError as exc:
+                        self.spoken.refused = exc.error.message or f"error {exc.error.code}"
             except Exception as exc:  # the SDK's word that the answer broke the protocol
-                self.spoken.broken = f"{type(exc).__name__}: {' '.join(str(exc).split())[:PREVIEW_CHARS]}"
+                self.spoken.broken = _one_line(exc)
             group.cancel_scope.cancel()  # the conversation is over; the pipe tasks with it
 
     async def exchange(self, session: ClientSession) -> None:
@@ -87,6 +89,12 @@ class _Conversation:
                     return
                 await sink.send(SessionMessage(message))
         await anyio.sleep_forever()
+
+
+def _one_line(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:PREVIEW_CHARS]}"
 
 
 async def _write(pipe: Pipe, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
