@@ -207,3 +207,40 @@ def test_a_warm_server_serves_one_call_and_is_never_reused(bench: ToolBench, bac
     attempts = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
     warm = [event["warm"] for event in attempts if event["event"] == "call.attempt"]
     assert warm and all(warm), warm
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_through_runner_serve_a_client_sees_hosted_tools_next_to_ours_per_role_with_progress(
+    bench: ToolBench, anyio_backend: str
+) -> None:
+    from mcp import Client
+    from mcp_harness import ECHO, stdio_server
+
+    bench.tool("echo", ECHO)
+    add_server(bench)
+    bench.policy["roles"] = {
+        "user": {"allow": ["echo", "st_progress", "st_structured"]},
+        "admin": {"inherits": ["user"], "allow": ["*"]},
+    }
+    async with Client(stdio_server(bench)) as client:
+        assert {tool.name for tool in (await client.list_tools()).tools} == {
+            "echo",
+            "st_progress",
+            "st_structured",
+        }
+        seen: list[tuple[float, float | None, str | None]] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            seen.append((progress, total, message))
+
+        result = await client.call_tool("st_progress", {}, progress_callback=on_progress)
+        assert not result.is_error
+        assert [message for _, _, message in seen] == ["step 1", "step 2", "step 3"]
+        structured = await client.call_tool("st_structured", {"n": 4})
+        assert structured.structured_content == {"double": 8}
+        denied = await client.call_tool("st_count", {})
+        assert denied.is_error and denied.content[0].text.startswith("PERMISSION_DENIED")  # type: ignore[union-attr]
+    async with Client(stdio_server(bench, "--role", "admin")) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+    assert names == {"echo"} | {f"st_{name}" for name in NAMES}
