@@ -152,9 +152,9 @@ def test_pip_server_gets_a_venv_of_the_system_python_and_a_kind_mcp_manifest(
     # The sandbox runs /usr/bin/python3: the venv must be made with it, not the runner's python.
     assert (folder / "venv" / "bin" / "python3").resolve() == Path("/usr/bin/python3").resolve()
     assert "home = /usr/bin" in (folder / "venv" / "pyvenv.cfg").read_text()
-    # Its tools (once kind: mcp loads) or the load problems of the folder: never silence.
-    assert all(tool["name"].startswith("time_") for tool in report["tools"])
-    assert report["tools"] or report["problems"]
+    # The registry loaded after the install lists the server's tools through the sandbox.
+    assert {tool["name"] for tool in report["tools"]} == {"time_get_current_time", "time_convert_time"}
+    assert report["problems"] == []
     assert "time_*" in report["grantsYaml"]
     assert report["grants"]["roles"]["user"]["allow"] == ["time_*"]
 
@@ -172,7 +172,51 @@ def test_npm_server_runs_node_on_its_bin_file_inside_the_folder(installed: dict[
     assert program.resolve().is_relative_to(folder.resolve())
     assert not (folder / "stale.txt").exists(), "--force replaces the folder, it does not merge"
     assert report["command"] == manifest["command"]
+    assert {"files_read_text_file", "files_list_directory"} <= {tool["name"] for tool in report["tools"]}
+    assert report["problems"] == []
     assert _leftovers(installed["project"] / "tools") == []
+
+
+def _merge(policy: dict[str, Any], grants: dict[str, Any]) -> None:
+    for key, value in grants.items():
+        if isinstance(value, dict):
+            _merge(policy.setdefault(key, {}), value)
+        elif isinstance(value, list):
+            policy[key] = [*policy.get(key, []), *value]
+        else:
+            policy[key] = value
+
+
+@pytest.mark.registry
+@pytest.mark.slow
+def test_the_printed_grants_are_all_the_policy_needs_to_call_the_servers_tools(
+    installed: dict[str, Any],
+) -> None:
+    project: Path = installed["project"]
+    tools = str(project / "tools")
+    refused = runner_command("exec", "time_get_current_time", "--params", '{"timezone": "UTC"}', cwd=project)
+    assert answer_of(refused)["error"]["code"] == "PERMISSION_DENIED"
+    policy = yaml.safe_load((project / "policies.yaml").read_text())
+    for added in ("time", "files"):
+        _merge(policy, _report(installed[added])["grants"])
+    (project / "granted.yaml").write_text(yaml.safe_dump(policy))
+    for tool, params in (
+        ("time_get_current_time", {"timezone": "UTC"}),
+        ("files_list_allowed_directories", {}),
+    ):
+        done = runner_command(
+            "exec",
+            tool,
+            "--params",
+            json.dumps(params),
+            "--policies",
+            "granted.yaml",
+            "--tools",
+            tools,
+            cwd=project,
+        )
+        answer = answer_of(done)
+        assert answer["success"], answer
 
 
 @pytest.mark.registry

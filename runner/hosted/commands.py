@@ -123,9 +123,7 @@ def _report(installed: Installed, runner: Runner) -> dict[str, Any]:
     from runner.hosted.grants import needed_grants
 
     hosted = [
-        tool
-        for tool in runner.registry
-        if getattr(getattr(tool, "hosted", None), "server", None) == installed.name
+        tool for tool in runner.registry if tool.hosted is not None and tool.hosted.server == installed.name
     ]
     problems = [p for p in runner.registry.problems if p.folder == installed.name]
     manifest = yaml.safe_load(installed.manifest.read_text(encoding="utf-8"))
