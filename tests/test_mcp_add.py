@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -404,6 +406,44 @@ def test_exactly_one_source_with_its_own_options(project: Path, flags: list[str]
     assert done.returncode == 2
     assert done.stderr.startswith("runner: ")
     assert not (project / "tools" / "srv").exists()
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue  # it exited meanwhile
+    return found
+
+
+def test_sigterm_during_the_install_kills_it_and_leaves_no_folder(project: Path) -> None:
+    tools = project / "tools"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    with subprocess.Popen(
+        [installed_command(), "mcp", "add", "stopped", "--pip", TIME],
+        cwd=project,
+        env={**clean, "HOME": str(project.parent / "home")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as adding:
+        deadline = time.monotonic() + 60
+        staging: list[Path] = []
+        while not staging and time.monotonic() < deadline and adding.poll() is None:
+            staging = [path for path in tools.glob(".stopped.*") if (path / "venv").exists()]
+            time.sleep(0.01)
+        assert staging, "the install never got as far as making its virtual environment"
+        assert _processes_mentioning(staging[0].name), "nothing was installing when the signal came"
+        adding.send_signal(signal.SIGTERM)
+        _, stderr = adding.communicate(timeout=60)
+    assert adding.returncode == 128 + signal.SIGTERM, stderr
+    assert "Traceback" not in stderr
+    assert _leftovers(tools) == []
+    assert not (tools / "stopped").exists()
+    assert _processes_mentioning(staging[0].name) == []
 
 
 # -- the bin choice and symlinks, on package folders made here ----------------------------

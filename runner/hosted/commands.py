@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +16,8 @@ from runner.cli import _fail_usage, _load, _location_options, _print_json
 from runner.errors import ConfigError
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from runner.api import Runner
     from runner.hosted.install import Installed, Source
 
@@ -73,8 +79,14 @@ def add_command(
     from runner.hosted.install import McpAddError, add_server
 
     source = _source(pip_package, module, npm_package, bin_name)
+    from runner.interrupt import Interrupted
+
+    tools_dir = _tools_dir(ctx)
     try:
-        installed = add_server(_tools_dir(ctx), name, source, args, force=force)
+        with _stopped_by_signals():
+            installed = add_server(tools_dir, name, source, args, force=force)
+    except Interrupted as stopped:  # the package manager is gone and the half folder removed
+        sys.exit(128 + stopped.signum)
     except McpAddError as exc:
         output = exc.output.strip()
         _fail_usage(exc.message + (f"\n{output}" if output and not as_json else ""))
@@ -85,6 +97,26 @@ def add_command(
         _print_json(report)
     else:
         _print_report(report)
+
+
+@contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """Ctrl-C or SIGTERM raises ``Interrupted`` where the install is, so that its cleanup
+    runs (the package manager's session killed, the half-made folder removed); the signals
+    that follow are ignored until it is done."""
+    from runner.interrupt import STOP_SIGNALS, Interrupted
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        for each in STOP_SIGNALS:
+            signal.signal(each, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    before = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def _source(
