@@ -9,24 +9,18 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from conftest import answer_of, installed_command
+from conftest import FILES, TIME, answer_of, installed_command, new_project, runner_command
 
 from runner.hosted.grants import needed_grants
 from runner.hosted.install import McpAddError, check_module, node_program
 from runner.policy import Policy, PolicyModel
-
-TIME = "mcp-server-time"
-FILES = "@modelcontextprotocol/server-filesystem"
-REGISTRIES = (("pypi.org", 443), ("registry.npmjs.org", 443))
 
 # A normal tool that starts the installed server's command as its child and speaks MCP to
 # it over pipes; it reports what the server listed and answered, and its peak memory.
@@ -64,61 +58,6 @@ json.dump({"initializeMs": round(initialized * 1000), "tools": [tool["name"] for
            "call": called, "peakRssKb": int(status["VmHWM"].split()[0]),
            "threads": int(status["Threads"])}, sys.stdout)
 """
-
-
-def runner_command(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_") and k != "XDG_CONFIG_HOME"}
-    return subprocess.run(
-        [installed_command(), *args],
-        cwd=cwd,
-        env={**clean, "HOME": str(cwd.parent / "home")},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def _registries_reachable() -> str | None:
-    for host, port in REGISTRIES:
-        try:
-            socket.create_connection((host, port), timeout=10).close()
-        except OSError as exc:
-            return f"{host}:{port}: {exc}"
-    return None
-
-
-@pytest.fixture(scope="session")
-def registries() -> None:
-    """PyPI and npm reachable; in CI an unreachable one fails instead of skipping."""
-    problem = _registries_reachable()
-    if problem is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the package registries are required in CI: {problem}")
-        pytest.skip(f"the package registries are out of reach: {problem}")
-
-
-def _project(folder: Path) -> Path:
-    folder.mkdir()
-    (folder.parent / "home").mkdir(exist_ok=True)
-    assert runner_command("init", cwd=folder).returncode == 0
-    return folder
-
-
-@pytest.fixture(scope="session")
-def installed(registries: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """One project with both example servers added (one install of each package): time by
-    --pip, files by --npm over a stale folder of that name, with --force."""
-    project = _project(tmp_path_factory.mktemp("mcp") / "project")
-    time_added = runner_command(
-        "mcp", "add", "time", "--pip", TIME, "--json", "--", "--local-timezone=UTC", cwd=project
-    )
-    stale = project / "tools" / "files"
-    stale.mkdir()
-    (stale / "stale.txt").write_text("from before")
-    files_added = runner_command(
-        "mcp", "add", "files", "--npm", FILES, "--force", "--json", "--", "/tmp", cwd=project
-    )
-    yield {"project": project, "time": time_added, "files": files_added}
 
 
 def _report(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -336,7 +275,7 @@ def test_bin_is_taken_from_the_installed_package_json(installed: dict[str, Any])
 @pytest.mark.registry
 @pytest.mark.slow
 def test_unknown_packages_fail_clearly_and_leave_no_folder(registries: None, tmp_path: Path) -> None:
-    project = _project(tmp_path / "project")
+    project = new_project(tmp_path / "project")
     for flag, package in (
         ("--pip", "runner-mcp-add-no-such-package-7f3a"),
         ("--npm", "runner-mcp-add-no-such-7f3a"),
@@ -354,7 +293,7 @@ def test_unknown_packages_fail_clearly_and_leave_no_folder(registries: None, tmp
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    return _project(tmp_path / "project")
+    return new_project(tmp_path / "project")
 
 
 @pytest.mark.parametrize("name", ["Time", "1time", "a/b", "..", "x" * 65, "t\u00e9", ""])
