@@ -33,16 +33,17 @@ from runner.egress import ConnectAttempt, call_egress
 from runner.errors import CallError, ConfigError, ErrorCode
 from runner.executor import CallContext, Execution, Executor, Progress
 from runner.faults import OperatorLog, internal_error
+from runner.hosted.listing import ServerLister
 from runner.locations import find_policy, tool_dirs
 from runner.manifest import Tool
 from runner.models import CallOptions, CallRequest, DiscoverRequest, parse_request, peek
-from runner.plan import CallPlan, resolve_plan
+from runner.plan import CallPlan, launch_spec, resolve_plan
 from runner.policy import Policy
 from runner.pools import WarmPools
 from runner.redaction import Scrubber, nodes_at, redact_nodes
 from runner.registry import Registry, matches_filter
 from runner.secrets import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
-from sandboxes import Closable, LaunchSpec, Sandbox
+from sandboxes import Closable, Sandbox
 
 if TYPE_CHECKING:
     from runner.schemas import ParamsCheck
@@ -129,6 +130,7 @@ class Runner:
         registry = Registry.load(
             tool_dirs(tools, policy_path),
             None if sandbox_factory else backends.manifest_problems,
+            lister=ServerLister(policy, sandbox_factory or backends),
         )
         audit_value = audit_log or os.environ.get("RUNNER_AUDIT_LOG")
         audit_path = Path(audit_value) if audit_value else policy.audit_path
@@ -279,7 +281,11 @@ class Runner:
         """
         policy = Policy.load(policies)
         factory = self._sandbox_factory
-        registry = Registry.load(tools, factory.manifest_problems if isinstance(factory, Backends) else None)
+        registry = Registry.load(
+            tools,
+            factory.manifest_problems if isinstance(factory, Backends) else None,
+            lister=ServerLister(policy, factory),
+        )
         with self._lock:
             self.policy, self.registry = policy, registry
 
@@ -515,7 +521,8 @@ class Runner:
                     raise self._secret_unavailable(tool, secrets.missing[0])
                 self._follow_pools()
                 sandbox = self._pools.sandbox_for(tool.name, self._sandbox_factory(plan.sandbox))
-                spec = replace(_launch_spec(tool, ctx, self.policy, plan.runtime), secrets=secrets.values)
+                spec = launch_spec(tool, ctx.request_id, self.policy, plan.runtime)
+                spec = replace(spec, secrets=secrets.values)
                 report = self._network_reporter(tool, ctx)
                 async with call_egress(tool, self.policy, spec, report) as spec:
                     execution = await self._executor.execute(
@@ -650,22 +657,6 @@ def _context(request: CallRequest, request_id: str, trace_id: str, policy: Polic
         role=policy.resolve_role(request.role),
         step_id=request.step_id,
         user_id=str(user_id) if user_id is not None else None,
-    )
-
-
-def _launch_spec(tool: Tool, ctx: CallContext, policy: Policy, runtime: str | None) -> LaunchSpec:
-    manifest = tool.manifest
-    env = {**manifest.env, "TOOL_NAME": tool.name, "REQUEST_ID": ctx.request_id}
-    return LaunchSpec(
-        tool_name=tool.name,
-        request_id=ctx.request_id,
-        command=tuple(manifest.command),
-        tool_dir=tool.directory,
-        env=env,
-        workspace=policy.workspace if manifest.workspace != "none" else None,
-        workspace_mode=manifest.workspace,
-        image=manifest.image,
-        runtime=runtime,
     )
 
 

@@ -79,10 +79,20 @@ def _set_location(ctx: click.Context, param: click.Parameter, value: object) -> 
 def _location_options(command: _Command) -> _Command:
     """``--tools``, ``--policies`` and ``--audit-log`` after the command as well (SPEC 6)."""
     for option in (
-        click.option("--audit-log", type=click.Path(path_type=Path), expose_value=False,
-                     callback=_set_location, help=_AUDIT_HELP),
-        click.option("--policies", type=click.Path(path_type=Path), expose_value=False,
-                     callback=_set_location, help=_POLICIES_HELP),
+        click.option(
+            "--audit-log",
+            type=click.Path(path_type=Path),
+            expose_value=False,
+            callback=_set_location,
+            help=_AUDIT_HELP,
+        ),
+        click.option(
+            "--policies",
+            type=click.Path(path_type=Path),
+            expose_value=False,
+            callback=_set_location,
+            help=_POLICIES_HELP,
+        ),
         click.option("--tools", expose_value=False, callback=_set_location, help=_TOOLS_HELP),
     ):
         command = option(command)
@@ -101,7 +111,11 @@ def _location_options(command: _Command) -> _Command:
     "--audit-log", envvar="RUNNER_AUDIT_LOG", default=None, type=click.Path(path_type=Path), help=_AUDIT_HELP
 )
 @click.option(
-    "--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
     help="Print the installed version and exit.",
 )
 @click.pass_context
@@ -131,14 +145,19 @@ def init_command(directory: Path, force: bool) -> None:
         f" into {directory}"
     )
     where = "" if directory == Path() else f"cd {directory} && "
-    click.echo(f"try: {where}runner exec add_numbers --params '{{\"a\": 1, \"b\": 2}}'")
+    click.echo(f'try: {where}runner exec add_numbers --params \'{{"a": 1, "b": 2}}\'')
 
 
 @cli.command("new")
 @_location_options
 @click.argument("name")
-@click.option("--lang", type=click.Choice(["python", "sh"]), default="python", show_default=True,
-              help="python: main.py using the runner_tool helper; sh: a shell script.")
+@click.option(
+    "--lang",
+    type=click.Choice(["python", "sh"]),
+    default="python",
+    show_default=True,
+    help="python: main.py using the runner_tool helper; sh: a shell script.",
+)
 @click.option("--docker", is_flag=True, help="Run it in the docker sandbox (needs `runner images build`).")
 @click.pass_context
 def new_command(ctx: click.Context, name: str, lang: str, docker: bool) -> None:
@@ -167,8 +186,12 @@ def new_command(ctx: click.Context, name: str, lang: str, docker: bool) -> None:
 
 @cli.command("list")
 @_location_options
-@click.option("--filter", "filter_text", default=None,
-              help="Only tools whose name, description or tags contain TEXT (any case).")
+@click.option(
+    "--filter",
+    "filter_text",
+    default=None,
+    help="Only tools whose name, description or tags contain TEXT (any case).",
+)
 @click.option("--role", default=None, help="List for this role (default: the policy's default_role).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the default when piped is plain lines).")
 @click.pass_context
@@ -260,18 +283,44 @@ def _json_problem(exc: ValueError | RecursionError) -> str:
 @click.argument("tool")
 @click.option("--params", default=None, help="JSON object, @FILE to read it from a file, or @- from stdin.")
 @click.option("--role", default=None, help="Call as this role (default: the policy's default_role).")
-@click.option("--timeout", type=click.IntRange(min=1), default=None, metavar="MS",
-              help="Milliseconds one attempt may run before it is killed.")
-@click.option("--retries", type=click.IntRange(min=0), default=None, metavar="N",
-              help="Retries after a failed attempt (not counting the first).")
-@click.option("--retry-delay", type=click.IntRange(min=0), default=None, metavar="MS",
-              help="Milliseconds between attempts.")
-@click.option("--deadline", type=click.IntRange(min=1), default=None, metavar="MS",
-              help="Milliseconds for the whole call, every attempt and delay included.")
-@click.option("--format", "output_format", type=click.Choice(["json", "raw"]), default=None,
-              help="json: the result is the tool's stdout parsed; raw: its text as is.")
-@click.option("--request-id", default=None,
-              help="The call's id in the answer and the audit log (default: generated).")
+@click.option(
+    "--timeout",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="MS",
+    help="Milliseconds one attempt may run before it is killed.",
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Retries after a failed attempt (not counting the first).",
+)
+@click.option(
+    "--retry-delay",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="MS",
+    help="Milliseconds between attempts.",
+)
+@click.option(
+    "--deadline",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="MS",
+    help="Milliseconds for the whole call, every attempt and delay included.",
+)
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["json", "raw"]),
+    default=None,
+    help="json: the result is the tool's stdout parsed; raw: its text as is.",
+)
+@click.option(
+    "--request-id", default=None, help="The call's id in the answer and the audit log (default: generated)."
+)
 @click.option("--step-id", default=None, help="The agent's step this call belongs to, for the audit log.")
 @click.pass_context
 def exec_command(
@@ -425,7 +474,15 @@ def _register_commands() -> None:
     cli.add_command(serve_group)
 
 
+def _register_mcp() -> None:
+    # runner mcp add: its own module (runner.hosted), like the serve commands.
+    from runner.hosted.commands import mcp_group
+
+    cli.add_command(mcp_group)
+
+
 _register_commands()
+_register_mcp()
 
 
 document_environment(cli)

@@ -11,7 +11,7 @@ import json
 import math
 from concurrent.futures import Executor as ThreadPool
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.audit import AuditLog
 from runner.clock import Clock
@@ -22,6 +22,8 @@ from runner.plan import CallPlan
 from runner.redaction import NO_SECRETS, Scrubber
 from runner.secret_output import scrub_outcome
 from sandboxes import (
+    Converses,
+    Dialogue,
     LaunchSpec,
     Limits,
     PreparedSandbox,
@@ -31,6 +33,9 @@ from sandboxes import (
     StopReason,
 )
 from sandboxes.cancellation import finish_shielded
+
+if TYPE_CHECKING:
+    from runner.hosted.calls import HostedCall
 
 # An attempt with less time than this left before the deadline is not worth starting:
 # it could not even spawn a process.
@@ -129,22 +134,26 @@ class Executor:
                 break
             timeout_ms = max(1, min(plan.limits.timeout_ms, math.ceil(left_ms)))
             by_deadline = timeout_ms < plan.limits.timeout_ms
-            payload = _payload(params, spec, attempt)
+            # A hosted MCP server's tool (SPEC 12) is spoken with; any other is fed its payload.
+            dialogue = _dialogue(tool, params, ctx) if tool.hosted is not None else None
+            work = dialogue if dialogue is not None else _payload(params, spec, attempt)
             started = clock.monotonic()
             progress.attempts = attempt
             try:
-                outcome = await _run_attempt(
-                    sandbox, spec, replace(plan.limits, timeout_ms=timeout_ms), payload
-                )
+                outcome = await _run_attempt(sandbox, spec, replace(plan.limits, timeout_ms=timeout_ms), work)
             except asyncio.CancelledError:
                 self._cancelled_event(tool, ctx, attempt, sandbox, started)
                 raise
             progress.degraded = progress.degraded or outcome.degraded
+            if dialogue is not None:
+                outcome = dialogue.settled(outcome)
             if ctx.tool_secrets:  # before anything reads the outcome, cuts it short or logs it
                 outcome = await asyncio.get_running_loop().run_in_executor(
                     self._threads, scrub_outcome, outcome, ctx.tool_secrets, plan.format
                 )
             try:
+                if dialogue is not None and (broken := dialogue.protocol_error(tool.name, ctx.tool_secrets)):
+                    raise broken
                 if not outcome.ok:
                     raise failure_error(tool, outcome, timeout_ms, by_deadline)
                 # Up to max_output_bytes of JSON and an output_schema: off the event loop.
@@ -222,7 +231,16 @@ def _payload(params: dict[str, Any], spec: LaunchSpec, attempt: int) -> bytes:
     return json.dumps(document, ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-async def _run_attempt(sandbox: Sandbox, spec: LaunchSpec, limits: Limits, payload: bytes) -> SandboxOutcome:
+def _dialogue(tool: Tool, params: dict[str, Any], ctx: CallContext) -> HostedCall:
+    from runner.hosted.calls import HostedCall  # the MCP SDK: only for a hosted server's tool
+
+    assert tool.hosted is not None
+    return HostedCall(tool.hosted.tool, params, ctx.tool_secrets)
+
+
+async def _run_attempt(
+    sandbox: Sandbox, spec: LaunchSpec, limits: Limits, work: bytes | Dialogue
+) -> SandboxOutcome:
     """One attempt in a fresh sandbox, closed on every path.
 
     A cancellation leaves no sandbox behind (trio's ``run_process`` is the model): a
@@ -240,7 +258,12 @@ async def _run_attempt(sandbox: Sandbox, spec: LaunchSpec, limits: Limits, paylo
             await _close(preparing.result(), cancel)
         raise
     try:
-        outcome = await prepared.run(payload)
+        if isinstance(work, bytes):
+            outcome = await prepared.run(work)
+        elif isinstance(prepared, Converses):
+            outcome = await prepared.converse(work)
+        else:
+            raise SandboxUnavailable(f"the {sandbox.name} backend cannot host MCP servers")
     except SandboxUnavailable as exc:
         outcome = _unavailable(exc)
     except BaseException as exc:  # cancelled, or a fault: torn down first either way

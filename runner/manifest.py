@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -47,18 +47,18 @@ class AnnotationsModel(BaseModel):
     open_world: bool | None = Field(default=None, alias="openWorld")
 
 
-class ManifestModel(BaseModel):
+class LaunchModel(BaseModel):
+    """What every manifest says about running its program: a tool's and an MCP server's
+    (``kind: mcp``, ``runner.hosted.manifest``) alike."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    description: str = Field(min_length=1, max_length=1000)
     version: str | None = None
     tags: list[str] = Field(default_factory=list)
     command: list[str] = Field(min_length=1)
     sandbox: str = "subprocess"  # any installed backend (entry point group runner.sandboxes)
     image: str | None = None
-    parameters: dict[str, Any]
-    output_schema: dict[str, Any] | bool | None = None
     limits: CallSettings = Field(default_factory=CallSettings)
     network: bool | NetworkAllow = False  # true: a network of its own; allow: the egress proxy
     workspace: Literal["none", "read", "write"] = "none"
@@ -87,13 +87,6 @@ class ManifestModel(BaseModel):
             raise ValueError("command[0] must be a program name and no part may hold NUL")
         return value
 
-    @field_validator("parameters")
-    @classmethod
-    def _parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if value.get("type") != "object":
-            raise ValueError("must be a JSON Schema with type: object")
-        return value
-
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
@@ -116,11 +109,33 @@ class ManifestModel(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _secrets_not_in_env(self) -> ManifestModel:
+    def _secrets_not_in_env(self) -> Self:
         both = sorted(set(self.secrets) & set(self.env))
         if both:
             raise ValueError(f"{both[0]} is both a secret and an env variable")
         return self
+
+
+class ManifestModel(LaunchModel):
+    description: str = Field(min_length=1, max_length=1000)
+    parameters: dict[str, Any]
+    output_schema: dict[str, Any] | bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value.get("type") != "object":
+            raise ValueError("must be a JSON Schema with type: object")
+        return value
+
+
+@dataclass(frozen=True)
+class HostedTool:
+    """Where a tool of an MCP server (SPEC 12) comes from: the server's manifest name and
+    the tool's own name on that server."""
+
+    server: str
+    tool: str
 
 
 @dataclass(frozen=True)
@@ -134,6 +149,7 @@ class Tool:
 
     manifest: ManifestModel
     directory: Path
+    hosted: HostedTool | None = None  # a tool of a third-party MCP server (SPEC 12)
 
     @property
     def name(self) -> str:
@@ -187,9 +203,53 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+class ServerManifestModel(LaunchModel):
+    """``kind: mcp``: a stdio MCP server whose tools register one by one (SPEC 12)."""
+
+    kind: Literal["mcp"]
+    description: str | None = Field(default=None, min_length=1, max_length=1000)
+    tools: list[str] | None = None  # expose only these of the server's tools
+    prefix: str | None = None  # before each tool's name; default NAME_, "" keeps the server's
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("a tool is listed twice")
+        return value
+
+    @property
+    def tool_prefix(self) -> str:
+        return f"{self.name}_" if self.prefix is None else self.prefix
+
+
+@dataclass(frozen=True)
+class ServerEntry:
+    """A tool folder that holds an MCP server's manifest; ``key`` is its bytes' digest."""
+
+    manifest: ServerManifestModel
+    directory: Path
+    key: str
+
+
 def load_tool(directory: Path, cache: ManifestCache | None = None) -> Tool:
-    """Read and validate ``directory/tool.yaml``; ``cache`` skips the YAML and schema checks
-    of a file whose very bytes passed them before, and records one that passes now.
+    """Read and validate ``directory/tool.yaml`` as one tool (``load_entry``).
+
+    Raises:
+        ManifestError: as ``load_entry``, or the folder holds an MCP server's manifest.
+    """
+    entry = load_entry(directory, cache)
+    if not isinstance(entry, Tool):
+        raise ManifestError(
+            directory / MANIFEST_FILE, "is an MCP server's manifest (kind: mcp), not a tool's"
+        )
+    return entry
+
+
+def load_entry(directory: Path, cache: ManifestCache | None = None) -> Tool | ServerEntry:
+    """Read and validate ``directory/tool.yaml``: a tool, or an MCP server (``kind: mcp``)
+    whose tools are listed later; ``cache`` skips the YAML and schema checks of a file
+    whose very bytes passed them before, and records one that passes now.
 
     Raises:
         ManifestError: the manifest is missing, unreadable or invalid (see
@@ -206,7 +266,7 @@ def load_tool(directory: Path, cache: ManifestCache | None = None) -> Tool:
     known = cache.get(key) if cache is not None else None
     if known is not None:
         with contextlib.suppress(ValidationError):  # not what it was: check it all again
-            return Tool(manifest=ManifestModel.model_validate(known), directory=directory.resolve())
+            return _entry(known, directory, key)
     try:
         raw = parse_yaml(data)
     except YamlFileError as exc:
@@ -214,17 +274,25 @@ def load_tool(directory: Path, cache: ManifestCache | None = None) -> Tool:
     if not isinstance(raw, dict):
         raise ManifestError(path, "must be a mapping")
     try:
-        manifest = ManifestModel.model_validate(raw)
+        entry = _entry(raw, directory, key)
     except ValidationError as exc:
         raise ManifestError(path, _describe(exc)) from exc
-    from runner.schemas import SchemaProblem, check_schema
+    if isinstance(entry, Tool):
+        from runner.schemas import SchemaProblem, check_schema
 
-    try:
-        check_schema(manifest.parameters)
-        if manifest.output_schema is not None:
-            check_schema(manifest.output_schema)
-    except SchemaProblem as exc:
-        raise ManifestError(path, str(exc)) from exc
+        try:
+            check_schema(entry.manifest.parameters)
+            if entry.manifest.output_schema is not None:
+                check_schema(entry.manifest.output_schema)
+        except SchemaProblem as exc:
+            raise ManifestError(path, str(exc)) from exc
     if cache is not None:
         cache.put(key, raw)
-    return Tool(manifest=manifest, directory=directory.resolve())
+    return entry
+
+
+def _entry(raw: dict[str, Any], directory: Path, key: str) -> Tool | ServerEntry:
+    """The model ``raw`` asks for by its ``kind``. Raises ValidationError."""
+    if "kind" in raw:
+        return ServerEntry(ServerManifestModel.model_validate(raw), directory.resolve(), key)
+    return Tool(manifest=ManifestModel.model_validate(raw), directory=directory.resolve())

@@ -14,7 +14,7 @@ from runner.manifest import Tool
 from runner.models import CallOptions
 from runner.policy import Policy
 from runner.settings import RESOURCE_FIELDS, CallSettings, first_set
-from sandboxes import Limits
+from sandboxes import LaunchSpec, Limits
 
 
 @dataclass(frozen=True)
@@ -59,5 +59,22 @@ def resolve_plan(tool: Tool, policy: Policy, options: CallOptions) -> CallPlan:
         deadline_ms=values["deadline_ms"],
         format=options.format,
         sandbox=sandbox,
+        runtime=runtime,
+    )
+
+
+def launch_spec(tool: Tool, request_id: str, policy: Policy, runtime: str | None) -> LaunchSpec:
+    """What a call of ``tool`` runs and may see, secrets and egress aside (the call's own)."""
+    manifest = tool.manifest
+    env = {**manifest.env, "TOOL_NAME": tool.name, "REQUEST_ID": request_id}
+    return LaunchSpec(
+        tool_name=tool.name,
+        request_id=request_id,
+        command=tuple(manifest.command),
+        tool_dir=tool.directory,
+        env=env,
+        workspace=policy.workspace if manifest.workspace != "none" else None,
+        workspace_mode=manifest.workspace,
+        image=manifest.image,
         runtime=runtime,
     )

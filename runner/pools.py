@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 from runner.plan import resolve_plan
 from runner.policy import Policy, matching_rule
 from sandboxes import (
+    Converses,
+    Dialogue,
     LaunchSpec,
     Limits,
     PreparedSandbox,
@@ -322,6 +324,11 @@ class _Taken:
 
     async def run(self, payload: bytes) -> SandboxOutcome:
         return replace(await self._warm.run(payload), warm=True)
+
+    async def converse(self, dialogue: Dialogue) -> SandboxOutcome:
+        if not isinstance(self._warm, Converses):
+            raise SandboxUnavailable("this warm sandbox cannot host an MCP server")
+        return replace(await self._warm.converse(dialogue), warm=True)
 
     async def close(self) -> None:
         await self._warm.close()

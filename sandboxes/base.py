@@ -133,10 +133,14 @@ class Pipe(Protocol):
     """A running tool's stdin and stdout, as a ``Dialogue`` sees them."""
 
     async def send(self, data: bytes) -> None:
-        """Write ``data`` to the tool's stdin.
+        """Write ``data`` to the tool's stdin (waiting while the tool does not read).
+
+        The sandbox's own init process shares the tool's stdin in both backends
+        (bubblewrap's, Docker's ``docker-init``), so a tool that closes its stdin but runs
+        on is not told from one that does not read: its sends wait, until the run ends.
 
         Raises:
-            ConnectionError: the tool closed its stdin (or is gone).
+            ConnectionError: the tool's stdin is closed for good (the tool is gone).
         """
         ...
 

@@ -20,6 +20,10 @@ command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v slirp4netns >/dev/null || need_apt+=(slirp4netns)
 # The subprocess sandbox's seccomp filter is compiled with libseccomp.
 ldconfig -p | grep -q 'libseccomp.so.2 ' || need_apt+=(libseccomp2)
+# runner mcp add: a venv made with /usr/bin/python3 (--pip), node_modules run by node (--npm).
+/usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+command -v node >/dev/null || need_apt+=(nodejs)
+command -v npm >/dev/null || need_apt+=(npm)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing ${need_apt[*]}"
   apt-get update -qq

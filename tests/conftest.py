@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -161,9 +162,7 @@ def installed_command() -> str:
 def shipped(tmp_path: Path) -> Iterator[Runner]:
     """A runner over the shipped tools and policy (``runner init`` into a folder of its own)."""
     write_starter(tmp_path)
-    runner = Runner.load(
-        tools=tmp_path / "tools", policies=tmp_path / "policies.yaml", audit_log=os.devnull
-    )
+    runner = Runner.load(tools=tmp_path / "tools", policies=tmp_path / "policies.yaml", audit_log=os.devnull)
     yield runner
 
 
@@ -231,3 +230,65 @@ def _alive_elsewhere(owner: str) -> bool:
     import psutil
 
     return psutil.pid_exists(int(owner))
+
+
+# -- third-party MCP servers installed by `runner mcp add` (SPEC 12), one of each per session
+
+TIME = "mcp-server-time"
+FILES = "@modelcontextprotocol/server-filesystem"
+REGISTRIES = (("pypi.org", 443), ("registry.npmjs.org", 443))
+
+
+def runner_command(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_") and k != "XDG_CONFIG_HOME"}
+    return subprocess.run(
+        [installed_command(), *args],
+        cwd=cwd,
+        env={**clean, "HOME": str(cwd.parent / "home")},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _registries_reachable() -> str | None:
+    for host, port in REGISTRIES:
+        try:
+            socket.create_connection((host, port), timeout=10).close()
+        except OSError as exc:
+            return f"{host}:{port}: {exc}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def registries() -> None:
+    """PyPI and npm reachable; in CI an unreachable one fails instead of skipping."""
+    problem = _registries_reachable()
+    if problem is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the package registries are required in CI: {problem}")
+        pytest.skip(f"the package registries are out of reach: {problem}")
+
+
+def new_project(folder: Path) -> Path:
+    folder.mkdir()
+    (folder.parent / "home").mkdir(exist_ok=True)
+    assert runner_command("init", cwd=folder).returncode == 0
+    return folder
+
+
+@pytest.fixture(scope="session")
+def installed(registries: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One project with both example servers added (one install of each package): time by
+    --pip, files by --npm over a stale folder of that name, with --force."""
+    project = new_project(tmp_path_factory.mktemp("mcp") / "project")
+    time_added = runner_command(
+        "mcp", "add", "time", "--pip", TIME, "--json", "--", "--local-timezone=UTC", cwd=project
+    )
+    stale = project / "tools" / "files"
+    stale.mkdir()
+    (stale / "stale.txt").write_text("from before")
+    files_added = runner_command(
+        "mcp", "add", "files", "--npm", FILES, "--force", "--json", "--", "/tmp", cwd=project
+    )
+    yield {"project": project, "time": time_added, "files": files_added}

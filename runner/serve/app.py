@@ -32,6 +32,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from runner.api import Runner
 from runner.audit import AUDIT_CLIENT
 from runner.errors import CallError
+from runner.hosted.calls import CALL_PROGRESS
 from runner.manifest import Tool
 from runner.models import CallOptions
 from runner.plan import resolve_plan
@@ -121,20 +122,27 @@ class ToolService:
         caller = self._caller_of(ctx)
         meta = _raw_meta(ctx)
         request: dict[str, Any] = {
-            "toolName": params.name, "params": params.arguments or {}, "role": caller.role,
+            "toolName": params.name,
+            "params": params.arguments or {},
+            "role": caller.role,
         }
         if isinstance(meta.get(REQUEST_ID_META), str):
             request["requestId"] = meta[REQUEST_ID_META]
         tool = self.runner.registry.get(params.name)
+        wants_progress = meta.get("progressToken") is not None
+        # A hosted MCP server's tool reports its own progress (SPEC 12): passed through.
+        hosted = tool is not None and tool.hosted is not None
         client_token = AUDIT_CLIENT.set(caller.client)
+        progress_token = CALL_PROGRESS.set(ctx.session.report_progress if hosted and wants_progress else None)
         try:
             with self._counted():
                 async with anyio.create_task_group() as tasks:
-                    if meta.get("progressToken") is not None:
+                    if wants_progress and not hosted:
                         tasks.start_soon(_tick_progress, ctx, params.name)
                     answer = await self._run(request, tool)
                     tasks.cancel_scope.cancel()
         finally:
+            CALL_PROGRESS.reset(progress_token)
             AUDIT_CLIENT.reset(client_token)
         return _to_result(answer, tool)
 
@@ -162,12 +170,22 @@ class ToolService:
         message = f"{request['toolName']} waited {deadline_ms} ms for a free slot (serve.max_concurrent)"
         error = {"code": "TIMEOUT", "message": message, "details": {"reason": "queued"}, "retryable": True}
         self.runner.audit.emit(
-            "call.finished", toolName=request["toolName"], requestId=request.get("requestId"),
-            role=request["role"], success=False, code="TIMEOUT", reason="queued", attempts=0,
+            "call.finished",
+            toolName=request["toolName"],
+            requestId=request.get("requestId"),
+            role=request["role"],
+            success=False,
+            code="TIMEOUT",
+            reason="queued",
+            attempts=0,
             duration=deadline_ms,
         )
-        return {"success": False, "result": None, "error": error,
-                "metadata": {"requestId": request.get("requestId"), "toolName": request["toolName"]}}
+        return {
+            "success": False,
+            "result": None,
+            "error": error,
+            "metadata": {"requestId": request.get("requestId"), "toolName": request["toolName"]},
+        }
 
     @contextmanager
     def _counted(self) -> Iterator[None]:

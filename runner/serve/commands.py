@@ -13,8 +13,13 @@ from runner.serve.definitions import FORMATS, definitions
 
 @click.command("export")
 @_location_options
-@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True,
-              help="openai (functions), anthropic (tools) or mcp (as tools/list gives them).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    required=True,
+    help="openai (functions), anthropic (tools) or mcp (as tools/list gives them).",
+)
 @click.option("--role", default=None, help="Export the tools this role may call (default: default_role).")
 @click.pass_context
 def export_command(ctx: click.Context, fmt: str, role: str | None) -> None:
@@ -33,8 +38,13 @@ def export_command(ctx: click.Context, fmt: str, role: str | None) -> None:
 @click.group("serve", invoke_without_command=True)
 @_location_options
 @click.option("--stdio", "stdio", is_flag=True, help="Serve one client on stdin/stdout.")
-@click.option("--http", "http", default=None, metavar="HOST:PORT",
-              help="Serve streamable HTTP at /mcp (bearer tokens from the policy's serve.tokens).")
+@click.option(
+    "--http",
+    "http",
+    default=None,
+    metavar="HOST:PORT",
+    help="Serve streamable HTTP at /mcp (bearer tokens from the policy's serve.tokens).",
+)
 @click.option("--role", default=None, help="--stdio: the role of the client's calls (default: default_role).")
 @click.pass_context
 def serve_group(ctx: click.Context, stdio: bool, http: str | None, role: str | None) -> None:

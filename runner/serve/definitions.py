@@ -35,10 +35,21 @@ _ROOT_ONLY_OBJECT = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "en
 # Keywords whose value is a map of subschemas, a list of them, or one.
 _SUBSCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 _SUBSCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
-_SUBSCHEMA_ONE = frozenset({
-    "not", "additionalProperties", "items", "contains", "propertyNames", "if", "then", "else",
-    "unevaluatedProperties", "unevaluatedItems", "additionalItems",
-})
+_SUBSCHEMA_ONE = frozenset(
+    {
+        "not",
+        "additionalProperties",
+        "items",
+        "contains",
+        "propertyNames",
+        "if",
+        "then",
+        "else",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "additionalItems",
+    }
+)
 # The MCP annotation each manifest annotation becomes.
 _MCP_HINTS = {
     "read_only": "readOnlyHint",

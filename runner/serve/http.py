@@ -71,7 +71,9 @@ class HttpTransport:
         # Accepted connections inherit it.
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         config = uvicorn.Config(
-            BearerAuth(app, service.runner), log_level="warning", lifespan="on",
+            BearerAuth(app, service.runner),
+            log_level="warning",
+            lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_S,
         )
         self._server = _QuietServer(config)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import itertools
 import math
 import os
@@ -47,17 +48,19 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from sandboxes._config import read_config
+from sandboxes._exchange import DialogueExchange, Exchange, PayloadExchange, StdoutSink
 from sandboxes._exec_status import EXEC_GUARD, exec_failure, new_token, token_line
 from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import pid_alive
 from sandboxes._prepare import prepare_in_thread, start_ahead
 from sandboxes._staging import STAGING_ROOT
-from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
+from sandboxes._streams import OutputOverflow, TailBuffer
 from sandboxes._watchdog import watch
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import (
     Check,
+    Dialogue,
     EgressEndpoint,
     LaunchSpec,
     Limits,
@@ -105,7 +108,9 @@ TCP_MEMORY_SHARE = 4
 # its name, its number of lines and those lines. Values are only ever read and assigned,
 # never parsed by the shell; ``read`` takes one byte at a time, so the tool's stdin starts
 # right after the release.
-GATE = EXEC_GUARD + r"""
+GATE = (
+    EXEC_GUARD
+    + r"""
 read -r count || exit 125
 while [ "$count" -gt 0 ]; do
   IFS= read -r name && IFS= read -r lines || exit 125
@@ -123,6 +128,7 @@ done
 unset count name lines value sep line PWD
 exec "$@"
 """
+)
 
 
 class DockerConfig(BaseModel):
@@ -346,16 +352,31 @@ class PreparedContainer:
         self._waiting: _Attached | None = None  # started ahead of its call
 
     async def run(self, payload: bytes) -> SandboxOutcome:
+        return await self._hold(PayloadExchange(payload, self._limits.max_output_bytes))
+
+    async def converse(self, dialogue: Dialogue) -> SandboxOutcome:
+        exchange = DialogueExchange(dialogue, self._limits.max_output_bytes)
+        outcome = await self._hold(exchange)
+        exchange.raise_failure()
+        return outcome
+
+    async def _hold(self, exchange: Exchange) -> SandboxOutcome:
+        """Start the container (or take the one started ahead) and let ``exchange`` speak
+        with its tool until the run ends.
+
+        Raises:
+            SandboxUnavailable: the daemon failed, or the connection to it was lost.
+        """
         started = time.monotonic()
-        stdout, stderr = CappedBuffer(self._limits.max_output_bytes), TailBuffer(STDERR_TAIL_BYTES)
+        stderr = TailBuffer(STDERR_TAIL_BYTES)
         attached, self._waiting = self._waiting, None
         try:
             if attached is None:
                 attached = await self._start()
             # The timeout counts from here (``_attend``): for a warm container, the
-            # moment of the payload, whenever it was started.
-            data, attached.unsent = attached.unsent + payload, b""
-            reason = await self._attend(attached.raw, data, stdout, stderr, attached.cgroup)
+            # moment of the payload (or the dialogue's start), whenever it was started.
+            preamble, attached.unsent = attached.unsent, b""
+            ending = await self._attend(attached.raw, exchange, preamble, stderr, attached.cgroup)
         except OSError as exc:
             await asyncio.to_thread(self._kill)
             message = f"lost the connection to the Docker daemon: {type(exc).__name__}"
@@ -363,10 +384,17 @@ class PreparedContainer:
         finally:
             if attached is not None:
                 attached.close()
-        if reason is not None:
+        if ending is not _OUTPUT_ENDED:
             await asyncio.to_thread(self._kill)
+        duration_ms = (time.monotonic() - started) * 1000
+        if ending is _FINISHED:
+            # The dialogue's end, not the tool's: its status is that of our kill.
+            return SandboxOutcome(None, None, b"", stderr.text(), duration_ms)
         state = await asyncio.to_thread(self._final_state)
-        outcome = _outcome(state, reason, stdout, stderr, attached.token, (time.monotonic() - started) * 1000)
+        reason = ending if isinstance(ending, StopReason) else None
+        outcome = _outcome(
+            state, reason, exchange.output(), stderr, attached.token, duration_ms, not exchange.ends_by_exit
+        )
         return self._blame_limits(outcome)
 
     async def _start(self) -> _Attached:
@@ -461,28 +489,29 @@ class PreparedContainer:
     async def _attend(
         self,
         raw: socket.socket,
-        data: bytes,
-        stdout: CappedBuffer,
+        exchange: Exchange,
+        preamble: bytes,
         stderr: TailBuffer,
         cgroup: ContainerCgroup | None,
-    ) -> StopReason | None:
-        """Exchange with the tool until its output ends (None), the container as a whole
-        breaks a limit, the output overflows or the timeout passes: the reason to kill it."""
-        exchange = asyncio.ensure_future(self._exchange(raw, data, stdout, stderr))
+    ) -> StopReason | _End:
+        """Exchange with the tool until its output ends (``_OUTPUT_ENDED``), the exchange
+        ends the run (``_FINISHED``), the container as a whole breaks a limit, the output
+        overflows or the timeout passes (that limit's reason)."""
+        talk = asyncio.ensure_future(self._exchange(raw, exchange, preamble, stderr))
         watcher = asyncio.ensure_future(self._watch(cgroup)) if cgroup is not None else None
-        tasks = {exchange} if watcher is None else {exchange, watcher}
+        tasks = {talk} if watcher is None else {talk, watcher}
         try:
             timeout = self._limits.timeout_ms / 1000
             await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            if exchange.done():
-                if isinstance(exchange.exception(), OutputOverflow):
+            if talk.done():
+                if isinstance(talk.exception(), OutputOverflow):
                     return StopReason.OUTPUT_LIMIT
-                exchange.result()  # a lost connection (OSError) goes up
-                if cgroup is not None:
+                ending = talk.result()  # a lost connection (OSError) goes up
+                if cgroup is not None and ending is _OUTPUT_ENDED:
                     # A tool that hit a limit and exited within the last poll: one more
                     # look while the cgroup is (most often) still there.
                     self._breach(cgroup)
-                return None
+                return ending
             if watcher is not None and watcher.done():
                 return watcher.result()
             if cgroup is not None and (breach := self._breach(cgroup)) is not None:
@@ -521,28 +550,35 @@ class PreparedContainer:
         return outcome
 
     async def _exchange(
-        self, raw: socket.socket, data: bytes, stdout: CappedBuffer, stderr: TailBuffer
-    ) -> None:
-        loop = asyncio.get_running_loop()
+        self, raw: socket.socket, exchange: Exchange, preamble: bytes, stderr: TailBuffer
+    ) -> _End:
+        """Let ``exchange`` speak while the frames are read: ``_OUTPUT_ENDED`` at the end of
+        the output (the container exited), ``_FINISHED`` when the exchange ends the run.
+
+        Raises:
+            OutputOverflow: stdout passed the cap.
+            OSError: the connection to the daemon was lost.
+        """
         raw.setblocking(False)
-        decoder = FrameDecoder()
-
-        async def feed() -> None:
-            with contextlib.suppress(OSError):
-                await loop.sock_sendall(raw, data)
-            with contextlib.suppress(OSError):
-                raw.shutdown(socket.SHUT_WR)  # end of input, passed on thanks to stdin_once
-
-        writer = asyncio.ensure_future(feed())
+        speaker = asyncio.ensure_future(exchange.speak(_SocketStdin(raw), preamble))
+        reader = asyncio.ensure_future(_read_frames(raw, exchange.stdout, stderr))
+        watched = {speaker, reader}
         try:
-            while chunk := await loop.sock_recv(raw, READ_CHUNK):
-                for stream, part in decoder.feed(chunk):
-                    (stdout if stream == STDOUT else stderr).feed(part)
+            while True:
+                done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+                if speaker in done:
+                    watched.discard(speaker)
+                    if speaker.result():
+                        return _FINISHED
+                if reader in done:
+                    reader.result()
+                    return _OUTPUT_ENDED
         finally:
-            writer.cancel()
-            await asyncio.wait({writer})  # never raises the writer's end; our own cancel goes up
-            if not writer.cancelled() and (problem := writer.exception()) is not None:
-                raise problem  # feed() ends quietly on OSError: anything else is a bug
+            for task in (speaker, reader):
+                task.cancel()
+            # Never raises their ends (the reader's, if any, was raised above); our own
+            # cancellation goes up.
+            await asyncio.wait({speaker, reader})
 
     def _kill(self) -> None:
         # Best effort: a container that already exited answers 409; close() removes it anyway.
@@ -595,6 +631,48 @@ class PreparedContainer:
                     self._lease = None
 
 
+class _End(enum.Enum):
+    OUTPUT_ENDED = "output_ended"  # the container exited: its state says how
+    FINISHED = "finished"  # the exchange ended the run: a dialogue's ``talk`` returned
+
+
+_OUTPUT_ENDED, _FINISHED = _End.OUTPUT_ENDED, _End.FINISHED
+
+
+class _SocketStdin:
+    """The container's stdin, written through the attach socket."""
+
+    def __init__(self, raw: socket.socket) -> None:
+        self._raw = raw
+
+    async def write(self, data: bytes) -> None:
+        try:
+            await asyncio.get_running_loop().sock_sendall(self._raw, data)
+        except ConnectionError:
+            raise
+        except OSError as exc:  # the socket is closed: the container is gone
+            raise ConnectionResetError(f"the container's stdin is closed: {exc.strerror}") from exc
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._raw.shutdown(socket.SHUT_WR)  # end of input, passed on thanks to stdin_once
+
+
+async def _read_frames(raw: socket.socket, stdout: StdoutSink, stderr: TailBuffer) -> None:
+    """Read the attach stream to its end, each frame to its sink.
+
+    Raises:
+        OutputOverflow: stdout passed the cap (reading stops there).
+        OSError: the connection to the daemon was lost.
+    """
+    loop = asyncio.get_running_loop()
+    decoder = FrameDecoder()
+    while chunk := await loop.sock_recv(raw, READ_CHUNK):
+        for stream, part in decoder.feed(chunk):
+            (stdout if stream == STDOUT else stderr).feed(part)
+    stdout.close()
+
+
 class _Attached:
     """A started container's attach socket, with what its run needs besides."""
 
@@ -622,11 +700,14 @@ def _remove(client: APIClient, container_id: str) -> None:
 def _outcome(
     state: dict[str, Any],
     reason: StopReason | None,
-    stdout: CappedBuffer,
+    stdout: bytes,
     stderr: TailBuffer,
     token: str,
     duration_ms: float,
+    zero_fails: bool = False,
 ) -> SandboxOutcome:
+    """The outcome the container's final ``state`` tells; with ``zero_fails`` (a dialogue's
+    tool, which should have run until the dialogue's end) even an exit 0 is ``exit_code``."""
     exit_code: int | None = state.get("ExitCode")
     sig: int | None = None
     stderr_tail = stderr.text()
@@ -636,7 +717,7 @@ def _outcome(
             reason = StopReason.MEMORY_LIMIT
         elif exit_code is None or state.get("Running"):
             reason = StopReason.SANDBOX_UNAVAILABLE
-        elif exit_code != 0:
+        elif exit_code != 0 or zero_fails:
             reason = StopReason.EXIT_CODE
             sig = signal_from_init_status(exit_code)  # Docker's init: 128 + N
             if sig is not None:
@@ -649,7 +730,7 @@ def _outcome(
     return SandboxOutcome(
         exit_code=exit_code,
         signal=sig,
-        stdout=stdout.getvalue() if reason is not StopReason.OUTPUT_LIMIT else b"",
+        stdout=stdout if reason is not StopReason.OUTPUT_LIMIT else b"",
         stderr_tail=stderr_tail,
         duration_ms=duration_ms,
         reason=reason,

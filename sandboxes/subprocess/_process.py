@@ -1,10 +1,11 @@
-"""Driving one launched process: feed stdin, read stdout and stderr, enforce the clock.
+"""Driving one launched process: speak on stdin, read stdout and stderr, enforce the clock.
 
-stdin is written while stdout and stderr are read, so neither a tool that floods stderr
-nor one that never reads its input can block the runner. The call ends when the tool's
-main process exits (not when its pipes close: a leftover child may hold them open), when
-stdout passes its cap, when the whole tool used up its CPU time or had a process
-OOM-killed, or at the timeout.
+stdin is written (by the run's ``sandboxes._exchange`` strategy: one payload, or a
+dialogue) while stdout and stderr are read, so neither a tool that floods stderr nor one
+that never reads its input can block the runner. The call ends when the tool's main
+process exits (not when its pipes close: a leftover child may hold them open), when the
+exchange says so (a dialogue's end), when stdout passes its cap, when the whole tool used
+up its CPU time or had a process OOM-killed, or at the timeout.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sandboxes._streams import CappedBuffer, OutputOverflow, TailBuffer
+from sandboxes._exchange import Exchange, StdoutSink
+from sandboxes._streams import OutputOverflow, TailBuffer
 from sandboxes.cancellation import finish_shielded
 from sandboxes.view import READ_CHUNK, STDERR_TAIL_BYTES
 
@@ -37,6 +39,7 @@ class Ending(enum.Enum):
     OUTPUT_LIMIT = "output_limit"
     CPU_BUDGET = "cpu_budget"
     MEMORY_LIMIT = "memory_limit"  # the kernel OOM-killed some process of the tool
+    FINISHED = "finished"  # the exchange ended the run: a dialogue's ``talk`` returned
 
 
 class Driven(Protocol):
@@ -63,17 +66,23 @@ class ProcessResult:
     stderr_tail: str
 
 
-async def _feed(stream: asyncio.StreamWriter | None, payload: bytes) -> None:
-    if stream is None:
-        return
-    try:
-        stream.write(payload)
-        await stream.drain()
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the tool closed its stdin: its business, not a runner failure
-    finally:
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            stream.close()
+class _WriterStdin:
+    """The tool's stdin pipe as an exchange writes it."""
+
+    def __init__(self, writer: asyncio.StreamWriter | None) -> None:
+        self._writer = writer
+
+    async def write(self, data: bytes) -> None:
+        writer = self._writer
+        if writer is None or writer.is_closing():
+            raise ConnectionResetError("the tool's stdin is closed")
+        writer.write(data)
+        await writer.drain()  # BrokenPipeError, ConnectionResetError: the tool closed it
+
+    def close(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self._writer.close()
 
 
 async def _read_all(stream: asyncio.StreamReader | None, sink: TailBuffer) -> None:
@@ -83,7 +92,7 @@ async def _read_all(stream: asyncio.StreamReader | None, sink: TailBuffer) -> No
         sink.feed(chunk)
 
 
-async def _read_capped(stream: asyncio.StreamReader | None, sink: CappedBuffer) -> bool:
+async def _read_capped(stream: asyncio.StreamReader | None, sink: StdoutSink) -> bool:
     """Read to the end; True when the tool wrote past the cap (reading stops there)."""
     if stream is None:
         return False
@@ -92,18 +101,20 @@ async def _read_capped(stream: asyncio.StreamReader | None, sink: CappedBuffer) 
             sink.feed(chunk)
     except OutputOverflow:
         return True
+    sink.close()
     return False
 
 
 async def drive(
     proc: Driven,
-    payload: bytes,
+    exchange: Exchange,
+    preamble: bytes,
     timeout_s: float,
-    max_output: int,
     kill_all: Callable[[], None],
     breached: Callable[[], Ending | None] | None = None,
 ) -> ProcessResult:
-    """Run ``proc`` to its end under the limits; everything it started is dead on return.
+    """Run ``proc`` to its end under the limits, ``exchange`` speaking with it (after
+    ``preamble``); everything it started is dead on return.
 
     However it ends (cancellation included) the tool is killed and, shielded from
     further cancellation, reaped and its pipes drained before this returns or raises.
@@ -111,23 +122,23 @@ async def drive(
     Raises:
         asyncio.CancelledError: the caller was cancelled; the tool is dead by then.
     """
-    stdout, stderr = CappedBuffer(max_output), TailBuffer(STDERR_TAIL_BYTES)
+    stderr = TailBuffer(STDERR_TAIL_BYTES)
     try:
         async with asyncio.TaskGroup() as tasks:
-            helpers = (
-                tasks.create_task(_feed(proc.stdin, payload)),
-                tasks.create_task(_read_all(proc.stderr, stderr)),
-            )
-            out_reader = tasks.create_task(_read_capped(proc.stdout, stdout))
+            speaker = tasks.create_task(exchange.speak(_WriterStdin(proc.stdin), preamble))
+            err_reader = tasks.create_task(_read_all(proc.stderr, stderr))
+            out_reader = tasks.create_task(_read_capped(proc.stdout, exchange.stdout))
             waiter = tasks.create_task(proc.wait())
             try:
-                ending = await _watch(timeout_s, waiter, out_reader, breached)
+                ending = await _watch(timeout_s, waiter, out_reader, speaker, breached)
             finally:
                 # Main process gone or the call is over: nothing of the tool may outlive it.
                 kill_all()
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
-                await finish_shielded(_reap(waiter, (*helpers, out_reader)))
+                # Nothing is to be said to a dead tool (a dialogue's ``talk`` ends here).
+                speaker.cancel()
+                await finish_shielded(_reap(waiter, (speaker, err_reader, out_reader)))
     finally:
         _close_transport(proc)
     if ending is Ending.EXITED and _overflowed(out_reader):
@@ -135,7 +146,7 @@ async def drive(
     return ProcessResult(
         ending=ending,
         returncode=proc.returncode,
-        stdout=stdout.getvalue(),
+        stdout=exchange.output(),
         stderr_tail=stderr.text(),
     )
 
@@ -144,19 +155,26 @@ async def _watch(
     timeout_s: float,
     waiter: asyncio.Task[int],
     out_reader: asyncio.Task[bool],
+    speaker: asyncio.Task[bool],
     breached: Callable[[], Ending | None] | None,
 ) -> Ending:
-    """Wait for what ends the run: the main process exits, stdout overflows, a limit of
-    the whole tool breaks (polled) or the timeout passes."""
+    """Wait for what ends the run: the exchange says so (a dialogue's end), stdout
+    overflows, the main process exits, a limit of the whole tool breaks (polled) or the
+    timeout passes."""
     loop = asyncio.get_running_loop()
     ends_at = loop.time() + timeout_s
-    watched: set[asyncio.Task[Any]] = {waiter, out_reader}
+    watched: set[asyncio.Task[Any]] = {waiter, out_reader, speaker}
     while True:
         left = ends_at - loop.time()
         if left <= 0:
             return Ending.TIMEOUT
         poll = min(left, LIMITS_POLL_S) if breached else left
         done, _ = await asyncio.wait(watched, timeout=poll, return_when=asyncio.FIRST_COMPLETED)
+        if speaker in done:
+            watched.discard(speaker)
+            if speaker.result():
+                # Before the exit: a tool that ends right after its last answer was heard.
+                return Ending.FINISHED
         if out_reader in done:
             watched.discard(out_reader)
             if out_reader.result():

@@ -35,6 +35,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from sandboxes._config import read_config
+from sandboxes._exchange import DialogueExchange, Exchange, PayloadExchange
 from sandboxes._exec_status import exec_failure, new_token, token_line
 from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
@@ -46,6 +47,7 @@ from sandboxes._watchdog import watch
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import (
     Check,
+    Dialogue,
     LaunchSpec,
     Limits,
     SandboxOutcome,
@@ -309,8 +311,22 @@ class PreparedSubprocess:
             await self._spec.egress.attach(listener)
 
     async def run(self, payload: bytes) -> SandboxOutcome:
+        return await self._exchange(PayloadExchange(payload, self._limits.max_output_bytes))
+
+    async def converse(self, dialogue: Dialogue) -> SandboxOutcome:
+        exchange = DialogueExchange(dialogue, self._limits.max_output_bytes)
+        outcome = await self._exchange(exchange)
+        exchange.raise_failure()
+        return outcome
+
+    async def _exchange(self, exchange: Exchange) -> SandboxOutcome:
+        """Start the tool (or take the one started ahead) and let ``exchange`` speak with it.
+
+        Raises:
+            SandboxUnavailable: the launcher could not be started.
+        """
         if self._popen is not None:
-            return await self._run_started(self._popen, payload)
+            return await self._run_started(self._popen, exchange)
         started = time.monotonic()
         token = new_token()
         argv, env, pass_fds = self._launch_command()
@@ -331,7 +347,7 @@ class PreparedSubprocess:
             for fd in pass_fds:  # the launcher has its copies (or never will)
                 os.close(fd)
         self._pgid = proc.pid
-        return await self._drive(proc, token_line(token) + payload, token, started)
+        return await self._drive(proc, exchange, token_line(token), token, started)
 
     # -- started ahead of the call (SPEC 11) --------------------------------------------
 
@@ -376,14 +392,15 @@ class PreparedSubprocess:
         self._close_fds()
         self._teardown()
 
-    async def _run_started(self, popen: subprocess.Popen[bytes], payload: bytes) -> SandboxOutcome:
-        started = time.monotonic()  # the timeout, too, counts from here: the payload's moment
+    async def _run_started(self, popen: subprocess.Popen[bytes], exchange: Exchange) -> SandboxOutcome:
+        # The timeout, too, counts from here: the payload's moment, or the dialogue's start.
+        started = time.monotonic()
         try:
             proc = await attach(popen)
         except OSError as exc:
             raise SandboxUnavailable(f"cannot attach the started sandbox: {exc.strerror}") from exc
         try:
-            return await self._drive(proc, payload, self._token, started)
+            return await self._drive(proc, exchange, b"", self._token, started)
         finally:
             proc.detach()
 
@@ -406,20 +423,34 @@ class PreparedSubprocess:
         env["RUNNER_PID"] = str(os.getpid())
         return launcher_argv(SHELL, argv, unshare), env, pass_fds
 
-    async def _drive(self, proc: Driven, stdin: bytes, token: str, started: float) -> SandboxOutcome:
+    async def _drive(
+        self, proc: Driven, exchange: Exchange, preamble: bytes, token: str, started: float
+    ) -> SandboxOutcome:
         try:
             result = await drive(
                 proc,
-                stdin,
+                exchange,
+                preamble,
                 self._limits.timeout_ms / 1000,
-                self._limits.max_output_bytes,
                 self._kill_now,
                 self._breached if self._cgroup else None,
             )
         finally:
             tool_started = self._started_read is not None and _started(self._started_read)
             self._close_fds()
-        return self._outcome(result, tool_started, token, (time.monotonic() - started) * 1000)
+        duration_ms = (time.monotonic() - started) * 1000
+        if result.ending is Ending.FINISHED:
+            # The dialogue's end, not the tool's: its status is that of our kill.
+            return SandboxOutcome(
+                exit_code=None,
+                signal=None,
+                stdout=b"",
+                stderr_tail=result.stderr_tail,
+                duration_ms=duration_ms,
+                degraded=not self._hardened,
+                missing=self._missing,
+            )
+        return self._outcome(result, tool_started, token, duration_ms, not exchange.ends_by_exit)
 
     def _breached(self) -> Ending | None:
         """A limit of the tool as a whole that is already broken (polled while it runs)."""
@@ -532,7 +563,7 @@ class PreparedSubprocess:
                 os.killpg(self._pgid, signal.SIGKILL)
 
     def _outcome(
-        self, result: ProcessResult, started_ok: bool, token: str, duration_ms: float
+        self, result: ProcessResult, started_ok: bool, token: str, duration_ms: float, zero_fails: bool
     ) -> SandboxOutcome:
         rc = result.returncode
         sig: int | None = None
@@ -541,6 +572,8 @@ class PreparedSubprocess:
         elif self._hardened and rc is not None and started_ok and signal_from_init_status(rc):
             sig, rc = signal_from_init_status(rc), None  # bubblewrap's init: 128 + N
         reason = self._reason(result, rc, sig, started_ok)
+        if reason is None and zero_fails:
+            reason = StopReason.EXIT_CODE
         message = ""
         if reason is StopReason.SANDBOX_UNAVAILABLE:
             message = _setup_message(result.stderr_tail)
@@ -632,7 +665,6 @@ class PreparedSubprocess:
                 if self.network is not None:
                     self.network.close()  # even if a process survived: it loses its way out
                     self.network = None
-
 
     def _reap_started(self) -> None:
         """The started-ahead process: killed (its group too) and reaped, its pipes closed."""

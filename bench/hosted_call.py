@@ -1,0 +1,167 @@
+"""A hosted MCP server's call (SPEC 12), cold and warm, next to the same server called
+directly over stdio in the same run.
+
+    python3 bench/hosted_call.py [--n 30] [--folder DIR]
+
+The server is ``mcp-server-time`` from PyPI, installed with ``runner mcp add time --pip
+mcp-server-time`` into a scratch tool folder (``--folder`` reuses one made before; the
+install itself is not timed). The call is ``get_current_time`` for UTC. Rows:
+
+- ``long-lived server`` (the floor): one server process started once, each call a
+  ``tools/call`` on the same session, as gateways that keep a server per client do; no
+  isolation between calls at all.
+- ``fresh server, no sandbox``: a new process per call (start, ``initialize``, one call,
+  stop) with the SDK's stdio client: what fresh state per call costs without a sandbox.
+- ``Runner.call cold``: a fresh sandbox per call, the server started in it.
+- ``Runner.call warm``: ``tools.time_get_current_time.pool: 1``: the sandbox and the
+  server started ahead; each call waits, untimed, until the pool is full again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from _timing import print_table, starter_folder, timed  # noqa: E402
+
+from runner import Runner  # noqa: E402
+
+TOOL = "time_get_current_time"
+ARGS = {"timezone": "UTC"}
+SETTLE_S = 0.3  # after the pool is full: the server's own start-up inside the warm sandbox
+
+
+def install(root: Path) -> Path:
+    folder = root / "tools" / "time"
+    if not folder.exists():
+        argv = [
+            sys.executable,
+            "-m",
+            "runner",
+            "--tools",
+            str(root / "tools"),
+            "--policies",
+            str(root / "policies.yaml"),
+            "mcp",
+            "add",
+            "time",
+            "--pip",
+            "mcp-server-time",
+        ]
+        subprocess.run(argv, check=True, capture_output=True, timeout=600)
+    return folder
+
+
+def policy(root: Path, pool: int) -> Path:
+    document = yaml.safe_load((root / "policies.yaml").read_text())
+    document["whitelist"] = ["*"]
+    document.setdefault("roles", {}).setdefault(document["default_role"], {})["allow"] = ["*"]
+    document["tools"] = {TOOL: {"pool": pool}} if pool else {}
+    path = root / f"policies-hosted-{pool}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def direct_rows(folder: Path, n: int) -> tuple[list[float], list[float]]:
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    server = StdioServerParameters(
+        command=str(folder / "venv" / "bin" / "python3"), args=["-m", "mcp_server_time"], cwd=str(folder)
+    )
+
+    async def long_lived() -> list[float]:
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            samples = []
+            for _ in range(n + 1):
+                started = time.perf_counter()
+                await session.call_tool("get_current_time", ARGS)
+                samples.append((time.perf_counter() - started) * 1000)
+            return samples[1:]
+
+    async def fresh() -> list[float]:
+        samples = []
+        for _ in range(n + 1):
+            started = time.perf_counter()
+            async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                await session.call_tool("get_current_time", ARGS)
+            samples.append((time.perf_counter() - started) * 1000)
+        return samples[1:]
+
+    return anyio.run(long_lived), anyio.run(fresh)
+
+
+def runner_rows(root: Path, n: int) -> tuple[list[float], list[float], int]:
+    audit = root / "audit.log"
+    with Runner.load(
+        tools=root / "tools", policies=policy(root, 0), audit_log=audit, warm_pools=False
+    ) as cold:
+        cold_samples = timed(lambda: _ok(cold.call(TOOL, ARGS)), n)
+    warm_samples = []
+    warm_used = 0
+    with Runner.load(tools=root / "tools", policies=policy(root, 1), audit_log=audit) as warm:
+        for _ in range(n + 1):
+            _wait_full(warm)
+            started = time.perf_counter()
+            answer = warm.call(TOOL, ARGS)
+            warm_samples.append((time.perf_counter() - started) * 1000)
+            _ok(answer)
+    events = [json.loads(line) for line in audit.read_text().splitlines()]
+    warm_used = sum(1 for e in events if e["event"] == "call.attempt" and e.get("warm"))
+    return cold_samples, warm_samples[1:], warm_used
+
+
+def _wait_full(r: Runner) -> None:
+    deadline = time.monotonic() + 30
+    while r._pools.counts().get(TOOL, 0) < 1:
+        if time.monotonic() > deadline:
+            raise SystemExit("the pool did not fill within 30 s")
+        time.sleep(0.005)
+    time.sleep(SETTLE_S)
+
+
+def _ok(answer: object) -> None:
+    if not getattr(answer, "success", False):
+        raise SystemExit(f"the call failed: {answer}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=30)
+    parser.add_argument("--folder", type=Path, help="a folder from an earlier run (tools/time installed)")
+    args = parser.parse_args()
+    root = args.folder or Path(tempfile.mkdtemp(prefix="runner-hosted-bench-"))
+    if not (root / "policies.yaml").exists():
+        root = starter_folder() if args.folder is None else root
+    folder = install(root)
+    print(f"mcp-server-time in {folder}; {args.n} calls per row, {os.cpu_count()} cores")
+    long_lived, fresh = direct_rows(folder, args.n)
+    cold, warm, warm_used = runner_rows(root, args.n)
+    print_table(
+        [
+            ("long-lived server", long_lived),
+            ("fresh server, no sandbox", fresh),
+            ("Runner.call cold", cold),
+            ("Runner.call warm", warm),
+        ],
+        "long-lived",
+    )
+    print(f"warm calls that found a warm sandbox: {warm_used} of {args.n + 1}")
+
+
+if __name__ == "__main__":
+    main()

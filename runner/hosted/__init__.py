@@ -1,0 +1,1 @@
+"""Third-party MCP servers hosted as sandboxed tools (SPEC 12)."""

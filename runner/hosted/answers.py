@@ -1,0 +1,58 @@
+"""What a hosted MCP server said, as the outcome a tool of ours would have given (SPEC 12).
+
+A success becomes the JSON on a clean exit's stdout: ``structuredContent`` when the
+server gave it, else its text content; ``isError: true`` (or a JSON-RPC error answering
+the call) becomes the error document of a failing tool, so that it is a ``tool_error``
+with the server's text as the message. From there on the executor reads it as any
+outcome: secrets scrubbed, JSON checked strictly, ``output_schema`` applied. A server
+that broke the protocol is a ``PARSE_ERROR``; one that died is the sandbox's outcome as
+it stands (``EXECUTION_ERROR``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from runner.errors import CallError, ErrorCode
+from runner.hosted.session import Spoken
+from runner.redaction import Scrubber
+from runner.tool_errors import MAX_MESSAGE, one_line
+from sandboxes import SandboxOutcome, StopReason
+
+NO_TEXT = "the MCP server reported an error without a message"
+
+
+def settle(outcome: SandboxOutcome, spoken: Spoken) -> SandboxOutcome:
+    """``outcome`` of a dialogue that ran to its end, with what the server answered."""
+    if not outcome.ok:
+        return outcome
+    result = spoken.result
+    if result is not None and not result.is_error:
+        value = result.structured_content if result.structured_content is not None else _text(result.content)
+        return dataclasses.replace(outcome, exit_code=0, stdout=_json(value))
+    message = spoken.refused if result is None else _text(result.content)
+    if message is None:
+        return outcome  # broken: ``protocol_error`` says so
+    report = {"error": {"message": one_line(message, MAX_MESSAGE) or NO_TEXT}}
+    return dataclasses.replace(outcome, reason=StopReason.EXIT_CODE, stdout=_json(report))
+
+
+def protocol_error(tool_name: str, spoken: Spoken, secrets: Scrubber) -> CallError | None:
+    """The ``PARSE_ERROR`` of a server that broke the protocol, if it did."""
+    if spoken.broken is None:
+        return None
+    return CallError(
+        ErrorCode.PARSE_ERROR,
+        f"{tool_name}: the MCP server broke the protocol: {secrets.scrub_text(spoken.broken)}",
+        {"reason": "protocol"},
+    )
+
+
+def _text(content: list[Any]) -> str:
+    return "\n".join(item.text for item in content if getattr(item, "type", None) == "text")
+
+
+def _json(value: object) -> bytes:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")

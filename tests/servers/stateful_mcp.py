@@ -1,0 +1,112 @@
+"""A small stdio MCP server of the tests' own, stdlib only (the sandbox's python3 has no
+SDK): every way a hosted server can behave, good or hostile, as a tool of its own.
+
+- ``count``: a global counter and a marker file in /tmp; says what it found of earlier
+  calls (a fresh sandbox per call finds neither).
+- ``fail``: ``isError: true`` with a message; ``refuse``: a JSON-RPC error.
+- ``hang``: never answers; ``die``: exits 3 mid-call; ``garbage``: a line that is not JSON.
+- ``progress``: three progress notifications, then its result.
+- ``structured``: ``structuredContent`` with an ``outputSchema``.
+- ``flood``: writes without end on stdout.
+"""
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+COUNTER = 0
+MARKER = "/tmp/stateful-mcp-marker"
+
+TOOLS = [
+    {"name": name, "description": f"the {name} behaviour", "inputSchema": {"type": "object"}}
+    for name in ("count", "fail", "refuse", "hang", "die", "garbage", "progress", "flood")
+] + [
+    {
+        "name": "structured",
+        "description": "answers with structuredContent",
+        "inputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+        "outputSchema": {"type": "object", "properties": {"double": {"type": "integer"}}},
+        "annotations": {"readOnlyHint": True},
+    }
+]
+
+
+def send(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": value}]}
+
+
+def call(request: dict[str, Any]) -> Any:
+    global COUNTER  # noqa: PLW0603 - the very state a fresh sandbox must not keep
+    name = request["params"]["name"]
+    arguments = request["params"].get("arguments") or {}
+    if name == "count":
+        COUNTER += 1
+        seen = os.path.exists(MARKER)
+        with open(MARKER, "a") as marker:
+            marker.write("x")
+        return text(json.dumps({"count": COUNTER, "markerSeen": seen, "pid": os.getpid()}))
+    if name == "fail":
+        return {**text("the weather service said no"), "isError": True}
+    if name == "hang":
+        time.sleep(3600)
+    if name == "die":
+        os._exit(3)
+    if name == "garbage":
+        sys.stdout.write("this is not json\n")
+        sys.stdout.flush()
+        time.sleep(3600)
+    if name == "flood":
+        while True:
+            sys.stdout.write("x" * 65536)
+    if name == "progress":
+        token = request["params"].get("_meta", {}).get("progressToken")
+        for step in (1, 2, 3):
+            if token is not None:
+                send(
+                    {
+                        "jsonrpc": "2.0",
+                        "method": "notifications/progress",
+                        "params": {
+                            "progressToken": token,
+                            "progress": step,
+                            "total": 3,
+                            "message": f"step {step}",
+                        },
+                    }
+                )
+            time.sleep(0.05)
+        return text("done")
+    if name == "structured":
+        return {**text("see structuredContent"), "structuredContent": {"double": 2 * arguments["n"]}}
+    return None
+
+
+for line in sys.stdin:
+    request = json.loads(line)
+    method, ident = request.get("method"), request.get("id")
+    if ident is None:
+        continue  # a notification
+    if method == "initialize":
+        result = {
+            "protocolVersion": request["params"]["protocolVersion"],
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "stateful", "version": "1"},
+        }
+    elif method == "tools/list":
+        result = {"tools": TOOLS}
+    elif method == "tools/call" and request["params"]["name"] == "refuse":
+        send({"jsonrpc": "2.0", "id": ident, "error": {"code": -32602, "message": "refused: no such thing"}})
+        continue
+    elif method == "tools/call":
+        result = call(request)
+    else:
+        send({"jsonrpc": "2.0", "id": ident, "error": {"code": -32601, "message": "method not found"}})
+        continue
+    send({"jsonrpc": "2.0", "id": ident, "result": result})

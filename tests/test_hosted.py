@@ -1,0 +1,246 @@
+"""Third-party MCP servers as tools (SPEC 12), with a hostile server of the tests' own
+(``servers/stateful_mcp.py``): listing, a fresh sandbox per call, every way a server can
+fail, policy by ``tag:mcp``, warm pools, and both backends. The real third-party servers
+installed by ``runner mcp add`` are in ``test_mcp_add.py``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import ToolBench, assert_nothing_survives, docker_ready, wait_for
+
+from runner import Runner
+from runner.hosted.listing import ServerLister
+from runner.manifest import load_entry
+from runner.manifest_cache import ManifestCache
+
+SERVER = Path(__file__).parent / "servers" / "stateful_mcp.py"
+NAMES = {"count", "fail", "refuse", "hang", "die", "garbage", "progress", "flood", "structured"}
+
+
+def add_server(bench: ToolBench, name: str = "st", **manifest: Any) -> Path:
+    folder = bench.tools / name
+    folder.mkdir()
+    shutil.copy(SERVER, folder / "server.py")
+    document = {"name": name, "kind": "mcp", "command": ["python3", "server.py"], **manifest}
+    (folder / "tool.yaml").write_text(yaml.safe_dump(document))
+    return folder
+
+
+def docker_manifest() -> dict[str, Any]:
+    why = docker_ready()
+    if why is not None:
+        pytest.skip(why)
+    return {"sandbox": "docker", "image": "runner/python-tools:latest"}
+
+
+@pytest.fixture(params=["subprocess", "docker"])
+def backend(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return {} if request.param == "subprocess" else docker_manifest()
+
+
+def test_each_listed_tool_registers_as_name_tool_with_the_servers_schemas_and_tag_mcp(
+    bench: ToolBench,
+) -> None:
+    add_server(bench, tags=["demo"], annotations={"destructive": False})
+    with bench.runner(warm_pools=False) as runner:
+        tools = {tool.name: tool for tool in runner.registry}
+    assert set(tools) == {f"st_{name}" for name in NAMES}
+    structured = tools["st_structured"]
+    assert structured.hosted is not None and structured.hosted.tool == "structured"
+    assert structured.manifest.tags == ["demo", "mcp"]
+    assert structured.manifest.parameters["required"] == ["n"]
+    assert structured.manifest.output_schema == {
+        "type": "object",
+        "properties": {"double": {"type": "integer"}},
+    }
+    # The server's hint and the manifest's own: the manifest's wins where it sets one.
+    assert structured.manifest.annotations.read_only is True
+    assert structured.manifest.annotations.destructive is False
+
+
+def test_a_subset_with_the_servers_own_names_and_a_missing_one_reported(bench: ToolBench) -> None:
+    add_server(bench, tools=["count", "structured", "nosuch"], prefix="")
+    with bench.runner(warm_pools=False) as runner:
+        assert [tool.name for tool in runner.registry] == ["count", "structured"]
+        assert any("nosuch is not a tool of this server" in p.reason for p in runner.registry.problems)
+
+
+def test_a_name_that_collides_with_another_tool_is_reported_not_shadowed(bench: ToolBench) -> None:
+    bench.tool("st_count", "print('{}')")
+    add_server(bench)
+    with bench.runner(warm_pools=False) as runner:
+        assert runner.registry.get("st_count").hosted is None  # type: ignore[union-attr]
+        assert any("duplicate tool name 'st_count'" in p.reason for p in runner.registry.problems)
+
+
+def test_a_server_that_cannot_be_listed_is_left_out_and_validate_reports_it(bench: ToolBench) -> None:
+    add_server(bench, command=["python3", "-c", "import sys; sys.stderr.write('no key set'); sys.exit(1)"])
+    with bench.runner(warm_pools=False) as runner:
+        assert len(runner.registry) == 0
+        [problem] = runner.registry.problems
+    assert "MCP server st cannot be listed" in problem.reason and "no key set" in problem.reason
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "--tools",
+            str(bench.tools),
+            "--policies",
+            str(bench.root / "policies.yaml"),
+            "validate",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "cannot be listed" in done.stdout + done.stderr
+
+
+def test_the_listing_is_cached_by_the_folders_content(bench: ToolBench, tmp_path: Path) -> None:
+    folder = add_server(bench)
+    bench.runner(warm_pools=False).close()  # writes the policy
+    cache = ManifestCache.open(tmp_path / "cache")
+    entry = load_entry(folder, cache)
+    policy = Runner.load(tools=bench.tools, policies=bench.root / "policies.yaml", warm_pools=False)
+    try:
+        listed = ServerLister(policy.policy, policy._sandbox_factory)(entry, cache)  # type: ignore[arg-type]
+    finally:
+        policy.close()
+
+    def no_sandbox(name: str) -> Any:
+        raise AssertionError("listed again")
+
+    assert ServerLister(policy.policy, no_sandbox)(entry, cache) == listed  # type: ignore[arg-type]
+    (folder / "server.py").write_text((folder / "server.py").read_text() + "\n# changed\n")
+    with pytest.raises(AssertionError, match="listed again"):
+        ServerLister(policy.policy, no_sandbox)(entry, cache)  # type: ignore[arg-type]
+
+
+def test_every_call_meets_a_fresh_server_no_counter_no_marker_left(
+    bench: ToolBench, backend: dict[str, Any]
+) -> None:
+    add_server(bench, **backend)
+    with bench.runner(warm_pools=False) as runner:
+        for _ in range(5):
+            answer = runner.call("st_count")
+            assert answer.success, answer.error
+            seen = json.loads(answer.result)
+            assert (seen["count"], seen["markerSeen"]) == (1, False)
+
+
+def test_structured_content_is_the_result_and_params_are_checked_against_the_input_schema(
+    bench: ToolBench,
+) -> None:
+    add_server(bench)
+    with bench.runner(warm_pools=False) as runner:
+        assert runner.call("st_structured", {"n": 21}).result == {"double": 42}
+        bad = runner.call("st_structured", {"n": "x"})
+    assert bad.error is not None and bad.error.code.value == "INVALID_PARAMS"
+
+
+@pytest.mark.parametrize(
+    ("tool", "code", "reason", "message"),
+    [
+        ("fail", "EXECUTION_ERROR", "tool_error", "the weather service said no"),
+        ("refuse", "EXECUTION_ERROR", "tool_error", "refused: no such thing"),
+        ("die", "EXECUTION_ERROR", "exit_code", "exited with status 3"),
+        ("garbage", "PARSE_ERROR", "protocol", "not JSON-RPC"),
+        ("flood", "EXECUTION_ERROR", "output_limit", "output limit"),
+    ],
+)
+def test_each_way_a_server_fails_maps_to_its_error(
+    bench: ToolBench, backend: dict[str, Any], tool: str, code: str, reason: str, message: str
+) -> None:
+    add_server(bench, **backend)
+    with bench.runner(warm_pools=False) as runner:
+        answer = runner.call(f"st_{tool}", request_id=f"hosted-{tool}")
+    assert answer.error is not None
+    wire = answer.error.to_wire()
+    assert (wire["code"], wire["details"].get("reason")) == (code, reason), wire
+    assert message in wire["message"]
+    assert_nothing_survives(f"hosted-{tool}")
+
+
+def test_a_hanging_server_is_killed_at_the_timeout_with_nothing_left(
+    bench: ToolBench, backend: dict[str, Any]
+) -> None:
+    add_server(bench, limits={"timeout_ms": 1500}, **backend)
+    with bench.runner(warm_pools=False) as runner:
+        answer = runner.call("st_hang", request_id="hosted-hang")
+    assert answer.error is not None and answer.error.code.value == "TIMEOUT"
+    assert answer.metadata.duration < 6000
+    assert_nothing_survives("hosted-hang")
+
+
+def test_policy_treats_hosted_tools_as_any_tool_tag_mcp_included(bench: ToolBench) -> None:
+    add_server(bench)
+    bench.policy["roles"] = {"user": {"allow": ["*"], "deny": ["tag:mcp"]}, "ops": {"allow": ["st_count"]}}
+    with bench.runner(warm_pools=False) as runner:
+        denied = runner.call("st_count")
+        assert denied.error is not None and denied.error.code.value == "PERMISSION_DENIED"
+        assert runner.call("st_count", role="ops").success
+        assert [tool.name for tool in runner.callable_tools("ops")] == ["st_count"]
+
+
+def test_a_warm_server_serves_one_call_and_is_never_reused(bench: ToolBench, backend: dict[str, Any]) -> None:
+    add_server(bench, **backend)
+    bench.policy["pool"] = {"max_total": 2}
+    bench.policy["tools"] = {"st_count": {"pool": 1}}
+    with bench.runner() as runner:
+        wait_for(lambda: runner._pools.counts().get("st_count", 0) >= 1, 30)
+        for _ in range(3):
+            answer = runner.call("st_count")
+            assert answer.success, answer.error
+            seen = json.loads(answer.result)
+            assert (seen["count"], seen["markerSeen"]) == (1, False)
+            wait_for(lambda: runner._pools.counts().get("st_count", 0) >= 1, 30)
+    attempts = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
+    warm = [event["warm"] for event in attempts if event["event"] == "call.attempt"]
+    assert warm and all(warm), warm
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_through_runner_serve_a_client_sees_hosted_tools_next_to_ours_per_role_with_progress(
+    bench: ToolBench, anyio_backend: str
+) -> None:
+    from mcp import Client
+    from mcp_harness import ECHO, stdio_server
+
+    bench.tool("echo", ECHO)
+    add_server(bench)
+    bench.policy["roles"] = {
+        "user": {"allow": ["echo", "st_progress", "st_structured"]},
+        "admin": {"inherits": ["user"], "allow": ["*"]},
+    }
+    async with Client(stdio_server(bench)) as client:
+        assert {tool.name for tool in (await client.list_tools()).tools} == {
+            "echo",
+            "st_progress",
+            "st_structured",
+        }
+        seen: list[tuple[float, float | None, str | None]] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            seen.append((progress, total, message))
+
+        result = await client.call_tool("st_progress", {}, progress_callback=on_progress)
+        assert not result.is_error
+        assert [message for _, _, message in seen] == ["step 1", "step 2", "step 3"]
+        structured = await client.call_tool("st_structured", {"n": 4})
+        assert structured.structured_content == {"double": 8}
+        denied = await client.call_tool("st_count", {})
+        assert denied.is_error and denied.content[0].text.startswith("PERMISSION_DENIED")  # type: ignore[union-attr]
+    async with Client(stdio_server(bench, "--role", "admin")) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+    assert names == {"echo"} | {f"st_{name}" for name in NAMES}
