@@ -14,7 +14,7 @@ import asyncio
 import json
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +36,8 @@ from runner.manifest import Tool
 from runner.models import CallOptions
 from runner.plan import resolve_plan
 from runner.serve.definitions import mcp_definition
+from runner.telemetry.metrics import role_label
+from runner.telemetry.tracing import TRACEPARENT, TRACESTATE
 
 SERVER_NAME = "runner"
 # Keys of ours in an MCP request's or result's `_meta` (namespaced, as MCP asks).
@@ -121,10 +123,15 @@ class ToolService:
         caller = self._caller_of(ctx)
         meta = _raw_meta(ctx)
         request: dict[str, Any] = {
-            "toolName": params.name, "params": params.arguments or {}, "role": caller.role,
+            "toolName": params.name,
+            "params": params.arguments or {},
+            "role": caller.role,
         }
         if isinstance(meta.get(REQUEST_ID_META), str):
             request["requestId"] = meta[REQUEST_ID_META]
+        trace_context = _trace_context(ctx, meta)
+        if trace_context:
+            request["metadata"] = trace_context
         tool = self.runner.registry.get(params.name)
         client_token = AUDIT_CLIENT.set(caller.client)
         try:
@@ -162,12 +169,26 @@ class ToolService:
         message = f"{request['toolName']} waited {deadline_ms} ms for a free slot (serve.max_concurrent)"
         error = {"code": "TIMEOUT", "message": message, "details": {"reason": "queued"}, "retryable": True}
         self.runner.audit.emit(
-            "call.finished", toolName=request["toolName"], requestId=request.get("requestId"),
-            role=request["role"], success=False, code="TIMEOUT", reason="queued", attempts=0,
+            "call.finished",
+            toolName=request["toolName"],
+            requestId=request.get("requestId"),
+            role=request["role"],
+            success=False,
+            code="TIMEOUT",
+            reason="queued",
+            attempts=0,
             duration=deadline_ms,
         )
-        return {"success": False, "result": None, "error": error,
-                "metadata": {"requestId": request.get("requestId"), "toolName": request["toolName"]}}
+        metrics = self.runner.metrics
+        if metrics is not None:  # a registered tool (a slot is waited for only then)
+            role = role_label(request["role"], lambda role: role in self.runner.policy.model.roles)
+            metrics.count_call(request["toolName"], "TIMEOUT", role, deadline_ms / 1000)
+        return {
+            "success": False,
+            "result": None,
+            "error": error,
+            "metadata": {"requestId": request.get("requestId"), "toolName": request["toolName"]},
+        }
 
     @contextmanager
     def _counted(self) -> Iterator[None]:
@@ -200,6 +221,19 @@ class ToolService:
             # The SDK hands the connection to handlers only through the request's session
             # until its Context rework; its standalone stream is where list_changed goes.
             self._connections.add(ctx.session._connection)
+
+
+def _trace_context(ctx: ServerRequestContext[Any, Any], meta: dict[str, Any]) -> dict[str, str]:
+    """The caller's W3C trace context (SPEC 13): ``_meta.traceparent`` (and ``tracestate``),
+    else the HTTP request's ``traceparent`` header; the runner ignores one that does not parse."""
+    source: Mapping[str, Any] = meta
+    if TRACEPARENT not in meta:
+        request = ctx.request
+        headers = getattr(request, "headers", None)
+        if not isinstance(headers, Mapping) or TRACEPARENT not in headers:
+            return {}
+        source = headers
+    return {key: source[key] for key in (TRACEPARENT, TRACESTATE) if isinstance(source.get(key), str)}
 
 
 def _raw_meta(ctx: ServerRequestContext[Any, Any]) -> dict[str, Any]:

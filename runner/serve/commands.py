@@ -13,8 +13,13 @@ from runner.serve.definitions import FORMATS, definitions
 
 @click.command("export")
 @_location_options
-@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True,
-              help="openai (functions), anthropic (tools) or mcp (as tools/list gives them).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    required=True,
+    help="openai (functions), anthropic (tools) or mcp (as tools/list gives them).",
+)
 @click.option("--role", default=None, help="Export the tools this role may call (default: default_role).")
 @click.pass_context
 def export_command(ctx: click.Context, fmt: str, role: str | None) -> None:
@@ -33,12 +38,31 @@ def export_command(ctx: click.Context, fmt: str, role: str | None) -> None:
 @click.group("serve", invoke_without_command=True)
 @_location_options
 @click.option("--stdio", "stdio", is_flag=True, help="Serve one client on stdin/stdout.")
-@click.option("--http", "http", default=None, metavar="HOST:PORT",
-              help="Serve streamable HTTP at /mcp (bearer tokens from the policy's serve.tokens).")
+@click.option(
+    "--http",
+    "http",
+    default=None,
+    metavar="HOST:PORT",
+    help="Serve streamable HTTP at /mcp (bearer tokens from the policy's serve.tokens).",
+)
 @click.option("--role", default=None, help="--stdio: the role of the client's calls (default: default_role).")
+@click.option(
+    "--metrics",
+    "metrics",
+    default=None,
+    metavar="HOST:PORT",
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (a PORT alone: on 127.0.0.1; "
+    "no authentication: name a non-loopback HOST only on a trusted network).",
+)
 @click.pass_context
-def serve_group(ctx: click.Context, stdio: bool, http: str | None, role: str | None) -> None:
-    """Serve the tools over MCP (SPEC 10): --stdio, or --http HOST:PORT."""
+def serve_group(
+    ctx: click.Context, stdio: bool, http: str | None, role: str | None, metrics: str | None
+) -> None:
+    """Serve the tools over MCP (SPEC 10): --stdio, or --http HOST:PORT.
+
+    Traces: with the OpenTelemetry SDK installed, OTEL_TRACES_EXPORTER (console, otlp, ...)
+    and the other OTEL_* variables export a span per call and per attempt.
+    """
     if ctx.invoked_subcommand is not None:
         return
     if stdio == (http is not None):
@@ -47,7 +71,7 @@ def serve_group(ctx: click.Context, stdio: bool, http: str | None, role: str | N
         _fail_usage("--role is for --stdio; over HTTP each token's entry in serve.tokens gives the role")
     from runner.serve.main import serve
 
-    serve(ctx.obj, role=role, http=http)
+    serve(ctx.obj, role=role, http=http, metrics=metrics)
 
 
 @serve_group.group("tokens")
