@@ -44,6 +44,7 @@ SERVER_NAME = "runner"
 REQUEST_ID_META = "dev.runner/requestId"
 ERROR_META = "dev.runner/error"
 DURATION_META = "dev.runner/durationMs"  # the runner's own time for the call (the answer's duration)
+TRACE_ID_META = "dev.runner/traceId"  # the answer's traceId: the call's W3C trace id (SPEC 13)
 # A call that runs longer than this gets progress notifications (when the client sent a
 # progressToken), one per interval: the client sees that it is alive.
 PROGRESS_INTERVAL_S = 1.0
@@ -253,6 +254,7 @@ def _to_result(answer: dict[str, Any], tool: Tool | None) -> types.CallToolResul
     meta: dict[str, Any] = {
         REQUEST_ID_META: answer["metadata"].get("requestId"),
         DURATION_META: answer["metadata"].get("duration"),
+        TRACE_ID_META: answer["metadata"].get("traceId"),
     }
     if not answer["success"]:
         error = answer["error"]

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from runner.telemetry.metrics import (
     ATTEMPT_CANCELLED,
@@ -27,7 +27,7 @@ from runner.telemetry.metrics import (
     role_label,
     tool_label,
 )
-from runner.telemetry.tracing import TRACER, call_parent, trace_id_of, tracing_active
+from runner.telemetry.tracing import active_tracer, call_parent, trace_id_of
 from sandboxes import LaunchSpec, Limits, PreparedSandbox, Sandbox
 
 CALL_SPAN = "runner.call"
@@ -62,16 +62,17 @@ class Telemetry:
         if metrics is not None:
             metrics.in_flight.inc()
         try:
-            if tracing_active():
-                span = TRACER.start_span(CALL_SPAN, context=parent)
+            tracer = active_tracer()
+            if tracer is not None:
+                span = tracer.start_span(CALL_SPAN, context=parent)
                 trace_id = trace.format_trace_id(span.get_span_context().trace_id)
                 # The status and attributes are set by ``finished``, an exception's too.
                 with trace.use_span(
                     span, end_on_exit=True, record_exception=False, set_status_on_exception=False
                 ):
-                    yield CallTelemetry(self, span, trace_id)
+                    yield CallTelemetry(self, tracer, span, trace_id)
             else:
-                yield CallTelemetry(self, None, trace_id_of(parent))
+                yield CallTelemetry(self, None, None, trace_id_of(parent))
         finally:
             if metrics is not None:
                 metrics.in_flight.dec()
@@ -80,8 +81,11 @@ class Telemetry:
 class CallTelemetry:
     """One call's hooks. ``trace_id`` is its W3C trace id (32 hex digits)."""
 
-    def __init__(self, owner: Telemetry | None, span: Span | None, trace_id: str) -> None:
+    def __init__(
+        self, owner: Telemetry | None, tracer: Tracer | None, span: Span | None, trace_id: str
+    ) -> None:
         self.trace_id = trace_id
+        self._tracer = tracer
         self._owner = owner
         self._metrics = owner.metrics if owner is not None else None
         self._span = span
@@ -106,8 +110,8 @@ class CallTelemetry:
             return
         self._attempt += 1
         self._tool, self._backend, self._prepare_s = tool, backend, None
-        if self._span is not None:
-            self._attempt_span = TRACER.start_span(
+        if self._tracer is not None and self._span is not None:
+            self._attempt_span = self._tracer.start_span(
                 ATTEMPT_SPAN,
                 context=trace.set_span_in_context(self._span),
                 attributes={"backend": backend, "attempt": self._attempt},
@@ -172,7 +176,7 @@ class CallTelemetry:
 
 
 # The hooks of a call made without a runner's telemetry (the executor's own tests).
-NO_TELEMETRY = CallTelemetry(None, None, "0" * 32)
+NO_TELEMETRY = CallTelemetry(None, None, None, "0" * 32)
 
 
 class _TimedSandbox:

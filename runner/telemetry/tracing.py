@@ -1,9 +1,9 @@
 """OpenTelemetry traces of calls (SPEC 13): the caller's ``traceparent`` and the trace id.
 
-Only ``opentelemetry-api`` is needed. The runner's tracer is the API's proxy: spans are
-real exactly when the host (or ``runner serve``, see ``configure_from_env``) has set a
-tracer provider, before or after the runner loaded. Without one the runner makes no span
-at all (``tracing_active`` is a global lookup), yet every call still has a W3C trace id:
+Only ``opentelemetry-api`` is needed. Spans are made exactly when the host (or ``runner
+serve``, see ``configure_from_env``) has set a tracer provider, before or after the runner
+loaded. Without one the runner makes no span at all (``active_tracer`` is a global
+lookup), yet every call still has a W3C trace id:
 the caller's, when it sent a ``traceparent`` or runs inside a span of its own, else a
 random one, so that the answer's ``traceId`` joins the caller's trace either way.
 
@@ -23,7 +23,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-TRACER = trace.get_tracer("runner")  # a proxy: follows a provider set later
+TRACER_NAME = "runner"
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 # The service name ``runner serve`` reports when OTEL_SERVICE_NAME does not say one.
@@ -33,10 +33,23 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _MAX_HEADER = 512
 
 
-def tracing_active() -> bool:
-    """Whether a tracer provider of an SDK is set (else the API's spans record nothing)."""
+# The provider last seen and its tracer: one assignment, so a reader sees a matching pair.
+_tracer_of: tuple[trace.TracerProvider, trace.Tracer] | None = None
+
+
+def active_tracer() -> trace.Tracer | None:
+    """The runner's tracer when a tracer provider of an SDK is set (the host's, or that of
+    ``configure_from_env``), else None: then the API's spans would record nothing."""
+    global _tracer_of  # noqa: PLW0603 - a cache, replaced whole
     provider = trace.get_tracer_provider()
-    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        return None
+    cached = _tracer_of
+    if cached is not None and cached[0] is provider:
+        return cached[1]
+    tracer = provider.get_tracer(TRACER_NAME)
+    _tracer_of = (provider, tracer)
+    return tracer
 
 
 def incoming_context(carrier: Mapping[str, Any] | None) -> Context | None:
@@ -86,7 +99,7 @@ def configure_from_env(warn: Callable[[str], None]) -> Callable[[], None] | None
     ``warn`` hears of exporters that are not installed.
     """
     names = [name.strip() for name in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",") if name.strip()]
-    if not names or names == ["none"] or tracing_active():
+    if not names or names == ["none"] or active_tracer() is not None:
         return None
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
