@@ -427,7 +427,7 @@ class Runner:
             **outcome,
         )
         code = "CANCELLED" if cancelled else error.code.value if error else None
-        ctx.telemetry.finished(tool_name, ctx.role, code, attempts, elapsed, ctx.request_id)
+        ctx.telemetry.finished(tool_name, ctx.role, code, attempts, elapsed)
         return duration
 
     def _tool(self, name: str, ctx: CallContext) -> Tool:

@@ -85,12 +85,10 @@ def test_a_call_is_a_span_with_a_child_per_attempt_and_the_answer_carries_its_tr
         "attempts": 2,
     }
     assert call.status.status_code is trace.StatusCode.UNSET
-    described = [dict(span.attributes or {}) for span in attempts]
-    assert [{k: a[k] for k in ("backend", "attempt", "warm", "reason")} for a in described] == [
-        {"backend": "subprocess", "attempt": 1, "warm": False, "reason": "exit_code"},
-        {"backend": "subprocess", "attempt": 2, "warm": False, "reason": "ok"},
+    assert [dict(span.attributes or {}) for span in attempts] == [
+        {"backend": "subprocess", "warm": False, "reason": "exit_code"},
+        {"backend": "subprocess", "warm": False, "reason": "ok"},
     ]
-    assert all(isinstance(a["prepare_ms"], float) and a["prepare_ms"] >= 0 for a in described)
     assert call.context is not None
     assert all(span.parent is not None and span.parent.span_id == call.context.span_id for span in attempts)
     assert attempts[0].status.status_code is trace.StatusCode.ERROR

@@ -15,7 +15,9 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from runner.telemetry.metrics import (
@@ -63,16 +65,20 @@ class Telemetry:
             metrics.in_flight.inc()
         try:
             tracer = active_tracer()
-            if tracer is not None:
-                span = tracer.start_span(CALL_SPAN, context=parent)
-                trace_id = trace.format_trace_id(span.get_span_context().trace_id)
-                # The status and attributes are set by ``finished``, an exception's too.
-                with trace.use_span(
-                    span, end_on_exit=True, record_exception=False, set_status_on_exception=False
-                ):
-                    yield CallTelemetry(self, tracer, span, trace_id)
-            else:
+            if tracer is None:
                 yield CallTelemetry(self, None, None, trace_id_of(parent))
+                return
+            span = tracer.start_span(CALL_SPAN, context=parent)
+            inside = trace.set_span_in_context(span, parent)
+            # Current while the call runs (not ``use_span``: a generator less per call);
+            # its status and attributes are set by ``finished``.
+            token = otel_context.attach(inside)
+            try:
+                trace_id = trace.format_trace_id(span.get_span_context().trace_id)
+                yield CallTelemetry(self, tracer, span, trace_id, inside)
+            finally:
+                otel_context.detach(token)
+                span.end()
         finally:
             if metrics is not None:
                 metrics.in_flight.dec()
@@ -82,16 +88,21 @@ class CallTelemetry:
     """One call's hooks. ``trace_id`` is its W3C trace id (32 hex digits)."""
 
     def __init__(
-        self, owner: Telemetry | None, tracer: Tracer | None, span: Span | None, trace_id: str
+        self,
+        owner: Telemetry | None,
+        tracer: Tracer | None,
+        span: Span | None,
+        trace_id: str,
+        inside: Context | None = None,
     ) -> None:
         self.trace_id = trace_id
         self._tracer = tracer
+        self._inside = inside  # the context with the call's span: the attempts' parent
         self._owner = owner
         self._metrics = owner.metrics if owner is not None else None
         self._span = span
         self._active = self._metrics is not None or span is not None
         self._discovery = False
-        self._attempt = 0
         self._attempt_span: Span | None = None
         self._tool = ""
         self._backend = ""
@@ -108,14 +119,9 @@ class CallTelemetry:
     def attempt_started(self, tool: str, backend: str) -> None:
         if not self._active:
             return
-        self._attempt += 1
         self._tool, self._backend, self._prepare_s = tool, backend, None
-        if self._tracer is not None and self._span is not None:
-            self._attempt_span = self._tracer.start_span(
-                ATTEMPT_SPAN,
-                context=trace.set_span_in_context(self._span),
-                attributes={"backend": backend, "attempt": self._attempt},
-            )
+        if self._tracer is not None:  # its attributes are set once, at its end: each costs
+            self._attempt_span = self._tracer.start_span(ATTEMPT_SPAN, context=self._inside)
 
     def prepared(self, seconds: float) -> None:
         self._prepare_s = seconds
@@ -134,14 +140,12 @@ class CallTelemetry:
             reason = attempt_reason(code.lower() if isinstance(code, str) else None)
         warm = fields.get("warm") is True
         if self._metrics is not None:
-            self._metrics.attempts.labels(self._tool, reason).inc()
+            self._metrics.count_attempt(self._tool, reason)
             if self._prepare_s is not None and reason != ATTEMPT_CANCELLED:
                 self._metrics.observe_start(self._backend, warm, self._prepare_s)
         span, self._attempt_span = self._attempt_span, None
         if span is not None:
-            span.set_attributes({"warm": warm, "reason": reason})
-            if self._prepare_s is not None:
-                span.set_attribute("prepare_ms", round(self._prepare_s * 1000, 3))
+            span.set_attributes({"backend": self._backend, "warm": warm, "reason": reason})
             if isinstance(code, str) or reason == ATTEMPT_CANCELLED:
                 span.set_status(Status(StatusCode.ERROR, code if isinstance(code, str) else CANCELLED))
             span.end()
@@ -153,7 +157,6 @@ class CallTelemetry:
         code: str | None,
         attempts: int,
         seconds: float,
-        request_id: str,
     ) -> None:
         """The call's answer (``code`` None: success), or ``CANCELLED``."""
         if not self._active or self._owner is None:
@@ -165,7 +168,7 @@ class CallTelemetry:
             self._metrics.count_call(tool, code, role_label(role, owner.known_role), seconds)
         span = self._span
         if span is not None:
-            attributes: dict[str, Any] = {"code": code, "attempts": attempts, "request_id": request_id}
+            attributes: dict[str, Any] = {"code": code, "attempts": attempts}
             if tool_name is not None:
                 attributes["tool"] = tool_name
             if role is not None:

@@ -18,10 +18,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from runner.errors import ErrorCode
@@ -60,6 +62,7 @@ class RunnerState:
 
 
 StateSource = Callable[[], RunnerState]
+_Children = dict[tuple[object, tuple[str, ...]], Any]  # (series, label values) -> its child
 
 
 class _StateCollector(Collector):
@@ -144,18 +147,22 @@ class RunnerMetrics:
         self.in_flight = Gauge("runner_calls_in_flight", "Calls being served now", registry=own)
         self._state = _StateCollector()
         own.register(self._state)
+        # Each series' child by label values: ``labels()`` validates and locks on every
+        # call, a dict lookup does not (the label values are bounded, and so is this).
+        self._children: _Children = {}
 
     def count_call(self, tool: str, code: str, role: str, seconds: float) -> None:
         """One answered call; ``tool`` and ``role`` must already be bounded label values
         (``tool_label``, ``role_label``)."""
-        self.calls.labels(tool, code, role).inc()
-        self.call_duration.labels(tool).observe(seconds)
+        _child(self.calls, self._children, (tool, code, role)).inc()
+        _child(self.call_duration, self._children, (tool,)).observe(seconds)
 
     def count_attempt(self, tool: str, reason: str | None) -> None:
-        self.attempts.labels(tool, attempt_reason(reason)).inc()
+        """One attempt's end; ``reason`` None: it succeeded."""
+        _child(self.attempts, self._children, (tool, attempt_reason(reason))).inc()
 
     def observe_start(self, backend: str, warm: bool, seconds: float) -> None:
-        self.sandbox_start.labels(backend, "true" if warm else "false").observe(seconds)
+        _child(self.sandbox_start, self._children, (backend, "true" if warm else "false")).observe(seconds)
 
     def watch(self, source: StateSource) -> None:
         """Show ``source``'s breakers and pools in the state gauges from now on."""
@@ -167,6 +174,16 @@ class RunnerMetrics:
     def exposition(self) -> bytes:
         """The registry in Prometheus text format."""
         return generate_latest(self.registry)
+
+
+def _child(
+    metric: MetricWrapperBase, cache: dict[tuple[object, tuple[str, ...]], Any], key: tuple[str, ...]
+) -> Any:
+    """``metric.labels(*key)``, found once."""
+    child = cache.get((metric, key))
+    if child is None:
+        child = cache[(metric, key)] = metric.labels(*key)
+    return child
 
 
 def attempt_reason(reason: str | None) -> str:
