@@ -4,6 +4,7 @@ MCP calls (success, denial, failure, an unknown tool, a warm one, an open breake
 
 from __future__ import annotations
 
+import asyncio
 import select
 import subprocess
 import sys
@@ -207,3 +208,26 @@ def test_serve_help_describes_the_metrics_option() -> None:
     )
     assert done.returncode == 0
     assert "--metrics HOST:PORT" in done.stdout and "/metrics" in done.stdout
+
+
+def test_a_cancelled_call_is_counted_as_cancelled_and_leaves_nothing_in_flight(bench: ToolBench) -> None:
+    bench.tool("sleeper", SLEEPER, limits=SLOW)
+    metrics = RunnerMetrics()
+
+    async def cancel_one() -> None:
+        async with bench.runner(metrics=metrics) as runner:
+            call = asyncio.ensure_future(runner.acall("sleeper", {"seconds": 30}))
+            deadline = time.monotonic() + 30
+            while value(parse(metrics.exposition().decode()), "runner_calls_in_flight") < 1:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.3)  # the attempt is running
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+
+    asyncio.run(cancel_one())
+    samples = parse(metrics.exposition().decode())
+    assert value(samples, "runner_calls_total", tool="sleeper", code="CANCELLED", role="user") == 1
+    assert value(samples, "runner_attempts_total", tool="sleeper", reason="cancelled") == 1
+    assert value(samples, "runner_calls_in_flight") == 0
