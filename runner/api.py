@@ -43,6 +43,7 @@ from runner.redaction import Scrubber, nodes_at, redact_nodes
 from runner.registry import Registry, matches_filter
 from runner.secrets import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
 from runner.telemetry import CallTelemetry, RunnerMetrics, RunnerState, Telemetry
+from runner.telemetry.metrics import CANCELLED
 from sandboxes import Closable, LaunchSpec, Sandbox
 
 if TYPE_CHECKING:
@@ -426,7 +427,7 @@ class Runner:
             duration=duration,
             **outcome,
         )
-        code = "CANCELLED" if cancelled else error.code.value if error else None
+        code = CANCELLED if cancelled else error.code.value if error else None
         ctx.telemetry.finished(tool_name, ctx.role, code, attempts, elapsed)
         return duration
 
