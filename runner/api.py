@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from runner.answers import AnswerMetadata, CallResult
 from runner.audit import AuditLog, iso_now
 from runner.backends import Backends
-from runner.breaker import CircuitBreaker, CircuitOpen, tool_verdict
+from runner.breaker import BreakerState, CircuitBreaker, CircuitOpen, tool_verdict
 from runner.clock import Clock, SystemClock
 from runner.egress import ConnectAttempt, call_egress
 from runner.errors import CallError, ConfigError, ErrorCode
@@ -43,6 +43,8 @@ from runner.pools import WarmPools
 from runner.redaction import Scrubber, nodes_at, redact_nodes
 from runner.registry import Registry, matches_filter
 from runner.secrets import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
+from runner.telemetry import CallTelemetry, RunnerMetrics, RunnerState, Telemetry
+from runner.telemetry.metrics import CANCELLED
 from sandboxes import Closable, Sandbox
 
 if TYPE_CHECKING:
@@ -82,6 +84,7 @@ class Runner:
         clock: Clock | None = None,
         *,
         warm_pools: bool = True,
+        metrics: RunnerMetrics | None = None,
     ) -> None:
         self.registry = registry
         self.policy = policy
@@ -102,6 +105,15 @@ class Runner:
         # ``exec``) would start them only to throw them away.
         self._warm_pools = warm_pools
         self._pools = WarmPools(audit.operator.warn, audit.operator.fault)
+        # Prometheus series (SPEC 13), when given; spans whenever a tracer provider is set.
+        self.metrics = metrics
+        self._telemetry = Telemetry(
+            metrics,
+            known_tool=lambda name: self.registry.get(name) is not None,
+            known_role=lambda role: role in self.policy.model.roles,
+        )
+        if metrics is not None:
+            metrics.watch(self._state)
 
     @classmethod
     def load(
@@ -113,11 +125,13 @@ class Runner:
         clock: Clock | None = None,
         sandbox_factory: SandboxFactory | None = None,
         warm_pools: bool = True,
+        metrics: RunnerMetrics | None = None,
     ) -> Runner:
         """Load tools and policy (arguments, then ``RUNNER_*`` variables, then the search of
         ``runner.locations``: ``./policies.yaml``, ``~/.config/runner/``, ``/etc/runner/``;
         tools default to ``tools/`` beside the policy file). With ``warm_pools`` the
-        policy's pools (SPEC 11) start filling in the background at once.
+        policy's pools (SPEC 11) start filling in the background at once. ``metrics``
+        (``runner.telemetry.RunnerMetrics``) receives the runner's Prometheus series.
 
         Raises:
             ConfigError: the policy file cannot be used, or none was given or found.
@@ -142,7 +156,8 @@ class Runner:
             audit = AuditLog(audit_path, required=settings.required, chain=settings.chain, operator=operator)
         except OSError as exc:
             raise ConfigError(str(audit_path), f"cannot open audit log: {exc.strerror}") from exc
-        runner = cls(registry, policy, audit, sandbox_factory or backends, clock, warm_pools=warm_pools)
+        factory = sandbox_factory or backends
+        runner = cls(registry, policy, audit, factory, clock, warm_pools=warm_pools, metrics=metrics)
         runner._follow_pools()
         return runner
 
@@ -243,6 +258,8 @@ class Runner:
         # Idle by now (every call has ended), unless a validation outlived its call's answer:
         # it stops at its next keyword. Joined off the loop all the same.
         await asyncio.to_thread(self._threads.shutdown, wait=True)
+        if self.metrics is not None:
+            self.metrics.unwatch(self._state)
         self.audit.close()
 
     def close(self) -> None:
@@ -320,8 +337,8 @@ class Runner:
     # -- the call path ----------------------------------------------------------------
 
     async def _serve(self, raw: object) -> CallResult:
-        with self._served():
-            return await self._answer(raw)
+        with self._served(), self._telemetry.call(raw) as telemetry:
+            return await self._answer(raw, telemetry)
 
     @contextmanager
     def _served(self) -> Iterator[None]:
@@ -338,9 +355,9 @@ class Runner:
                 self._in_flight.discard(call)
             call.ended.set_result(None)
 
-    async def _answer(self, raw: object) -> CallResult:
+    async def _answer(self, raw: object, telemetry: CallTelemetry) -> CallResult:
         received = self._clock.monotonic()
-        trace_id = uuid.uuid4().hex
+        trace_id = telemetry.trace_id
         request_id = peek(raw, "requestId", "request_id") or _new_request_id()
         tool_name = peek(raw, "toolName", "tool_name")
         role = peek(raw, "role")
@@ -348,7 +365,7 @@ class Runner:
         extra: dict[str, Any] = {}
         result: Any = None
         error: CallError | None = None
-        ctx = CallContext(request_id, trace_id, role, None, None)
+        ctx = CallContext(request_id, trace_id, role, None, None, telemetry=telemetry)
         progress = Progress()
         try:
             try:
@@ -359,10 +376,11 @@ class Runner:
             if isinstance(request, DiscoverRequest):
                 tools = self._discover(request.options.filter, request.role)
                 result = {"tools": tools}
+                telemetry.discovering()
                 extra["total"] = len(tools)
                 tool_name = None
             else:
-                ctx = _context(request, request_id, trace_id, self.policy)
+                ctx = replace(_context(request, request_id, trace_id, self.policy), telemetry=telemetry)
                 tool = self._tool(request.tool_name, ctx)
                 plan = resolve_plan(tool, self.policy, request.options)
                 # The deadline bounds the whole call, validation of the params included.
@@ -403,7 +421,8 @@ class Runner:
         cancelled: bool = False,
     ) -> int:
         """Write the call's ``call.finished`` event; its duration in ms."""
-        duration = round((self._clock.monotonic() - received) * 1000)
+        elapsed = self._clock.monotonic() - received
+        duration = round(elapsed * 1000)
         outcome: dict[str, Any] = {"cancelled": True} if cancelled else {}
         self.audit.emit(
             "call.finished",
@@ -417,6 +436,8 @@ class Runner:
             duration=duration,
             **outcome,
         )
+        code = CANCELLED if cancelled else error.code.value if error else None
+        ctx.telemetry.finished(tool_name, ctx.role, code, attempts, elapsed)
         return duration
 
     def _tool(self, name: str, ctx: CallContext) -> Tool:
@@ -521,6 +542,7 @@ class Runner:
                     raise self._secret_unavailable(tool, secrets.missing[0])
                 self._follow_pools()
                 sandbox = self._pools.sandbox_for(tool.name, self._sandbox_factory(plan.sandbox))
+                sandbox = ctx.telemetry.timed(sandbox)
                 spec = launch_spec(tool, ctx.request_id, self.policy, plan.runtime)
                 spec = replace(spec, secrets=secrets.values)
                 report = self._network_reporter(tool, ctx)
@@ -571,6 +593,16 @@ class Runner:
             reason=reason,
             rule=None,
         )
+
+    def _state(self) -> RunnerState:
+        """The breakers of the registered tools and the warm pools, for the state gauges."""
+        with self._lock:
+            breakers = dict(self._breakers)
+        opened = {
+            tool.name: tool.name in breakers and breakers[tool.name].state is not BreakerState.CLOSED
+            for tool in self.registry
+        }
+        return RunnerState(opened, self._pools.counts())
 
     def _breaker(self, name: str) -> CircuitBreaker:
         with self._lock:

@@ -17,6 +17,7 @@ ENVIRONMENT = {
     "XDG_CONFIG_HOME": "the policy file is searched in $XDG_CONFIG_HOME/runner/ (default ~/.config/runner/)",
     "NO_COLOR": "set to anything: no colour on a terminal (so does TERM=dumb)",
     "DOCKER_HOST": "the Docker daemon to use (default unix:///var/run/docker.sock)",
+    "OTEL_TRACES_EXPORTER": "with the OpenTelemetry SDK: export spans (otlp, console; other OTEL_* too)",
 }
 _LOCATIONS = ("RUNNER_TOOLS", "RUNNER_POLICIES", "RUNNER_AUDIT_LOG", "XDG_CONFIG_HOME")
 # Commands missing here read the locations: every command that loads the tools does.
@@ -32,6 +33,7 @@ READS: Mapping[str, tuple[str, ...]] = {
     "report": ("RUNNER_POLICIES", "RUNNER_AUDIT_LOG", "XDG_CONFIG_HOME", "NO_COLOR"),  # audit report
     "images": ("DOCKER_HOST",),
     "build": ("DOCKER_HOST",),
+    "serve": (*_LOCATIONS, "OTEL_TRACES_EXPORTER"),
 }
 
 
@@ -39,7 +41,8 @@ def environment_epilog(names: tuple[str, ...]) -> str:
     """The ``Environment:`` paragraph, one variable a line (``\\b`` keeps click from rewrapping)."""
     if not names:
         return "Environment: reads no variables of its own."
-    lines = [f"  {name:<17} {ENVIRONMENT[name]}" for name in names]
+    width = max(17, *(len(name) for name in names))
+    lines = [f"  {name:<{width}} {ENVIRONMENT[name]}" for name in names]
     return "\b\nEnvironment:\n" + "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from runner.outcomes import failure_error, parse_result
 from runner.plan import CallPlan
 from runner.redaction import NO_SECRETS, Scrubber
 from runner.secret_output import scrub_outcome
+from runner.telemetry import NO_TELEMETRY, CallTelemetry
 from sandboxes import (
     Converses,
     Dialogue,
@@ -45,7 +46,8 @@ MIN_ATTEMPT_MS = 10
 @dataclass(frozen=True)
 class CallContext:
     """Who and what a call is, for its audit events; ``scrubber`` holds every sensitive
-    string of the call, ``tool_secrets`` the values of the secrets its tool was given."""
+    string of the call, ``tool_secrets`` the values of the secrets its tool was given,
+    ``telemetry`` its metrics and spans."""
 
     request_id: str
     trace_id: str
@@ -54,6 +56,7 @@ class CallContext:
     user_id: str | None
     scrubber: Scrubber = NO_SECRETS
     tool_secrets: Scrubber = NO_SECRETS
+    telemetry: CallTelemetry = NO_TELEMETRY
 
     def audit_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {
@@ -139,6 +142,7 @@ class Executor:
             work = dialogue if dialogue is not None else _payload(params, spec, attempt)
             started = clock.monotonic()
             progress.attempts = attempt
+            ctx.telemetry.attempt_started(tool.name, sandbox.name)
             try:
                 outcome = await _run_attempt(sandbox, spec, replace(plan.limits, timeout_ms=timeout_ms), work)
             except asyncio.CancelledError:
@@ -211,6 +215,7 @@ class Executor:
         self, tool: Tool, ctx: CallContext, attempt: int, sandbox: Sandbox, started: float, **fields: Any
     ) -> None:
         """One ``call.attempt`` event: the fields every attempt has, then ``fields``."""
+        ctx.telemetry.attempt_ended(fields)
         self._audit.emit(
             "call.attempt",
             ctx.scrubber,

@@ -14,7 +14,7 @@ import asyncio
 import json
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -37,12 +37,15 @@ from runner.manifest import Tool
 from runner.models import CallOptions
 from runner.plan import resolve_plan
 from runner.serve.definitions import mcp_definition
+from runner.telemetry.metrics import role_label
+from runner.telemetry.tracing import TRACEPARENT, TRACESTATE
 
 SERVER_NAME = "runner"
 # Keys of ours in an MCP request's or result's `_meta` (namespaced, as MCP asks).
 REQUEST_ID_META = "dev.runner/requestId"
 ERROR_META = "dev.runner/error"
 DURATION_META = "dev.runner/durationMs"  # the runner's own time for the call (the answer's duration)
+TRACE_ID_META = "dev.runner/traceId"  # the answer's traceId: the call's W3C trace id (SPEC 13)
 # A call that runs longer than this gets progress notifications (when the client sent a
 # progressToken), one per interval: the client sees that it is alive.
 PROGRESS_INTERVAL_S = 1.0
@@ -128,6 +131,9 @@ class ToolService:
         }
         if isinstance(meta.get(REQUEST_ID_META), str):
             request["requestId"] = meta[REQUEST_ID_META]
+        trace_context = _trace_context(ctx, meta)
+        if trace_context:
+            request["metadata"] = trace_context
         tool = self.runner.registry.get(params.name)
         wants_progress = meta.get("progressToken") is not None
         # A hosted MCP server's tool reports its own progress (SPEC 12): passed through.
@@ -180,6 +186,10 @@ class ToolService:
             attempts=0,
             duration=deadline_ms,
         )
+        metrics = self.runner.metrics
+        if metrics is not None:  # a registered tool (a slot is waited for only then)
+            role = role_label(request["role"], lambda role: role in self.runner.policy.model.roles)
+            metrics.count_call(request["toolName"], "TIMEOUT", role, deadline_ms / 1000)
         return {
             "success": False,
             "result": None,
@@ -220,6 +230,19 @@ class ToolService:
             self._connections.add(ctx.session._connection)
 
 
+def _trace_context(ctx: ServerRequestContext[Any, Any], meta: dict[str, Any]) -> dict[str, str]:
+    """The caller's W3C trace context (SPEC 13): ``_meta.traceparent`` (and ``tracestate``),
+    else the HTTP request's ``traceparent`` header; the runner ignores one that does not parse."""
+    source: Mapping[str, Any] = meta
+    if TRACEPARENT not in meta:
+        request = ctx.request
+        headers = getattr(request, "headers", None)
+        if not isinstance(headers, Mapping) or TRACEPARENT not in headers:
+            return {}
+        source = headers
+    return {key: source[key] for key in (TRACEPARENT, TRACESTATE) if isinstance(source.get(key), str)}
+
+
 def _raw_meta(ctx: ServerRequestContext[Any, Any]) -> dict[str, Any]:
     meta = (ctx.params or {}).get("_meta")
     return meta if isinstance(meta, dict) else {}
@@ -237,6 +260,7 @@ def _to_result(answer: dict[str, Any], tool: Tool | None) -> types.CallToolResul
     meta: dict[str, Any] = {
         REQUEST_ID_META: answer["metadata"].get("requestId"),
         DURATION_META: answer["metadata"].get("duration"),
+        TRACE_ID_META: answer["metadata"].get("traceId"),
     }
     if not answer["success"]:
         error = answer["error"]

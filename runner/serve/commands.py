@@ -46,9 +46,20 @@ def export_command(ctx: click.Context, fmt: str, role: str | None) -> None:
     help="Serve streamable HTTP at /mcp (bearer tokens from the policy's serve.tokens).",
 )
 @click.option("--role", default=None, help="--stdio: the role of the client's calls (default: default_role).")
+@click.option(
+    "--metrics",
+    "metrics",
+    default=None,
+    metavar="HOST:PORT",
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (a PORT alone: on 127.0.0.1; "
+    "no authentication: name a non-loopback HOST only on a trusted network).",
+)
 @click.pass_context
-def serve_group(ctx: click.Context, stdio: bool, http: str | None, role: str | None) -> None:
-    """Serve the tools over MCP (SPEC 10): --stdio, or --http HOST:PORT."""
+def serve_group(
+    ctx: click.Context, stdio: bool, http: str | None, role: str | None, metrics: str | None
+) -> None:
+    """Serve the tools over MCP (SPEC 10): --stdio, or --http HOST:PORT; each call is a
+    span of the caller's trace (_meta.traceparent, or the HTTP traceparent header)."""
     if ctx.invoked_subcommand is not None:
         return
     if stdio == (http is not None):
@@ -57,7 +68,7 @@ def serve_group(ctx: click.Context, stdio: bool, http: str | None, role: str | N
         _fail_usage("--role is for --stdio; over HTTP each token's entry in serve.tokens gives the role")
     from runner.serve.main import serve
 
-    serve(ctx.obj, role=role, http=http)
+    serve(ctx.obj, role=role, http=http, metrics=metrics)
 
 
 @serve_group.group("tokens")
