@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-import yaml
 
 from runner.cli import _fail_usage, _load, _location_options, _print_json
 from runner.errors import ConfigError
@@ -152,6 +151,8 @@ def _tools_dir(ctx: click.Context) -> Path:
 
 def _report(installed: Installed, runner: Runner) -> dict[str, Any]:
     """What was installed, the server's registered tools and load problems, and the grants."""
+    import yaml  # not at import: `runner --help` loads this module
+
     from runner.hosted.grants import needed_grants
 
     hosted = [
