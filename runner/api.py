@@ -43,12 +43,13 @@ from runner.pools import WarmPools
 from runner.redaction import Scrubber, nodes_at, redact_nodes
 from runner.registry import Registry, matches_filter
 from runner.secrets import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
-from runner.telemetry import CallTelemetry, RunnerMetrics, RunnerState, Telemetry
-from runner.telemetry.metrics import CANCELLED
+from runner.telemetry.calls import CallTelemetry, Telemetry
+from runner.telemetry.labels import CANCELLED, RunnerState
 from sandboxes import Closable, Sandbox
 
 if TYPE_CHECKING:
     from runner.schemas import ParamsCheck
+    from runner.telemetry.metrics import RunnerMetrics
 
 SandboxFactory = Callable[[str], Sandbox]
 T = TypeVar("T")

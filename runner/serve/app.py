@@ -37,7 +37,7 @@ from runner.manifest import Tool
 from runner.models import CallOptions
 from runner.plan import resolve_plan
 from runner.serve.definitions import mcp_definition
-from runner.telemetry.metrics import role_label
+from runner.telemetry.labels import role_label
 from runner.telemetry.tracing import TRACEPARENT, TRACESTATE
 
 SERVER_NAME = "runner"

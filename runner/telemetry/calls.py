@@ -13,24 +13,26 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
-from runner.telemetry.metrics import (
+from runner.telemetry.labels import (
     ATTEMPT_CANCELLED,
     CANCELLED,
     OK,
-    RunnerMetrics,
     attempt_reason,
     role_label,
     tool_label,
 )
 from runner.telemetry.tracing import active_tracer, call_parent, trace_id_of
 from sandboxes import LaunchSpec, Limits, PreparedSandbox, Sandbox
+
+if TYPE_CHECKING:
+    from runner.telemetry.metrics import RunnerMetrics  # prometheus_client: only with metrics
 
 CALL_SPAN = "runner.call"
 ATTEMPT_SPAN = "runner.attempt"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -26,39 +25,42 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
-from runner.errors import ErrorCode
-from sandboxes import StopReason
-
-# The label of what a call's answer says on success, and of a call cancelled before it
-# answered; every other value of ``code`` is an error code of SPEC 3.
-OK = "OK"
-CANCELLED = "CANCELLED"
-# Label values for what the request named but the registry or the policy does not know.
-UNKNOWN = "(unknown)"
-NO_ROLE = "(none)"
-# Attempt reasons: the sandbox's stop reasons, a tool-reported error, and these.
-ATTEMPT_OK = "ok"
-ATTEMPT_CANCELLED = "cancelled"
-ATTEMPT_REASONS = frozenset(
-    {reason.value for reason in StopReason}
-    | {code.value.lower() for code in ErrorCode}
-    | {"tool_error", "audit_unavailable", "secret_unavailable", ATTEMPT_OK, ATTEMPT_CANCELLED}
+from runner.telemetry.labels import (
+    ATTEMPT_CANCELLED,
+    ATTEMPT_OK,
+    ATTEMPT_REASONS,
+    CANCELLED,
+    NO_ROLE,
+    OK,
+    OTHER_REASON,
+    UNKNOWN,
+    RunnerState,
+    attempt_reason,
+    role_label,
+    tool_label,
 )
-OTHER_REASON = "other"
+
+__all__ = [
+    "ATTEMPT_CANCELLED",
+    "ATTEMPT_OK",
+    "ATTEMPT_REASONS",
+    "CANCELLED",
+    "NO_ROLE",
+    "OK",
+    "OTHER_REASON",
+    "UNKNOWN",
+    "MetricsServer",
+    "RunnerMetrics",
+    "RunnerState",
+    "attempt_reason",
+    "role_label",
+    "tool_label",
+]
 
 # A call is a sandbox start plus the tool's own work: from a few ms to the longest timeouts.
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 # A warm sandbox is taken in microseconds, a cold one prepared in milliseconds to seconds.
 START_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
-
-@dataclass(frozen=True)
-class RunnerState:
-    """What the state gauges show at a scrape: breaker open (1) or closed (0) by tool,
-    warm sandboxes ready by pooled tool."""
-
-    breakers: dict[str, bool] = field(default_factory=dict)
-    pools: dict[str, int] = field(default_factory=dict)
 
 
 StateSource = Callable[[], RunnerState]
@@ -184,23 +186,6 @@ def _child(
     if child is None:
         child = cache[(metric, key)] = metric.labels(*key)
     return child
-
-
-def attempt_reason(reason: str | None) -> str:
-    """An attempt's reason as a bounded label: a known one, or ``other``."""
-    if reason is None:
-        return ATTEMPT_OK
-    return reason if reason in ATTEMPT_REASONS else OTHER_REASON
-
-
-def tool_label(name: str | None, known: Callable[[str], bool]) -> str:
-    return name if name is not None and known(name) else UNKNOWN
-
-
-def role_label(role: str | None, known: Callable[[str], bool]) -> str:
-    if role is None:
-        return NO_ROLE
-    return role if known(role) else UNKNOWN
 
 
 class MetricsServer:
