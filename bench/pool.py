@@ -113,9 +113,36 @@ def warm_sandbox_memory() -> tuple[float, float]:
     return rss / len(groups) / 2**20, uss / len(groups) / 2**20
 
 
-def docker_rows(n: int) -> tuple[list[float], list[float], int]:
+def warm_container_memory() -> tuple[float, float]:
+    """Of each idle warm container of this process, averaged (MiB): what its cgroup charges
+    (``memory.usage_in_bytes`` / ``memory.current``: the processes in it, page cache and
+    kernel memory included) and the RSS of its ``containerd-shim``, the daemon side's one
+    process per container."""
+    from sandboxes.docker._cgroup import ContainerCgroup
+    from sandboxes.docker._client import api_client
+    from sandboxes.docker.sandbox import LABEL_OWNER
+
+    client = api_client()
+    ours = client.containers(filters={"label": f"{LABEL_OWNER}={os.getpid()}", "status": "running"})
+    charged = shim = 0
+    for container in ours:
+        cgroup = ContainerCgroup.find(container["Id"])
+        assert cgroup is not None, "the container's cgroup is not on this host"
+        usage = cgroup.memory / "memory.usage_in_bytes"
+        charged += int((usage if usage.exists() else cgroup.memory / "memory.current").read_text())
+        shim += sum(
+            p.memory_info().rss
+            for p in psutil.process_iter(["name", "cmdline"])
+            if (p.info["name"] or "").startswith("containerd-shim")
+            and container["Id"] in " ".join(p.info["cmdline"] or ())
+        )
+    count = max(1, len(ours))
+    return charged / count / 2**20, shim / count / 2**20
+
+
+def docker_rows(n: int) -> tuple[list[float], list[float], int, tuple[float, float]]:
     """``docker run --rm -i`` and a warm docker ``Runner.call`` of the same tool, with the
-    number of calls the audit says were warm."""
+    number of calls the audit says were warm and the memory of an idle warm container."""
     with tempfile.TemporaryDirectory() as tmp:
         tools, policy = docker_add_folder(Path(tmp), f"{{dadd: {{pool: {POOL_SIZE}}}}}")
         tool = tools / "dadd"
@@ -135,8 +162,10 @@ def docker_rows(n: int) -> tuple[list[float], list[float], int]:
         audit = Path(tmp) / "audit.log"
         with Runner.load(tools=tools, policies=policy, audit_log=audit) as warm_runner:
             warm_ms = sample(lambda: warm_call(warm_runner), n, lambda: wait_full(warm_runner, "dadd"))
+            wait_full(warm_runner, "dadd")
+            memory = warm_container_memory()
         attempts = [json.loads(line) for line in audit.read_text().splitlines() if '"call.attempt"' in line]
-        return run_ms, warm_ms, sum(1 for a in attempts if a.get("warm"))
+        return run_ms, warm_ms, sum(1 for a in attempts if a.get("warm")), memory
 
 
 def row(name: str, samples: list[float], base: float) -> None:
@@ -171,12 +200,16 @@ def main() -> None:
     print(f"warm calls: {warm_count} of {len(attempts)} (warm-up included)")
     print(f"one idle warm sandbox: RSS {rss:.1f} MiB, USS {uss:.1f} MiB")
     if args.docker_n > 0:
-        run_ms, docker_warm_ms, docker_warm = docker_rows(args.docker_n)
+        run_ms, docker_warm_ms, docker_warm, (charged, shim) = docker_rows(args.docker_n)
         docker_base = statistics.median(run_ms)
         print(f"{'docker':<24}{'p50 ms':>9}{'p99 ms':>9}{'p50 x run':>12}")
         row("docker run --rm -i", run_ms, docker_base)
         row("Runner.call warm docker", docker_warm_ms, docker_base)
         print(f"warm docker calls: {docker_warm} of {args.docker_n + 1} (warm-up included)")
+        print(
+            f"one idle warm container: {charged:.1f} MiB charged to its cgroup,"
+            f" containerd-shim RSS {shim:.1f} MiB"
+        )
 
 
 if __name__ == "__main__":
