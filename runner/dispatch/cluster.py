@@ -24,7 +24,8 @@ from runner.dispatch.settings import DEFAULT_TOKEN_FILE, DispatchModel, token_pa
 from sandboxes import SandboxUnavailable
 
 _lock = threading.Lock()
-_joined: dict[str, Any] = {}  # address -> the remote function submitting node tasks
+# address -> the remote function submitting node tasks, and the token last checked
+_joined: dict[str, tuple[Any, str]] = {}
 
 
 class ClusterRefused(SandboxUnavailable):
@@ -98,26 +99,33 @@ def authentication_problem(address: str, token: str | None, timeout_s: float) ->
 
 
 def join(model: DispatchModel, base_dir: Path) -> Any:
-    """Join the cluster (once per process; blocking) and return the remote node task.
+    """Join the cluster (once per process; blocking) and return the remote node task. A
+    runner whose token differs from the one this process joined with has it checked too.
 
     Raises:
-        ClusterRefused: no token, the cluster is unreachable, open, or refuses the token,
-            or this process already joined another cluster.
+        ClusterRefused: Ray is not installed, there is no token, the cluster is
+            unreachable, open or refuses the token, or this process joined another cluster.
     """
+    try:
+        import ray
+    except ImportError as exc:
+        raise ClusterRefused("Ray is not installed on this host (the extra `ray` of the runner)") from exc
+    token = read_token(model, base_dir)
     with _lock:
-        remote = _joined.get(model.address)
-        if remote is not None:
-            return remote
-        if _joined:
-            joined = next(iter(_joined))
-            raise ClusterRefused(f"this process already dispatches to the Ray cluster at {joined}")
-        token = read_token(model, base_dir)
+        joined = _joined.get(model.address)
+        if joined is not None and joined[1] == token:
+            return joined[0]
+        if _joined and joined is None:
+            raise ClusterRefused(
+                f"this process already dispatches to the Ray cluster at {next(iter(_joined))}"
+            )
         problem = authentication_problem(model.address, token, model.connect_timeout_ms / 1000)
         if problem is not None:
             raise ClusterRefused(problem)
+        if joined is not None:  # the same cluster, and it takes this token too
+            _joined[model.address] = (joined[0], token)
+            return joined[0]
         _enter_token_mode(model, base_dir)
-        import ray
-
         try:
             ray.init(
                 address=model.address,
@@ -129,7 +137,7 @@ def join(model: DispatchModel, base_dir: Path) -> Any:
         except (ConnectionError, RuntimeError) as exc:
             raise ClusterRefused(f"cannot join the Ray cluster at {model.address}: {exc}") from exc
         remote = ray.remote(node_task)
-        _joined[model.address] = remote
+        _joined[model.address] = (remote, token)
         return remote
 
 
