@@ -54,6 +54,7 @@ def ray_start(workdir: Path, mode: str, temp_dir: str, head: bool, slots: int) -
     argv += ["--num-cpus=1", f"--resources={json.dumps({'runner_sandbox': slots} if slots else {})}"]
     if head:
         argv += [
+            "--head",
             f"--port={PORT}",
             "--include-dashboard=false",
             "--dashboard-host=127.0.0.1",

@@ -135,6 +135,9 @@ class RayCluster:
             if self._proc.poll() is None:
                 self._proc.kill()
                 self._proc.wait()
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                if pipe is not None:
+                    pipe.close()
             deadline = time.monotonic() + 10
             while (left := self.pids()) and time.monotonic() < deadline:
                 for pid in left:
