@@ -44,13 +44,9 @@ def ray_env(workdir: Path, mode: str) -> dict[str, str]:
 
 
 def ray_start(workdir: Path, mode: str, temp_dir: str, head: bool, slots: int) -> None:
-    ray = str(Path(sys.executable).parent / "ray")
-    argv = [
-        ray if Path(ray).exists() else "ray",
-        "start",
-        "--node-ip-address=127.0.0.1",
-        "--disable-usage-stats",
-    ]
+    # This Python's Ray, so the nodes' workers import the runner the tests import.
+    argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--node-ip-address=127.0.0.1"]
+    argv += ["--disable-usage-stats"]
     argv += ["--num-cpus=1", f"--resources={json.dumps({'runner_sandbox': slots} if slots else {})}"]
     if head:
         argv += [
