@@ -34,7 +34,7 @@ SLOTS = 2
 def ray_env(workdir: Path, mode: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
-    if mode == "locked":
+    if mode.startswith("locked"):
         env["RAY_AUTH_MODE"] = "token"
         env["RAY_AUTH_TOKEN"] = (workdir / "token").read_text().strip()
     else:
@@ -92,8 +92,8 @@ class Agent:
         ray_start(
             self.workdir, self.mode, self.temp_dir, head=True, slots=0 if self.mode == "locked" else SLOTS
         )
-        if self.mode == "locked":
-            for _ in range(2):
+        if self.mode.startswith("locked"):
+            for _ in range(1 if self.mode == "locked-1" else 2):
                 self.add_node()
         return {"address": ADDRESS}
 
@@ -121,6 +121,27 @@ class Agent:
             return {"answer": self.calls.pop(id).result(timeout)}
         except BaseException as exc:  # a cancelled call: CancelledError
             return {"raised": type(exc).__name__}
+
+    def bench(self, tool: str, calls: int, concurrency: int) -> dict[str, Any]:
+        """``calls`` calls of ``tool`` with ``concurrency`` at once: each call's seconds, and the wall time."""
+        return asyncio.run_coroutine_threadsafe(self._bench(tool, calls, concurrency), self.loop).result()
+
+    async def _bench(self, tool: str, calls: int, concurrency: int) -> dict[str, Any]:
+        gate = asyncio.Semaphore(concurrency)
+        seconds: list[float] = []
+        failures: list[Any] = []
+
+        async def one() -> None:
+            async with gate:
+                began = time.perf_counter()
+                answer = await self.runner.ahandle({"toolName": tool, "params": {}})
+                seconds.append(time.perf_counter() - began)
+                if not answer["success"]:
+                    failures.append(answer["error"])
+
+        began = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(calls)))
+        return {"latencies": seconds, "wall": time.perf_counter() - began, "failures": failures[:3]}
 
     def cancel(self, id: str) -> dict[str, Any]:
         self.calls[id].cancel()
