@@ -29,6 +29,7 @@ from runner.audit import AuditLog, iso_now
 from runner.backends import Backends
 from runner.breaker import BreakerState, CircuitBreaker, CircuitOpen, tool_verdict
 from runner.clock import Clock, SystemClock
+from runner.dispatch.settings import dispatched_sandbox
 from runner.egress import ConnectAttempt, call_egress
 from runner.errors import CallError, ConfigError, ErrorCode
 from runner.executor import CallContext, Execution, Executor, Progress
@@ -542,7 +543,10 @@ class Runner:
                 if secrets.missing:
                     raise self._secret_unavailable(tool, secrets.missing[0])
                 self._follow_pools()
-                sandbox = self._pools.sandbox_for(tool.name, self._sandbox_factory(plan.sandbox))
+                # A tool the policy dispatches (SPEC 14) runs on a Ray node; any other here.
+                sandbox = dispatched_sandbox(self.policy, tool, plan.sandbox) or self._pools.sandbox_for(
+                    tool.name, self._sandbox_factory(plan.sandbox)
+                )
                 sandbox = ctx.telemetry.timed(sandbox)
                 spec = launch_spec(tool, ctx.request_id, self.policy, plan.runtime)
                 spec = replace(spec, secrets=secrets.values)

@@ -1,4 +1,5 @@
-"""``runner doctor``: every installed backend says which of its layers work here."""
+"""``runner doctor``: every installed backend says which of its layers work here, and the
+Ray cluster when the policy dispatches (SPEC 14)."""
 
 from __future__ import annotations
 
@@ -36,4 +37,9 @@ def check_layers(policy: Policy | None = None) -> list[Layer]:
             continue
         for check in backend.checks():
             layers.append(Layer(name, check.name, check.ok, check.detail, check.hint))
+    if policy is not None and policy.model.dispatch is not None:
+        from runner.dispatch.doctor import cluster_checks  # Ray: only when dispatch is configured
+
+        for check in cluster_checks(policy.model.dispatch, policy.base_dir):
+            layers.append(Layer("dispatch", check.name, check.ok, check.detail, check.hint))
     return layers

@@ -65,6 +65,9 @@ REASON_RULES: dict[str, CodeRule] = {
     "secret_unavailable": CodeRule(retried=False, retryable=False, counted=False),
     "sandbox_unavailable": CodeRule(retried=False, retryable=False, counted=False),
     "internal": CodeRule(retried=False, retryable=False, counted=False),
+    # A dispatched attempt whose cluster node died under it (SPEC 14): retried, most likely
+    # on another node; not counted, as a dead node says nothing of the tool's health.
+    "node_lost": CodeRule(retried=True, retryable=True, counted=False),
     # audit.required and the trail cannot be written: refused before any attempt.
     "audit_unavailable": CodeRule(retried=False, retryable=False, counted=False),
 }

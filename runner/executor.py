@@ -144,7 +144,7 @@ class Executor:
             progress.attempts = attempt
             ctx.telemetry.attempt_started(tool.name, sandbox.name)
             try:
-                outcome = await _run_attempt(sandbox, spec, replace(plan.limits, timeout_ms=timeout_ms), work)
+                outcome = await run_attempt(sandbox, spec, replace(plan.limits, timeout_ms=timeout_ms), work)
             except asyncio.CancelledError:
                 self._cancelled_event(tool, ctx, attempt, sandbox, started)
                 raise
@@ -208,6 +208,7 @@ class Executor:
             degraded=outcome.degraded,
             warm=outcome.warm,
             missing=list(outcome.missing),
+            **({"node": outcome.node} if outcome.node is not None else {}),
             stderr=outcome.stderr_tail[-500:],
         )
 
@@ -243,7 +244,7 @@ def _dialogue(tool: Tool, params: dict[str, Any], ctx: CallContext) -> HostedCal
     return HostedCall(tool.hosted.tool, params, ctx.tool_secrets)
 
 
-async def _run_attempt(
+async def run_attempt(
     sandbox: Sandbox, spec: LaunchSpec, limits: Limits, work: bytes | Dialogue
 ) -> SandboxOutcome:
     """One attempt in a fresh sandbox, closed on every path.

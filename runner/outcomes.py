@@ -23,6 +23,7 @@ _REASON_TEXT = {
     StopReason.OUTPUT_LIMIT: "was killed for writing more than its output limit",
     StopReason.NOT_EXECUTABLE: "could not be started: {program}: {message}",
     StopReason.SANDBOX_UNAVAILABLE: "could not be started: {message}",
+    StopReason.NODE_LOST: "lost the cluster node it ran on: {message}",
 }
 
 

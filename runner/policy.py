@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from runner.dispatch.settings import DispatchModel, token_problem
 from runner.egress_rules import NetworkAllow
 from runner.errors import ConfigError
 from runner.manifest import Tool
@@ -126,6 +127,7 @@ class PolicyModel(_Strict):
     serve: ServeModel = Field(default_factory=ServeModel)
     secrets: dict[str, SecretSource] = Field(default_factory=dict)  # where each value comes from
     pool: PoolModel = Field(default_factory=PoolModel)
+    dispatch: DispatchModel | None = None  # SPEC 14: sandboxes on a Ray cluster's nodes
 
     @model_validator(mode="after")
     def _secrets_have_sources(self) -> PolicyModel:
@@ -220,7 +222,11 @@ class Policy:
             error = exc.errors()[0]
             where = ".".join(str(p) for p in error["loc"]) or "(root)"
             raise ConfigError(source, f"{where}: {error['msg']}") from exc
-        return cls(model, path.resolve().parent, source)
+        base_dir = path.resolve().parent
+        # No dispatch without the cluster's token: refused here, before any call.
+        if model.dispatch is not None and (problem := token_problem(model.dispatch, base_dir)):
+            raise ConfigError(source, problem)
+        return cls(model, base_dir, source)
 
     @property
     def workspace(self) -> Path | None:

@@ -33,6 +33,9 @@ class StopReason(enum.StrEnum):
     # starter's 127 or 126. Never claimed on the word of the tool itself.
     NOT_EXECUTABLE = "not_executable"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
+    # The cluster node running the sandbox was lost in the middle of the run (SPEC 14: a
+    # dispatched call); ``message`` says which node. Nothing of the tool's doing.
+    NODE_LOST = "node_lost"
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,8 @@ class SandboxOutcome:
     missing: tuple[str, ...] = ()
     # The run used a sandbox started ahead of its call (SPEC 11).
     warm: bool = False
+    # The cluster node the run was dispatched to (SPEC 14); None for a run on this host.
+    node: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -43,7 +43,7 @@ if [ "$(python3 -m pip show runner 2>/dev/null | sed -n 's/^Summary: //p')" = "A
   python3 -m pip uninstall -q -y runner 2>&1 | quiet
 fi
 rm -rf runner.egg-info  # its metadata, left in the checkout by an old editable install
-python3 -m pip install -q --disable-pip-version-check "${wheel[0]}[dev]" 2>&1 | quiet
+python3 -m pip install -q --disable-pip-version-check "${wheel[0]}[dev,ray]" 2>&1 | quiet
 # the same version may be installed already (or an editable copy): replace it with this build
 python3 -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "${wheel[0]}" 2>&1 | quiet
 (cd / && python3 -c 'import runner, sandboxes.subprocess, sandboxes.docker; runner.examples_dir()')

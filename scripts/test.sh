@@ -19,7 +19,7 @@ wheel=("$work"/dist/*.whl)
 
 log "installing ${wheel[0]##*/} into a fresh virtual environment"
 python3 -m venv --system-site-packages "$work/venv"
-"$work/venv/bin/python" -m pip install -q --disable-pip-version-check "${wheel[0]}[dev]" 2>&1 \
+"$work/venv/bin/python" -m pip install -q --disable-pip-version-check "${wheel[0]}[dev,ray]" 2>&1 \
   | grep -v -e '^WARNING: Running pip as' -e 'is ignored: it is neither' || true
 # The same version installed on the system would count as "already satisfied" and the venv
 # would run that copy: install this wheel into the venv whatever is there.

@@ -1,0 +1,173 @@
+"""Tool folders on their way to a node (SPEC 14): packed with their content hash on the
+caller, unpacked into a private cache on the node only when the hash holds and nothing in
+the archive reaches out of its folder. And the policy's ``dispatch:`` section."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import BASE_POLICY, write_tool
+
+from runner.dispatch.bundle import BundleTooLarge, ToolBundle, pack, private_cache, tree_hash, unpack
+from runner.errors import ConfigError
+from runner.policy import Policy
+from sandboxes import SandboxUnavailable
+
+
+def tool_folder(root: Path) -> Path:
+    folder = write_tool(root, "t", "print('{}')\n")
+    (folder / "lib").mkdir()
+    (folder / "lib" / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (folder / "lib" / "run.sh").chmod(0o755)
+    (folder / "link").symlink_to("lib/run.sh")
+    return folder
+
+
+def tar_of(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return out.getvalue()
+
+
+def member(
+    name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"x", link: str = ""
+) -> tuple[tarfile.TarInfo, bytes | None]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    if kind == tarfile.REGTYPE:
+        info.size = len(data)
+        return info, data
+    return info, None
+
+
+def test_a_packed_folder_unpacks_on_the_node_to_the_same_content_hash(tmp_path: Path) -> None:
+    folder = tool_folder(tmp_path / "tools")
+    bundle = pack(folder, 1 << 20)
+    assert bundle.sha256 == tree_hash(folder)
+    unpacked = unpack(bundle, tmp_path / "cache")
+    assert unpacked.name == bundle.sha256
+    assert (unpacked / "lib" / "run.sh").read_text() == "#!/bin/sh\necho hi\n"
+    assert os.access(unpacked / "lib" / "run.sh", os.X_OK)
+    assert (unpacked / "link").is_symlink()
+    assert oct((tmp_path / "cache").stat().st_mode & 0o777) == "0o700"
+    assert unpack(bundle, tmp_path / "cache") == unpacked  # cached by hash
+
+
+def test_a_changed_folder_is_another_hash_so_a_node_never_runs_a_stale_copy(tmp_path: Path) -> None:
+    folder = tool_folder(tmp_path / "tools")
+    before = pack(folder, 1 << 20)
+    (folder / "main.py").write_text("print('[]')\n")
+    after = pack(folder, 1 << 20)
+    assert before.sha256 != after.sha256
+    assert (unpack(after, tmp_path / "cache") / "main.py").read_text() == "print('[]')\n"
+
+
+def test_an_archive_that_does_not_match_its_hash_is_refused(tmp_path: Path) -> None:
+    bundle = pack(tool_folder(tmp_path / "tools"), 1 << 20)
+    other = pack(write_tool(tmp_path / "other", "t", "print(1)\n"), 1 << 20)
+    with pytest.raises(SandboxUnavailable, match="does not match"):
+        unpack(ToolBundle(other.data, bundle.sha256), tmp_path / "cache")
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []
+
+
+def test_an_altered_cache_entry_is_unpacked_again_not_run(tmp_path: Path) -> None:
+    bundle = pack(tool_folder(tmp_path / "tools"), 1 << 20)
+    unpacked = unpack(bundle, tmp_path / "cache")
+    (unpacked / "main.py").write_text("import os; os.system('evil')\n")
+    again = unpack(bundle, tmp_path / "cache")
+    assert (again / "main.py").read_text() == "print('{}')\n"
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        member("/etc/evil"),
+        member("../evil"),
+        member("a/../../evil"),
+        member("out", tarfile.SYMTYPE, link="/etc"),
+        member("out", tarfile.SYMTYPE, link="../../etc"),
+        member("dev", tarfile.CHRTYPE),
+        member("hard", tarfile.LNKTYPE, link="/etc/passwd"),
+    ],
+    ids=["absolute", "dotdot", "nested-dotdot", "link-absolute", "link-out", "device", "hardlink-out"],
+)
+def test_an_archive_reaching_out_of_its_folder_is_refused(
+    tmp_path: Path, hostile: tuple[tarfile.TarInfo, bytes | None]
+) -> None:
+    data = tar_of(hostile)
+    with pytest.raises(SandboxUnavailable):
+        unpack(ToolBundle(data, "0" * 64), tmp_path / "cache")
+    assert not (tmp_path / "evil").exists() and not (tmp_path.parent / "evil").exists()
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []
+
+
+def test_a_link_to_a_file_outside_is_never_followed_by_the_packing(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_text("host secret")
+    folder = write_tool(tmp_path / "tools", "t", "print(1)\n")
+    (folder / "peek").symlink_to(tmp_path / "secret")
+    bundle = pack(folder, 1 << 20)
+    assert b"host secret" not in bundle.data
+    with pytest.raises(SandboxUnavailable):  # and the node refuses the link leading out
+        unpack(bundle, tmp_path / "cache")
+
+
+def test_a_folder_over_the_bound_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    folder = write_tool(tmp_path / "tools", "t", "print(1)\n")
+    (folder / "big.bin").write_bytes(b"\0" * 4096)
+    with pytest.raises(BundleTooLarge, match="max_bundle_bytes"):
+        pack(folder, 1024)
+
+
+def test_a_cache_folder_open_to_others_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "cache").mkdir(mode=0o755)
+    (tmp_path / "cache").chmod(0o755)
+    with pytest.raises(SandboxUnavailable, match="private"):
+        private_cache(tmp_path / "cache")
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (tmp_path / "linked").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(SandboxUnavailable, match="private"):
+        private_cache(tmp_path / "linked")
+
+
+def policy_file(tmp_path: Path, **dispatch: object) -> Path:
+    document = {**BASE_POLICY, "dispatch": {"engine": "ray", "address": "127.0.0.1:6379", **dispatch}}
+    path = tmp_path / "policies.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_a_policy_that_dispatches_without_a_token_does_not_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ConfigError, match="token"):
+        Policy.load(policy_file(tmp_path))
+    with pytest.raises(ConfigError, match="token_file"):
+        Policy.load(policy_file(tmp_path, token_file="missing"))
+    (tmp_path / "token").write_text("t" * 64)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    with pytest.raises(ConfigError, match="RAY_AUTH_MODE"):
+        Policy.load(policy_file(tmp_path, token_file="token"))
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    assert Policy.load(policy_file(tmp_path, token_file="token")).model.dispatch is not None
+
+
+def test_dispatch_covers_the_tools_its_rules_match(tmp_path: Path) -> None:
+    from runner.dispatch import covers
+    from runner.manifest import load_tool
+
+    (tmp_path / "token").write_text("t" * 64)
+    policy = Policy.load(policy_file(tmp_path, token_file="token", tools=["web_*", "tag:heavy"]))
+    web = load_tool(write_tool(tmp_path / "tools", "web_fetch", "print(1)\n"))
+    heavy = load_tool(write_tool(tmp_path / "tools", "crunch", "print(1)\n", tags=["heavy"]))
+    local = load_tool(write_tool(tmp_path / "tools", "add", "print(1)\n"))
+    assert [covers(policy.model.dispatch, t) for t in (web, heavy, local)] == [True, True, False]
