@@ -147,9 +147,9 @@ async def test_metrics_count_calls_attempts_and_durations_by_tool_code_and_role(
         if name == "runner_calls_total"
     }
     assert counted == {key: ("user", float(n)) for key, n in expected_calls.items()}
-    assert value(after, "runner_attempts_total", tool="echo", reason="ok") == 2
-    assert value(after, "runner_attempts_total", tool="fails", reason="exit_code") == 1
-    assert value(after, "runner_attempts_total", tool="sleeper", reason="ok") == 1
+    assert value(after, "runner_attempts_total", tool="echo", reason="ok", node="local") == 2
+    assert value(after, "runner_attempts_total", tool="fails", reason="exit_code", node="local") == 1
+    assert value(after, "runner_attempts_total", tool="sleeper", reason="ok", node="local") == 1
     assert value(after, "runner_call_duration_seconds_count", tool="echo") == 2
     assert value(after, "runner_call_duration_seconds_count", tool="sleeper") == 1
     assert value(after, "runner_call_duration_seconds_sum", tool="sleeper") >= 1.5
@@ -229,5 +229,24 @@ def test_a_cancelled_call_is_counted_as_cancelled_and_leaves_nothing_in_flight(b
     asyncio.run(cancel_one())
     samples = parse(metrics.exposition().decode())
     assert value(samples, "runner_calls_total", tool="sleeper", code="CANCELLED", role="user") == 1
-    assert value(samples, "runner_attempts_total", tool="sleeper", reason="cancelled") == 1
+    assert value(samples, "runner_attempts_total", tool="sleeper", reason="cancelled", node="local") == 1
     assert value(samples, "runner_calls_in_flight") == 0
+
+
+def test_an_attempt_dispatched_to_a_node_is_counted_under_that_node(bench: ToolBench) -> None:
+    """SPEC 14's ``node`` on an outcome (a Ray node) becomes the attempt's ``node`` label;
+    the real dispatch is in test_dispatch_ray.py, here a backend that says where it ran."""
+    from dataclasses import replace
+
+    from fakes import FakeSandbox, ManualClock, failed, ok
+
+    bench.tool("echo", ECHO)
+    bench.policy["defaults"]["retries"] = 1
+    outcomes = iter([replace(failed(), node="node-a"), replace(ok(), node="node-b")])
+    sandbox = FakeSandbox(lambda attempt, limits: next(outcomes), ManualClock())
+    metrics = RunnerMetrics()
+    with bench.runner(metrics=metrics, clock=sandbox.clock, sandbox_factory=lambda name: sandbox) as runner:
+        assert runner.call("echo", {}).success
+    samples = parse(metrics.exposition().decode())
+    assert value(samples, "runner_attempts_total", tool="echo", reason="exit_code", node="node-a") == 1
+    assert value(samples, "runner_attempts_total", tool="echo", reason="ok", node="node-b") == 1

@@ -23,6 +23,7 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer
 from runner.telemetry.labels import (
     ATTEMPT_CANCELLED,
     CANCELLED,
+    LOCAL_NODE,
     OK,
     attempt_reason,
     role_label,
@@ -142,7 +143,8 @@ class CallTelemetry:
             reason = attempt_reason(code.lower() if isinstance(code, str) else None)
         warm = fields.get("warm") is True
         if self._metrics is not None:
-            self._metrics.count_attempt(self._tool, reason)
+            node = fields.get("node")
+            self._metrics.count_attempt(self._tool, reason, node if isinstance(node, str) else LOCAL_NODE)
             if self._prepare_s is not None and reason != ATTEMPT_CANCELLED:
                 self._metrics.observe_start(self._backend, warm, self._prepare_s)
         span, self._attempt_span = self._attempt_span, None

@@ -16,6 +16,8 @@ CANCELLED = "CANCELLED"
 # Label values for what the request named but the registry or the policy does not know.
 UNKNOWN = "(unknown)"
 NO_ROLE = "(none)"
+# The node of an attempt run on this host (a dispatched one names its Ray node: SPEC 14).
+LOCAL_NODE = "local"
 # Attempt reasons: the sandbox's stop reasons, a tool-reported error, and these.
 ATTEMPT_OK = "ok"
 ATTEMPT_CANCELLED = "cancelled"

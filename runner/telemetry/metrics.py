@@ -30,6 +30,7 @@ from runner.telemetry.labels import (
     ATTEMPT_OK,
     ATTEMPT_REASONS,
     CANCELLED,
+    LOCAL_NODE,
     NO_ROLE,
     OK,
     OTHER_REASON,
@@ -45,6 +46,7 @@ __all__ = [
     "ATTEMPT_OK",
     "ATTEMPT_REASONS",
     "CANCELLED",
+    "LOCAL_NODE",
     "NO_ROLE",
     "OK",
     "OTHER_REASON",
@@ -130,7 +132,10 @@ class RunnerMetrics:
             registry=own,
         )
         self.attempts = Counter(
-            "runner_attempts", "Attempts made, by tool and how they ended", ("tool", "reason"), registry=own
+            "runner_attempts",
+            "Attempts made, by tool, how they ended and the node they ran on",
+            ("tool", "reason", "node"),
+            registry=own,
         )
         self.call_duration = Histogram(
             "runner_call_duration_seconds",
@@ -159,9 +164,10 @@ class RunnerMetrics:
         _child(self.calls, self._children, (tool, code, role)).inc()
         _child(self.call_duration, self._children, (tool,)).observe(seconds)
 
-    def count_attempt(self, tool: str, reason: str | None) -> None:
-        """One attempt's end; ``reason`` None: it succeeded."""
-        _child(self.attempts, self._children, (tool, attempt_reason(reason))).inc()
+    def count_attempt(self, tool: str, reason: str | None, node: str = LOCAL_NODE) -> None:
+        """One attempt's end; ``reason`` None: it succeeded. ``node``: the Ray node of a
+        dispatched attempt (SPEC 14), ``local`` for one run on this host."""
+        _child(self.attempts, self._children, (tool, attempt_reason(reason), node)).inc()
 
     def observe_start(self, backend: str, warm: bool, seconds: float) -> None:
         _child(self.sandbox_start, self._children, (backend, "true" if warm else "false")).observe(seconds)
