@@ -215,9 +215,14 @@ def list_command(ctx: click.Context, filter_text: str | None, role: str | None, 
     if out.human:
         print_tools(tools, out)
         return
+    from runner.tool_errors import printable  # a description may be a third party's words
+
     for tool in tools:
-        tags = ",".join(tool["metadata"]["tags"])
-        click.echo(f"{tool['name']:<20} {tool['metadata']['sandbox']:<10} [{tags}] {tool['description']}")
+        tags = printable(",".join(tool["metadata"]["tags"]))
+        line = (
+            f"{tool['name']:<20} {tool['metadata']['sandbox']:<10} [{tags}] {printable(tool['description'])}"
+        )
+        click.echo(line)
 
 
 @cli.command("show")

@@ -109,6 +109,14 @@ class ManifestCache:
         self._entries[key] = document
         self._changed = True
 
+    def remember(self, key: str, document: object) -> None:
+        """Store ``document`` under ``key``, replacing what was there (a listing's failure,
+        which may change, unlike what passed the checks)."""
+        if self.path is None or not _round_trips(document):
+            return
+        self._entries[key] = document
+        self._changed = True
+
     def save(self) -> None:
         """Write the file when something was added; a failure to write is not an error."""
         if self.path is None or not self._changed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -67,10 +68,14 @@ class Registry:
                     continue
                 if _admitted(entry, backend_problems, problems):
                     _add(tools, entry, problems)
-        for server in servers:
-            if _admitted(server_as_tool(server), backend_problems, problems):
-                for tool in _server_tools(server, cache, lister, problems):
-                    _add(tools, tool, problems)
+        admitted = [
+            server for server in servers if _admitted(server_as_tool(server), backend_problems, problems)
+        ]
+        hosted = _hosted_tools(admitted, cache, lister, problems)
+        plain = set(tools)
+        for tool in hosted:
+            _add(tools, tool, problems)
+        _drop_contested(tools, plain, hosted, problems)
         cache.save()
         return cls(tools.values(), problems)
 
@@ -117,9 +122,47 @@ def _add(tools: dict[str, Tool], tool: Tool, problems: list[LoadProblem]) -> Non
     tools[tool.name] = tool
 
 
-def _server_tools(
-    entry: ServerEntry, cache: ManifestCache, lister: Lister | None, problems: list[LoadProblem]
+# Servers listed at once (each in a sandbox of its own): a load waits for the slowest,
+# not for their sum.
+LISTING_THREADS = 4
+
+
+def _hosted_tools(
+    servers: list[ServerEntry], cache: ManifestCache, lister: Lister | None, problems: list[LoadProblem]
 ) -> list[Tool]:
+    """The tools of every server, listed concurrently; problems in the servers' order."""
+    if not servers:
+        return []
+    with ThreadPoolExecutor(min(LISTING_THREADS, len(servers)), thread_name_prefix="runner-lists") as threads:
+        found = list(threads.map(lambda server: _server_tools(server, cache, lister), servers))
+    tools: list[Tool] = []
+    for server_tools, server_problems in found:
+        tools += server_tools
+        problems += server_problems
+    return tools
+
+
+def _drop_contested(
+    tools: dict[str, Tool], plain: set[str], hosted: list[Tool], problems: list[LoadProblem]
+) -> None:
+    """A name two servers both list (``a`` listing ``b_x``, ``a_b`` listing ``x``) serves
+    neither: who would answer it, and with whose grants, must never depend on load order."""
+    claims: dict[str, list[Tool]] = {}
+    for tool in hosted:
+        if tool.name not in plain:
+            claims.setdefault(tool.name, []).append(tool)
+    for name, claimants in claims.items():
+        servers = sorted({tool.hosted.server for tool in claimants if tool.hosted is not None})
+        if len(servers) > 1:
+            del tools[name]
+            where = claimants[0].directory / MANIFEST_FILE
+            reason = f"{name!r} is listed by more than one MCP server ({', '.join(servers)}): left out of all"
+            problems.append(LoadProblem(where, reason, name))
+
+
+def _server_tools(
+    entry: ServerEntry, cache: ManifestCache, lister: Lister | None
+) -> tuple[list[Tool], list[LoadProblem]]:
     """The tools of an MCP server's folder; what keeps it, or some of its tools, out goes
     to ``problems``."""
     from runner.hosted.listing import ListingFailed
@@ -128,13 +171,10 @@ def _server_tools(
     path = entry.directory / MANIFEST_FILE
     name = entry.manifest.name
     if lister is None:
-        problems.append(LoadProblem(path, "an MCP server, not listed here (no sandbox to start it in)", name))
-        return []
+        return [], [LoadProblem(path, "an MCP server, not listed here (no sandbox to start it in)", name)]
     try:
         listed = lister(entry, cache)
     except ListingFailed as exc:
-        problems.append(LoadProblem(path, f"MCP server {name} cannot be listed: {exc}", name))
-        return []
+        return [], [LoadProblem(path, f"MCP server {name} cannot be listed: {exc}", name)]
     expansion = expand(entry, listed)
-    problems += [LoadProblem(path, f"MCP server {name}: {problem}", name) for problem in expansion.problems]
-    return expansion.tools
+    return expansion.tools, [LoadProblem(path, f"MCP server {name}: {p}", name) for p in expansion.problems]

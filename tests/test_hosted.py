@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,22 @@ from runner.manifest import load_entry
 from runner.manifest_cache import ManifestCache
 
 SERVER = Path(__file__).parent / "servers" / "stateful_mcp.py"
-NAMES = {"count", "fail", "refuse", "hang", "die", "garbage", "progress", "flood", "structured"}
+NAMES = {
+    "count",
+    "fail",
+    "refuse",
+    "hang",
+    "die",
+    "garbage",
+    "progress",
+    "flood",
+    "structured",
+    "nan",
+    "leak",
+} | {
+    "relisted",
+    "evil",
+}
 
 
 def add_server(bench: ToolBench, name: str = "st", **manifest: Any) -> Path:
@@ -244,3 +260,115 @@ async def test_through_runner_serve_a_client_sees_hosted_tools_next_to_ours_per_
     async with Client(stdio_server(bench, "--role", "admin")) as client:
         names = {tool.name for tool in (await client.list_tools()).tools}
     assert names == {"echo"} | {f"st_{name}" for name in NAMES}
+
+
+# -- what a hostile review of SPEC 12 found -------------------------------------------
+
+
+def test_a_call_does_not_list_again_so_a_schema_offered_at_call_time_is_never_used(bench: ToolBench) -> None:
+    """The SDK's client lists a server's tools again inside a call to check its answer
+    against the schema offered *then*: never checked by the runner, and on the event loop
+    (a catastrophic pattern stalled every call for seconds). The runner checks answers
+    against the schema it listed and checked, itself, off the loop."""
+    add_server(bench, limits={"timeout_ms": 3000})
+    with bench.runner(warm_pools=False) as runner:
+        assert json.loads(runner.call("st_relisted").result) == {"lists": 0}
+        evil = runner.call("st_evil", request_id="hosted-evil")
+    assert evil.success, evil.error
+    assert evil.result == {"s": "a" * 30 + "!"}
+    assert evil.metadata.duration < 3000
+    assert_nothing_survives("hosted-evil")
+
+
+def test_nan_in_structured_content_is_a_parse_error_not_a_crash(bench: ToolBench) -> None:
+    add_server(bench)
+    with bench.runner(warm_pools=False) as runner:
+        answer = runner.call("st_nan")
+    assert answer.error is not None
+    wire = answer.error.to_wire()
+    assert (wire["code"], wire["details"]["reason"]) == ("PARSE_ERROR", "protocol"), wire
+    events = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
+    assert [e["event"] for e in events if e["event"] == "call.attempt"] == ["call.attempt"]
+
+
+@pytest.mark.parametrize("where", ["error", "line"])
+def test_no_part_of_a_secret_reaches_the_answer_however_long_the_text_around_it(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    secret = "sk-live-0123456789abcdefSECRETSECRET"
+    monkeypatch.setenv("HOSTED_TEST_TOKEN", secret)
+    add_server(bench, secrets=["API_TOKEN"], limits={"timeout_ms": 3000})
+    bench.policy["secrets"] = {"API_TOKEN": {"env": "HOSTED_TEST_TOKEN"}}
+    bench.policy["tools"] = {"st_leak": {"secrets": ["API_TOKEN"]}}
+    with bench.runner(warm_pools=False) as runner:
+        answer = runner.call("st_leak", {"where": where})
+    assert answer.error is not None
+    text = json.dumps(answer.to_wire())
+    for cut in range(8, len(secret) + 1):
+        assert secret[:cut] not in text, (cut, text)
+    assert secret[:8] not in bench.audit_log.read_text()
+
+
+def test_a_listing_sees_an_empty_read_only_workspace_never_the_real_one(bench: ToolBench) -> None:
+    folder = add_server(bench, workspace="write")
+    (folder / "server.py").write_text(
+        "import os, sys\n"
+        "if os.environ.get('REQUEST_ID', '').startswith('list-'):\n"
+        "    seen = os.listdir('/workspace')\n"
+        "    try:\n"
+        "        open('/workspace/written-by-listing', 'w').close()\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "    sys.stderr.write(f'saw {seen}')\n"
+        "    sys.exit(1)\n"
+    )
+    workspace = bench.root / "workspace"
+    workspace.mkdir()
+    (workspace / "private.txt").write_text("not for listings")
+    bench.policy["workspace"] = str(workspace)
+    with bench.runner(warm_pools=False) as runner:
+        [problem] = runner.registry.problems
+    assert "saw []" in problem.reason
+    assert sorted(path.name for path in workspace.iterdir()) == ["private.txt"]
+
+
+def test_two_servers_claiming_one_name_are_both_left_out(bench: ToolBench) -> None:
+    add_server(bench, "a", tools=["count"], prefix="b_")
+    add_server(bench, "b", tools=["count"])
+    with bench.runner(warm_pools=False) as runner:
+        assert runner.registry.get("b_count") is None
+        reasons = " ".join(p.reason for p in runner.registry.problems)
+    assert "b_count" in reasons and "more than one MCP server" in reasons
+
+
+def test_a_listing_failure_is_remembered_so_other_commands_do_not_wait_for_it(bench: ToolBench) -> None:
+    add_server(bench, command=["python3", "-c", "import time; time.sleep(60)"], limits={"timeout_ms": 1500})
+    bench.tool("plain", "print('{}')")
+    started = time.monotonic()
+    with bench.runner(warm_pools=False) as runner:
+        assert any("cannot be listed" in p.reason for p in runner.registry.problems)
+    first = time.monotonic() - started
+    started = time.monotonic()
+    with bench.runner(warm_pools=False) as runner:
+        assert any("cannot be listed" in p.reason for p in runner.registry.problems)
+        assert runner.call("plain").success
+    assert first >= 1.4
+    assert time.monotonic() - started < first
+
+
+def test_a_server_is_listed_with_at_most_max_tools_and_the_rest_reported(bench: ToolBench) -> None:
+    from runner.hosted.tools import MAX_SERVER_TOOLS
+
+    folder = add_server(bench)
+    (folder / "server.py").write_text(
+        (folder / "server.py")
+        .read_text()
+        .replace('result = {"tools": TOOLS + evil}', 'result = {"tools": MANY}')
+        .replace(
+            "LISTED = 0\n",
+            f"LISTED = 0\nMANY = [{{'name': f't{{i}}', 'inputSchema': {{'type': 'object'}}}} for i in range({MAX_SERVER_TOOLS + 5})]\n",
+        )
+    )
+    with bench.runner(warm_pools=False) as runner:
+        assert len(runner.registry) == MAX_SERVER_TOOLS
+        assert any(f"more than {MAX_SERVER_TOOLS} tools" in p.reason for p in runner.registry.problems)

@@ -18,10 +18,12 @@ from typing import Any
 from runner.errors import CallError, ErrorCode
 from runner.hosted.session import Spoken
 from runner.redaction import Scrubber
-from runner.tool_errors import MAX_MESSAGE, one_line
+from runner.tool_errors import one_line
 from sandboxes import SandboxOutcome, StopReason
 
 NO_TEXT = "the MCP server reported an error without a message"
+# How much of what broke the protocol its error shows.
+PREVIEW_CHARS = 120
 
 
 def settle(outcome: SandboxOutcome, spoken: Spoken) -> SandboxOutcome:
@@ -31,11 +33,17 @@ def settle(outcome: SandboxOutcome, spoken: Spoken) -> SandboxOutcome:
     result = spoken.result
     if result is not None and not result.is_error:
         value = result.structured_content if result.structured_content is not None else _text(result.content)
-        return dataclasses.replace(outcome, exit_code=0, stdout=_json(value))
+        try:
+            return dataclasses.replace(outcome, exit_code=0, stdout=_json(value))
+        except ValueError:  # NaN or Infinity: the SDK reads them, JSON has none
+            spoken.break_("its result holds a number JSON cannot carry (NaN or Infinity)")
+            return outcome
     message = spoken.refused if result is None else _text(result.content)
     if message is None:
         return outcome  # broken: ``protocol_error`` says so
-    report = {"error": {"message": one_line(message, MAX_MESSAGE) or NO_TEXT}}
+    # Whole, not cut: the executor scrubs the tool's secrets out of it before anything
+    # cuts it to a message's length (a secret cut in half would pass the scrub).
+    report = {"error": {"message": message if message.strip() else NO_TEXT}}
     return dataclasses.replace(outcome, reason=StopReason.EXIT_CODE, stdout=_json(report))
 
 
@@ -43,9 +51,12 @@ def protocol_error(tool_name: str, spoken: Spoken, secrets: Scrubber) -> CallErr
     """The ``PARSE_ERROR`` of a server that broke the protocol, if it did."""
     if spoken.broken is None:
         return None
+    # Scrubbed whole, then cut: a secret cut in half first would pass the scrub.
+    evidence = one_line(secrets.scrub_text(spoken.evidence), PREVIEW_CHARS) if spoken.evidence else ""
+    shown = f": {evidence!r}" if evidence else ""
     return CallError(
         ErrorCode.PARSE_ERROR,
-        f"{tool_name}: the MCP server broke the protocol: {secrets.scrub_text(spoken.broken)}",
+        f"{tool_name}: the MCP server broke the protocol: {spoken.broken}{shown}",
         {"reason": "protocol"},
     )
 

@@ -15,11 +15,13 @@ import asyncio
 import concurrent.futures
 import hashlib
 import os
+import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.hosted.tools import server_as_tool
 from runner.manifest import ServerEntry
@@ -27,11 +29,19 @@ from runner.manifest_cache import ManifestCache
 from runner.models import CallOptions
 from runner.plan import launch_spec, resolve_plan
 from runner.policy import Policy
-from sandboxes import Converses, Sandbox, SandboxOutcome, SandboxUnavailable
+from runner.tool_errors import one_line
+from sandboxes import Converses, LaunchSpec, Limits, Sandbox, SandboxOutcome, SandboxUnavailable
+
+if TYPE_CHECKING:
+    from runner.hosted.session import ListTools, Spoken
 
 # A folder with more entries than this is listed afresh at every load (not fingerprinted).
 MAX_FINGERPRINT_ENTRIES = 200_000
 CACHE_PREFIX = "mcp-tools:"
+# A server that could not be listed is not tried again for this long (same folder, same
+# manifest): a broken or hanging server must not make every command wait for its timeout.
+FAILURE_MEMORY_S = 60.0
+FAILED_SUFFIX = ":failed"
 
 
 class ListingFailed(Exception):
@@ -55,10 +65,19 @@ class ServerLister:
         known = cache.get(key) if key is not None else None
         if isinstance(known, list):
             return known
+        failed = cache.get(key + FAILED_SUFFIX) if key is not None else None
+        if isinstance(failed, dict) and 0 <= time.time() - failed.get("at", 0) < FAILURE_MEMORY_S:
+            ago = round(time.time() - failed["at"])
+            raise ListingFailed(f"{failed.get('why', '')} (remembered from {ago} s ago)")
         # Its own loop in its own thread: a registry loads from synchronous code and from
         # code running an event loop (``runner serve`` reloading) alike.
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="runner-list") as thread:
-            listed = thread.submit(asyncio.run, self._list(entry)).result()
+            try:
+                listed = thread.submit(asyncio.run, self._list(entry)).result()
+            except ListingFailed as exc:
+                if key is not None:
+                    cache.remember(key + FAILED_SUFFIX, {"why": str(exc), "at": time.time()})
+                raise
         if key is not None:
             cache.put(key, listed)
         return listed
@@ -71,11 +90,23 @@ class ServerLister:
         spec = launch_spec(tool, f"list-{uuid.uuid4().hex[:12]}", self._policy, plan.runtime)
         limits = replace(plan.limits, network=False)  # listing needs no network
         dialogue = ListTools()
+        # Never the policy's workspace: a listing runs whatever the policy says of the
+        # server's tools. A server that checks its folder at start (the filesystem
+        # server) finds one, empty and read-only.
+        with tempfile.TemporaryDirectory(prefix="runner-list-") as empty:
+            os.chmod(empty, 0o755)  # noqa: PTH101, S103 - empty; the sandbox user must open it
+            if spec.workspace_mode != "none":
+                spec = replace(spec, workspace=Path(empty), workspace_mode="read")
+            return await self._list_in(dialogue, plan.sandbox, spec, limits)
+
+    async def _list_in(
+        self, dialogue: ListTools, backend: str, spec: LaunchSpec, limits: Limits
+    ) -> list[dict[str, Any]]:
         try:
-            prepared = await self._sandboxes(plan.sandbox).prepare(spec, limits)
+            prepared = await self._sandboxes(backend).prepare(spec, limits)
             try:
                 if not isinstance(prepared, Converses):
-                    raise ListingFailed(f"the {plan.sandbox} backend cannot host MCP servers")
+                    raise ListingFailed(f"the {backend} backend cannot host MCP servers")
                 outcome = await prepared.converse(dialogue)
             finally:
                 await prepared.close()
@@ -84,14 +115,20 @@ class ServerLister:
         spoken = dialogue.spoken
         if outcome.ok and spoken.tools is not None:
             return [tool.model_dump(by_alias=True, exclude_none=True, mode="json") for tool in spoken.tools]
-        raise ListingFailed(_why(outcome, spoken.broken, spoken.refused, limits.timeout_ms))
+        raise ListingFailed(_why(outcome, spoken, limits.timeout_ms))
 
 
-def _why(outcome: SandboxOutcome, broken: str | None, refused: str | None, timeout_ms: int) -> str:
-    if broken is not None:
-        return f"it broke the MCP protocol: {broken}"
-    if refused is not None:
-        return f"it refused to list its tools: {refused}"
+def _why(outcome: SandboxOutcome, spoken: Spoken, timeout_ms: int) -> str:
+    """Why a listing failed, one printable line (the server's words end up on terminals)."""
+    return one_line(_reason(outcome, spoken, timeout_ms), 400)
+
+
+def _reason(outcome: SandboxOutcome, spoken: Spoken, timeout_ms: int) -> str:
+    if spoken.broken is not None:
+        evidence = f": {spoken.evidence[:120]!r}" if spoken.evidence else ""
+        return f"it broke the MCP protocol: {spoken.broken}{evidence}"
+    if spoken.refused is not None:
+        return f"it refused to list its tools: {spoken.refused}"
     stderr = outcome.stderr_tail.strip().splitlines()
     last = f" (stderr: {stderr[-1][:200]})" if stderr else ""
     reason = outcome.reason.value if outcome.reason is not None else "no answer"

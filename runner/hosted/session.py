@@ -23,8 +23,9 @@ from mcp.shared.message import SessionMessage
 
 from sandboxes import Pipe
 
-# How much of a line that broke the protocol the error shows.
-PREVIEW_CHARS = 120
+# How much of what broke the protocol is kept (scrubbed of secrets, then cut, by
+# ``answers.protocol_error``: a secret cut in half first would pass the scrub).
+EVIDENCE_CHARS = 4096
 CLIENT_INFO = types.Implementation(name="runner", version="1")
 
 
@@ -36,7 +37,11 @@ class Spoken:
     tools: list[types.Tool] | None = None
     result: types.CallToolResult | None = None
     refused: str | None = None  # the server answered the request with a JSON-RPC error
-    broken: str | None = None  # the server broke the protocol
+    broken: str | None = None  # how the server broke the protocol
+    evidence: str = ""  # what it wrote, or the SDK's complaint: raw, not for an answer as is
+
+    def break_(self, how: str, evidence: str = "") -> None:
+        self.broken, self.evidence = how, evidence[:EVIDENCE_CHARS]
 
 
 class _Conversation:
@@ -52,7 +57,7 @@ class _Conversation:
             group.start_soon(self._read, pipe, incoming_send, group.cancel_scope)
             group.start_soon(_write, pipe, outgoing_receive)
             try:
-                async with ClientSession(incoming, outgoing, client_info=CLIENT_INFO) as session:
+                async with _Session(incoming, outgoing, client_info=CLIENT_INFO) as session:
                     # Inside the session: its task group would wrap what goes out of it.
                     try:
                         await session.initialize()
@@ -60,7 +65,7 @@ class _Conversation:
                     except MCPError as exc:
                         self.spoken.refused = exc.error.message or f"error {exc.error.code}"
             except Exception as exc:  # the SDK's word that the answer broke the protocol
-                self.spoken.broken = _one_line(exc)
+                self.spoken.break_(*_complaint(exc))
             group.cancel_scope.cancel()  # the conversation is over; the pipe tasks with it
 
     async def exchange(self, session: ClientSession) -> None:
@@ -74,27 +79,44 @@ class _Conversation:
     ) -> None:
         """Lines of stdout to messages. A line that is not JSON-RPC ends the conversation;
         at the end of stdout this waits: the server's exit or the timeout tells the rest."""
-        buffer = b""
+        pending = bytearray()
         while chunk := await pipe.receive():
-            *lines, buffer = (buffer + chunk).split(b"\n")
-            for line in lines:
+            start = len(pending)  # a newline can only be in what just came
+            pending += chunk
+            while (end := pending.find(b"\n", start)) != -1:
+                line, start = bytes(pending[:end]), 0
+                del pending[: end + 1]
                 if not line.strip():
                     continue
                 try:
                     message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
                 except ValueError:
-                    preview = line[:PREVIEW_CHARS].decode("utf-8", errors="replace")
-                    self.spoken.broken = f"it wrote a line that is not JSON-RPC: {preview!r}"
+                    text = line.decode("utf-8", errors="replace")
+                    self.spoken.break_("it wrote a line that is not JSON-RPC", text)
                     scope.cancel()
                     return
                 await sink.send(SessionMessage(message))
         await anyio.sleep_forever()
 
 
-def _one_line(exc: BaseException) -> str:
+def _complaint(exc: BaseException) -> tuple[str, str]:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:PREVIEW_CHARS]}"
+    return f"the MCP client refused its answer ({type(exc).__name__})", str(exc)
+
+
+class _Session(ClientSession):
+    """The SDK's client session, minus its own check of a call's result.
+
+    That check lists the server's tools again inside the call and validates the answer
+    against the output schema the server offers *then*: a schema the runner never
+    checked, applied on the event loop (a catastrophic regex pattern stalls every call
+    the loop serves, past any timeout). The runner validates a result against the
+    ``outputSchema`` it listed and checked at load, off the loop (``output_schema``).
+    """
+
+    async def validate_tool_result(self, name: str, result: types.CallToolResult) -> None:
+        return None
 
 
 async def _write(pipe: Pipe, source: MemoryObjectReceiveStream[SessionMessage]) -> None:

@@ -22,9 +22,13 @@ from runner.manifest import (
     ServerEntry,
     Tool,
 )
+from runner.tool_errors import one_line
 
 MCP_TAG = "mcp"
 MAX_DESCRIPTION = 1000
+# More tools than this from one server are left out (reported): each is checked at every
+# load and exported to agents, and no real server has that many.
+MAX_SERVER_TOOLS = 256
 # MCP's annotation hints, by the manifest's names for them.
 _HINTS = {
     "read_only": "readOnlyHint",
@@ -61,13 +65,20 @@ def expand(entry: ServerEntry, listed: list[dict[str, Any]]) -> Expansion:
     problems = [
         f"tools: {name} is not a tool of this server" for name in server.tools or () if name not in by_name
     ]
+    wanted = [name for name in by_name if server.tools is None or name in server.tools]
+    if len(wanted) > MAX_SERVER_TOOLS:
+        problems.append(
+            f"it lists more than {MAX_SERVER_TOOLS} tools: only the first {MAX_SERVER_TOOLS} are in"
+        )
+        by_name = {name: by_name[name] for name in wanted[:MAX_SERVER_TOOLS]}
     tools = []
     for own_name, item in by_name.items():
         if server.tools is not None and own_name not in server.tools:
             continue
         name = server.tool_prefix + own_name
         if not NAME_PATTERN.fullmatch(name):
-            problems.append(f"{own_name}: {name!r} is not a valid tool name ([a-z][a-z0-9_.-]{{0,63}})")
+            shown = one_line(repr(name), 80)  # the server's words: printable only
+            problems.append(f"{shown} is not a valid tool name ([a-z][a-z0-9_.-]{{0,63}})")
             continue
         parameters, output = item.get("inputSchema"), item.get("outputSchema")
         try:
@@ -77,7 +88,7 @@ def expand(entry: ServerEntry, listed: list[dict[str, Any]]) -> Expansion:
             if output is not None:
                 check_schema(output)
         except SchemaProblem as exc:
-            problems.append(f"{own_name}: {exc}")
+            problems.append(f"{own_name}: {one_line(str(exc), 200)}")
             continue
         description = str(item.get("description") or f"{own_name} (MCP server {server.name})")
         annotations = _annotations(server.annotations, item.get("annotations"))
