@@ -37,8 +37,19 @@ def write_policy(bench: ToolBench) -> None:
 def server_argv(bench: ToolBench, *args: str) -> list[str]:
     """``runner serve ...`` over the bench's tools, policy and audit log."""
     write_policy(bench)
-    return [sys.executable, "-m", "runner", "--tools", str(bench.tools), "--policies",
-            str(bench.root / "policies.yaml"), "--audit-log", str(bench.audit_log), "serve", *args]
+    return [
+        sys.executable,
+        "-m",
+        "runner",
+        "--tools",
+        str(bench.tools),
+        "--policies",
+        str(bench.root / "policies.yaml"),
+        "--audit-log",
+        str(bench.audit_log),
+        "serve",
+        *args,
+    ]
 
 
 def stdio_server(bench: ToolBench, *args: str, exit_file: Path | None = None) -> StdioServerParameters:
@@ -76,8 +87,9 @@ class HttpServer:
     """``runner serve --http 127.0.0.1:0`` in a process of its own; ``url`` once it listens."""
 
     def __init__(self, bench: ToolBench) -> None:
-        self.process = subprocess.Popen(server_argv(bench, "--http", "127.0.0.1:0"), stderr=subprocess.PIPE,
-                                        text=True)
+        self.process = subprocess.Popen(
+            server_argv(bench, "--http", "127.0.0.1:0"), stderr=subprocess.PIPE, text=True
+        )
         assert self.process.stderr is not None
         self.stderr: list[str] = []
         ready, _, _ = select.select([self.process.stderr], [], [], 30)
@@ -113,8 +125,24 @@ class HttpServer:
 def add_token(bench: ToolBench, name: str, role: str) -> str:
     """A token added with ``runner serve tokens add`` (the real command)."""
     write_policy(bench)
-    done = subprocess.run([sys.executable, "-m", "runner", "--policies", str(bench.root / "policies.yaml"),
-                           "serve", "tokens", "add", name, "--role", role],
-                          capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "--policies",
+            str(bench.root / "policies.yaml"),
+            "serve",
+            "tokens",
+            "add",
+            name,
+            "--role",
+            role,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     bench.policy = yaml.safe_load((bench.root / "policies.yaml").read_text())
     return done.stdout.strip()

@@ -32,7 +32,12 @@ def _blocking_run(spec: LaunchSpec, payload: bytes, timeout_s: float) -> tuple[i
     env = {"PATH": "/usr/bin:/bin", **spec.env}
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
-            list(spec.command), cwd=spec.tool_dir, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err,
+            list(spec.command),
+            cwd=spec.tool_dir,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=err,
             preexec_fn=_host_safety,  # noqa: PLW1509 - a test double, not the runner
         )
         timed_out = False

@@ -129,7 +129,11 @@ def test_tc07_invalid_params_name_the_field(shipped: Runner) -> None:
 
 def test_tc08_a_failing_tool_is_an_execution_error_with_its_message(shipped: Runner) -> None:
     answer = shipped.handle(
-        {"toolName": "get_weather", "params": {"city": "Atlantis"}, "options": {"retries": 3, "retryDelay": 0}}
+        {
+            "toolName": "get_weather",
+            "params": {"city": "Atlantis"},
+            "options": {"retries": 3, "retryDelay": 0},
+        }
     )
     assert_shell(answer)
     assert answer["error"]["code"] == "EXECUTION_ERROR"

@@ -19,7 +19,13 @@ def run(
 ) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "RUNNER_AUDIT_LOG": os.devnull, **(env or {})}
     return subprocess.run(
-        [*RUNNER, *args], input=stdin, capture_output=True, text=True, env=full_env, cwd=cwd or starter_dir(), timeout=60
+        [*RUNNER, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd or starter_dir(),
+        timeout=60,
     )
 
 

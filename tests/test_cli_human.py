@@ -41,7 +41,9 @@ def _env(extra: dict[str, str] | None) -> dict[str, str]:
     return {**env, "TERM": "xterm-256color", "RUNNER_AUDIT_LOG": os.devnull, **(extra or {})}
 
 
-def piped(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def piped(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*RUNNER, *args], capture_output=True, text=True, env=_env(env), cwd=cwd or starter_dir(), timeout=60
     )
@@ -109,7 +111,9 @@ def test_no_color_or_a_dumb_terminal_gets_the_table_without_colour(env: dict[str
 
 
 def test_exec_on_a_terminal_is_indented_readable_json_and_piped_stays_one_ascii_line() -> None:
-    message = "héllo 日本 \u202e \x9b[31m"  # readable letters; a bidi override and a C1 CSI that must stay inert
+    message = (
+        "héllo 日本 \u202e \x9b[31m"  # readable letters; a bidi override and a C1 CSI that must stay inert
+    )
     params = json.dumps({"message": message})
     code, shown, _ = on_terminal("exec", "echo", "--params", params, env={"NO_COLOR": "1"})
     assert code == 0
@@ -149,15 +153,47 @@ def test_doctor_is_a_table_on_a_terminal_and_the_same_lines_when_piped() -> None
 
 def _audit_log(tmp_path: Path) -> Path:
     events = [
-        {"event": "policy.decision", "timestamp": "2026-01-01T00:00:00.000Z", "requestId": "req_a",
-         "toolName": "echo", "role": "user", "decision": "allow", "reason": "allowed"},
-        {"event": "policy.decision", "timestamp": "2026-01-01T00:00:01.000Z", "requestId": "req_b",
-         "toolName": "evil\x1b[2J", "role": "user", "decision": "deny", "reason": "not_allowed"},
-        {"event": "call.finished", "timestamp": "2026-01-01T00:00:02.000Z", "requestId": "req_a",
-         "toolName": "echo", "role": "user", "success": True, "attempts": 1, "duration": 12},
-        {"event": "call.finished", "timestamp": "2026-01-01T00:00:03.000Z", "requestId": "req_c",
-         "toolName": "slow", "role": "user", "success": False, "code": None, "reason": None,
-         "attempts": 1, "duration": 40, "cancelled": True},
+        {
+            "event": "policy.decision",
+            "timestamp": "2026-01-01T00:00:00.000Z",
+            "requestId": "req_a",
+            "toolName": "echo",
+            "role": "user",
+            "decision": "allow",
+            "reason": "allowed",
+        },
+        {
+            "event": "policy.decision",
+            "timestamp": "2026-01-01T00:00:01.000Z",
+            "requestId": "req_b",
+            "toolName": "evil\x1b[2J",
+            "role": "user",
+            "decision": "deny",
+            "reason": "not_allowed",
+        },
+        {
+            "event": "call.finished",
+            "timestamp": "2026-01-01T00:00:02.000Z",
+            "requestId": "req_a",
+            "toolName": "echo",
+            "role": "user",
+            "success": True,
+            "attempts": 1,
+            "duration": 12,
+        },
+        {
+            "event": "call.finished",
+            "timestamp": "2026-01-01T00:00:03.000Z",
+            "requestId": "req_c",
+            "toolName": "slow",
+            "role": "user",
+            "success": False,
+            "code": None,
+            "reason": None,
+            "attempts": 1,
+            "duration": 40,
+            "cancelled": True,
+        },
     ]
     log = tmp_path / "audit.log"
     log.write_text("".join(json.dumps(event) + "\n" for event in events))
@@ -215,8 +251,11 @@ def test_show_names_the_secrets_asked_and_granted_and_the_policy_refuses_the_res
     bench.policy["secrets"] = {"A_KEY": {"env": "HOST_A_KEY"}}
     bench.policy["tools"] = {"keyed": {"secrets": ["A_KEY"]}}
     bench.runner()
-    env = {"RUNNER_TOOLS": str(bench.tools), "RUNNER_POLICIES": str(bench.root / "policies.yaml"),
-           "HOST_A_KEY": "value-never-shown"}
+    env = {
+        "RUNNER_TOOLS": str(bench.tools),
+        "RUNNER_POLICIES": str(bench.root / "policies.yaml"),
+        "HOST_A_KEY": "value-never-shown",
+    }
     done = piped("show", "keyed", env=env)
     sheet = json.loads(done.stdout)
     assert sheet["asks"]["secrets"] == ["A_KEY", "B_KEY"]
@@ -247,7 +286,9 @@ def test_show_of_an_unknown_tool_says_so_in_one_line_and_exits_one() -> None:
 # -- help -------------------------------------------------------------------------------------
 
 
-def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], click.Command]]:
+def _commands(
+    group: click.Group, prefix: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], click.Command]]:
     found: list[tuple[tuple[str, ...], click.Command]] = []
     for name, command in group.commands.items():
         found.append(((*prefix, name), command))
@@ -271,8 +312,20 @@ def test_every_option_of_every_command_has_help_and_every_command_names_its_envi
 def test_help_of_exec_describes_each_option_and_the_variables_it_reads() -> None:
     done = piped("exec", "--help")
     assert done.returncode == 0
-    for option in ("--params", "--role", "--timeout", "--retries", "--retry-delay", "--deadline",
-                   "--format", "--request-id", "--step-id", "--tools", "--policies", "--audit-log"):
+    for option in (
+        "--params",
+        "--role",
+        "--timeout",
+        "--retries",
+        "--retry-delay",
+        "--deadline",
+        "--format",
+        "--request-id",
+        "--step-id",
+        "--tools",
+        "--policies",
+        "--audit-log",
+    ):
         assert option in done.stdout
     for variable in ENV_VARS:
         assert variable in done.stdout
@@ -307,10 +360,24 @@ def test_ctrl_c_during_exec_exits_130_after_the_sandbox_is_gone_and_audits_the_c
     bench.runner()
     request_id = f"req_ctrl_c_{presses}"
     env = {**_env(None), "RUNNER_AUDIT_LOG": str(bench.audit_log)}
-    argv = [*RUNNER, "--tools", str(bench.tools), "--policies", str(bench.root / "policies.yaml"),
-            "exec", "slow", "--request-id", request_id, "--retries", "0", "--deadline", "30000"]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                               cwd=bench.root, start_new_session=True)
+    argv = [
+        *RUNNER,
+        "--tools",
+        str(bench.tools),
+        "--policies",
+        str(bench.root / "policies.yaml"),
+        "exec",
+        "slow",
+        "--request-id",
+        request_id,
+        "--retries",
+        "0",
+        "--deadline",
+        "30000",
+    ]
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=bench.root, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 20
         while len(_tool_processes(request_id)) < 2 and time.monotonic() < deadline:
@@ -369,14 +436,24 @@ def test_audit_follow_prints_appended_events_as_they_come_and_ends_on_ctrl_c(tmp
     log = _audit_log(tmp_path)
     process = subprocess.Popen(
         [*RUNNER, "audit", "--follow", "--json", "--log", str(log), "--tool", "echo"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(None), start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(None),
+        start_new_session=True,
     )
     lines = Lines(process)
     try:
         assert json.loads(lines.next())["requestId"] == "req_a"
         assert json.loads(lines.next())["event"] == "call.finished"
-        new = {"event": "call.finished", "timestamp": "2026-01-01T00:00:09.000Z", "requestId": "req_new",
-               "toolName": "echo", "role": "user", "success": False, "code": "TIMEOUT"}
+        new = {
+            "event": "call.finished",
+            "timestamp": "2026-01-01T00:00:09.000Z",
+            "requestId": "req_new",
+            "toolName": "echo",
+            "role": "user",
+            "success": False,
+            "code": "TIMEOUT",
+        }
         text = json.dumps(new) + "\n"
         with log.open("a") as writer:  # half a line first: it must wait for the rest
             writer.write(text[:20])
@@ -396,7 +473,10 @@ def test_audit_follow_prints_appended_events_as_they_come_and_ends_on_ctrl_c(tmp
 def test_audit_follow_ends_quietly_when_its_reader_goes_away(tmp_path: Path) -> None:
     log = _audit_log(tmp_path)
     process = subprocess.Popen(
-        [*RUNNER, "audit", "--follow", "--log", str(log)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(None)
+        [*RUNNER, "audit", "--follow", "--log", str(log)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(None),
     )
     try:
         assert Lines(process).next().split()[0] == "timestamp"
@@ -421,7 +501,9 @@ def test_follow_reads_a_truncated_or_rotated_log_again_from_its_start(tmp_path: 
     log.write_text(json.dumps(first) + "\n")
     steps: list[Callable[[], object]] = [
         lambda: None,  # nothing new: the follower waits
-        lambda: log.write_text(json.dumps({"event": "call.finished", "requestId": "req_2"}) + "\n"),  # truncated
+        lambda: log.write_text(
+            json.dumps({"event": "call.finished", "requestId": "req_2"}) + "\n"
+        ),  # truncated
         lambda: _rotate(log, {"event": "call.finished", "requestId": "req_3"}),
     ]
     sleeps = iter(steps)
@@ -444,8 +526,15 @@ def test_follow_reads_a_truncated_or_rotated_log_again_from_its_start(tmp_path: 
 def test_bad_json_is_reported_by_line_and_column_never_by_a_python_name() -> None:
     cases = [
         piped("exec", "add_numbers", "--params", '{"a": 1,\n "b": }'),
-        subprocess.run([*RUNNER, "exec", "-"], input='{"toolName": "echo"\n\n  x}', capture_output=True,
-                       text=True, env=_env(None), cwd=starter_dir(), timeout=60),
+        subprocess.run(
+            [*RUNNER, "exec", "-"],
+            input='{"toolName": "echo"\n\n  x}',
+            capture_output=True,
+            text=True,
+            env=_env(None),
+            cwd=starter_dir(),
+            timeout=60,
+        ),
     ]
     for done, where in zip(cases, ("line 2, column 7", "line 3, column 3"), strict=True):
         assert done.returncode == 2
@@ -472,7 +561,9 @@ def test_invalid_params_lists_every_failing_field_bounded_and_keeps_the_first_er
     schema = {"type": "object", "properties": {**fields, "a_token": {"type": "integer", "x-sensitive": True}}}
     bench.tool("many", "print(1)\n", parameters=schema)
     with bench.runner() as runner:
-        answer = runner.handle({"toolName": "many", "params": {**dict.fromkeys(fields, "x"), "a_token": "hunter2"}})
+        answer = runner.handle(
+            {"toolName": "many", "params": {**dict.fromkeys(fields, "x"), "a_token": "hunter2"}}
+        )
         details = answer["error"]["details"]
         assert answer["error"]["code"] == "INVALID_PARAMS"
         assert {"field", "problem", "validator"} <= set(details)  # as before, the first error

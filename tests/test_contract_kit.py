@@ -22,7 +22,9 @@ def subprocess_backend() -> Sandbox:
 
 
 @pytest.mark.parametrize("check", CONTRACT, ids=IDS)
-def test_the_subprocess_backend_keeps_the_contract(check: ContractCheck, subprocess_backend: Sandbox, tmp_path: Path) -> None:
+def test_the_subprocess_backend_keeps_the_contract(
+    check: ContractCheck, subprocess_backend: Sandbox, tmp_path: Path
+) -> None:
     harness = Harness(
         make=lambda: subprocess_backend,
         workdir=tmp_path,
@@ -33,7 +35,9 @@ def test_the_subprocess_backend_keeps_the_contract(check: ContractCheck, subproc
 
 @pytest.mark.docker
 @pytest.mark.parametrize("check", CONTRACT, ids=IDS)
-def test_the_docker_backend_keeps_the_contract(check: ContractCheck, docker_client: APIClient, tmp_path: Path) -> None:
+def test_the_docker_backend_keeps_the_contract(
+    check: ContractCheck, docker_client: APIClient, tmp_path: Path
+) -> None:
     backend = plugins.create("docker", {})
     harness = Harness(
         make=lambda: backend,

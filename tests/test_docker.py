@@ -41,7 +41,9 @@ def docker_tool(bench: ToolBench, name: str, code: str, **manifest: object) -> N
 
 
 def ours(client: APIClient, request_id: str) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = client.containers(all=True, filters={"label": f"io.runner.request-id={request_id}"})
+    found: list[dict[str, Any]] = client.containers(
+        all=True, filters={"label": f"io.runner.request-id={request_id}"}
+    )
     return found
 
 
@@ -53,7 +55,9 @@ def test_a_shipped_docker_tool_answers(docker_client: APIClient) -> None:
     assert answer["result"] == {"lines": 2, "words": 3, "characters": 13}
 
 
-def test_the_container_has_no_network_no_capabilities_and_no_root(bench: ToolBench, docker_client: APIClient) -> None:
+def test_the_container_has_no_network_no_capabilities_and_no_root(
+    bench: ToolBench, docker_client: APIClient
+) -> None:
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(3)
     accepted: list[bool] = []
@@ -123,7 +127,9 @@ except OSError:
     assert ours(docker_client, "req_docker_bomb") == []
 
 
-def test_an_unreachable_daemon_is_sandbox_unavailable_quickly(bench: ToolBench, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreachable_daemon_is_sandbox_unavailable_quickly(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     docker_tool(bench, "any", "print(1)")
     started = time.monotonic()
@@ -134,7 +140,9 @@ def test_an_unreachable_daemon_is_sandbox_unavailable_quickly(bench: ToolBench, 
     assert "Docker daemon" in answer["error"]["message"]
 
 
-def test_a_missing_image_is_sandbox_unavailable_with_the_fix(bench: ToolBench, docker_client: APIClient) -> None:
+def test_a_missing_image_is_sandbox_unavailable_with_the_fix(
+    bench: ToolBench, docker_client: APIClient
+) -> None:
     bench.tool("lost", "print(1)", sandbox="docker", image="runner/does-not-exist:latest")
     answer = bench.runner().handle({"toolName": "lost"})
     assert answer["error"]["details"]["reason"] == "sandbox_unavailable"

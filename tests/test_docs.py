@@ -66,7 +66,9 @@ def test_every_relative_link_resolves_to_a_file_in_the_repository(page: Path) ->
         resolved = (page.parent / unquote(path_part)).resolve() if path_part else page
         if not resolved.is_relative_to(CHECKOUT) or not resolved.exists():
             broken.append(f"{target}: no such file in the repository")
-        elif anchor and resolved.suffix == ".md" and anchor not in heading_anchors(resolved.read_text("utf-8")):
+        elif (
+            anchor and resolved.suffix == ".md" and anchor not in heading_anchors(resolved.read_text("utf-8"))
+        ):
             broken.append(f"{target}: no heading #{anchor} in {resolved.name}")
     assert broken == []
 
@@ -94,5 +96,5 @@ def test_the_two_set_up_commands_open_the_readme() -> None:
     text = README.read_text(encoding="utf-8")
     first_section = text.split("\n## ", 2)[1]
     assert first_section.startswith("The two commands")
-    assert "bash scripts/setup.sh && runner exec add_numbers --params '{\"a\": 1, \"b\": 2}'" in first_section
+    assert 'bash scripts/setup.sh && runner exec add_numbers --params \'{"a": 1, "b": 2}\'' in first_section
     assert "bash scripts/setup.sh && bash scripts/test.sh" in first_section

@@ -19,7 +19,16 @@ def rules(*entries: str) -> EgressRules:
 
 
 @pytest.mark.parametrize(
-    "entry", ["example.com", "example.com:0", "example.com:70000", "*.10.0.0.1:80", "exa mple.com:80", "[zz]:80", ":80"]
+    "entry",
+    [
+        "example.com",
+        "example.com:0",
+        "example.com:70000",
+        "*.10.0.0.1:80",
+        "exa mple.com:80",
+        "[zz]:80",
+        ":80",
+    ],
 )
 def test_a_malformed_allow_entry_is_rejected(entry: str) -> None:
     with pytest.raises(ValueError):
@@ -42,7 +51,8 @@ def test_both_lists_must_allow_a_destination() -> None:
 
 
 @pytest.mark.parametrize(
-    "address", ["127.0.0.1", "10.1.2.3", "192.168.1.1", "169.254.169.254", "::1", "fe80::1", "fd00::2", "0.0.0.0"]
+    "address",
+    ["127.0.0.1", "10.1.2.3", "192.168.1.1", "169.254.169.254", "::1", "fe80::1", "fd00::2", "0.0.0.0"],
 )
 def test_a_name_resolving_to_a_non_public_address_is_refused_unless_listed_literally(address: str) -> None:
     parsed = ipaddress.ip_address(address)

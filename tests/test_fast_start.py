@@ -35,7 +35,12 @@ print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})), file=sys
 
 def _imports_of(args: list[str], cwd: Path, env: dict[str, str]) -> set[str]:
     done = subprocess.run(
-        [sys.executable, "-c", _IMPORTS_OF, *args], capture_output=True, text=True, cwd=cwd, env=env, check=False
+        [sys.executable, "-c", _IMPORTS_OF, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        check=False,
     )
     loaded: list[str] = json.loads(done.stderr.strip().splitlines()[-1])
     return set(loaded)
@@ -84,7 +89,9 @@ def test_a_changed_manifest_is_checked_again(tmp_path: Path) -> None:
 
 
 def test_an_invalid_manifest_is_never_cached(tmp_path: Path) -> None:
-    write_tool(tmp_path / "tools", "bad", "", parameters={"type": "object", "properties": {"a": {"type": "nope"}}})
+    write_tool(
+        tmp_path / "tools", "bad", "", parameters={"type": "object", "properties": {"a": {"type": "nope"}}}
+    )
     for _ in range(2):
         registry = Registry.load([tmp_path / "tools"], cache=ManifestCache.open(tmp_path / "cache"))
         assert len(registry) == 0 and len(registry.problems) == 1
@@ -155,7 +162,9 @@ def _watchdogs_of(pid: int) -> list[int]:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"from sandboxes._watchdog import main" in b" ".join(argv) and argv[-2:-1] == [str(pid).encode()]:
+            if b"from sandboxes._watchdog import main" in b" ".join(argv) and argv[-2:-1] == [
+                str(pid).encode()
+            ]:
                 found.append(int(entry.name))
     return found
 

@@ -35,10 +35,7 @@ NAMES = {
     "structured",
     "nan",
     "leak",
-} | {
-    "relisted",
-    "evil",
-}
+} | {"evil"}
 
 
 def add_server(bench: ToolBench, name: str = "st", **manifest: Any) -> Path:
@@ -272,10 +269,9 @@ def test_a_call_does_not_list_again_so_a_schema_offered_at_call_time_is_never_us
     against the schema it listed and checked, itself, off the loop."""
     add_server(bench, limits={"timeout_ms": 3000})
     with bench.runner(warm_pools=False) as runner:
-        assert json.loads(runner.call("st_relisted").result) == {"lists": 0}
         evil = runner.call("st_evil", request_id="hosted-evil")
     assert evil.success, evil.error
-    assert evil.result == {"s": "a" * 30 + "!"}
+    assert evil.result == {"s": "a" * 24 + "!"}
     assert evil.metadata.duration < 3000
     assert_nothing_survives("hosted-evil")
 
@@ -365,8 +361,8 @@ def test_a_server_is_listed_with_at_most_max_tools_and_the_rest_reported(bench: 
         .read_text()
         .replace('result = {"tools": TOOLS + evil}', 'result = {"tools": MANY}')
         .replace(
-            "LISTED = 0\n",
-            f"LISTED = 0\nMANY = [{{'name': f't{{i}}', 'inputSchema': {{'type': 'object'}}}} for i in range({MAX_SERVER_TOOLS + 5})]\n",
+            "CALLED = False\n",
+            f"CALLED = False\nMANY = [{{'name': f't{{i}}', 'inputSchema': {{'type': 'object'}}}} for i in range({MAX_SERVER_TOOLS + 5})]\n",
         )
     )
     with bench.runner(warm_pools=False) as runner:

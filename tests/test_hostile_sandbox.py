@@ -180,7 +180,9 @@ else:
 
 
 @pytest.mark.parametrize("backend", ["subprocess", pytest.param("docker", marks=pytest.mark.docker)])
-def test_workspace_writes_stop_at_disk_mb(bench: ToolBench, backend: str, request: pytest.FixtureRequest) -> None:
+def test_workspace_writes_stop_at_disk_mb(
+    bench: ToolBench, backend: str, request: pytest.FixtureRequest
+) -> None:
     if backend == "docker":
         request.getfixturevalue("docker_client")
     workspace = bench.root / "workspace"
@@ -322,7 +324,9 @@ def test_socket_buffers_count_against_the_memory_limit(bench: ToolBench) -> None
         assert answer["error"]["details"]["reason"] in {"memory_limit", "exit_code", "signal"}
 
 
-def test_a_degraded_run_still_drops_root_and_says_what_is_missing(bench: ToolBench, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_degraded_run_still_drops_root_and_says_what_is_missing(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RUNNER_BWRAP", "/nonexistent/bwrap")
     bench.policy["sandbox"] = {"backends": {"subprocess": {"allow_degraded": True}}}
     bench.tool(

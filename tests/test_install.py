@@ -135,14 +135,25 @@ def test_location_flags_are_accepted_after_the_command(tmp_path: Path, home: Pat
     assert answer_of(done)["result"] == 3
     assert audit.is_file()
     listed = runner_command(
-        "list", "--json", "--tools", str(project / "tools"), "--policies", str(project / "policies.yaml"),
-        cwd=tmp_path, home=home,
+        "list",
+        "--json",
+        "--tools",
+        str(project / "tools"),
+        "--policies",
+        str(project / "policies.yaml"),
+        cwd=tmp_path,
+        home=home,
     )
     assert "add_numbers" in {tool["name"] for tool in json.loads(listed.stdout)["tools"]}
     # a flag after the command wins over the same flag before it
     before_and_after = runner_command(
-        "--policies", str(tmp_path / "missing.yaml"), *ADD, "--policies", str(project / "policies.yaml"),
-        cwd=tmp_path, home=home,
+        "--policies",
+        str(tmp_path / "missing.yaml"),
+        *ADD,
+        "--policies",
+        str(project / "policies.yaml"),
+        cwd=tmp_path,
+        home=home,
     )
     assert answer_of(before_and_after)["result"] == 3
 

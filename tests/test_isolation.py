@@ -230,7 +230,9 @@ sys.exit(3)
 """
 
 
-def test_a_fork_bomb_hits_max_pids_and_the_host_can_still_fork(bench: ToolBench, no_survivors: Callable[[str], None]) -> None:
+def test_a_fork_bomb_hits_max_pids_and_the_host_can_still_fork(
+    bench: ToolBench, no_survivors: Callable[[str], None]
+) -> None:
     bench.tool("bomb", FORK_BOMB, limits={"max_pids": 32})
     answer = bench.runner().handle({"toolName": "bomb", "requestId": "req_bomb", "options": {"retries": 0}})
     assert answer["error"]["code"] == "EXECUTION_ERROR"
@@ -255,7 +257,9 @@ print("{}")
 """
 
 
-def test_the_memory_limit_holds_for_all_children_together(bench: ToolBench, no_survivors: Callable[[str], None]) -> None:
+def test_the_memory_limit_holds_for_all_children_together(
+    bench: ToolBench, no_survivors: Callable[[str], None]
+) -> None:
     bench.tool("family", FOUR_CHILDREN, limits={"memory_mb": 128, "timeout_ms": 8000})
     answer = bench.runner().handle(
         {"toolName": "family", "requestId": "req_family", "options": {"retries": 0}}
@@ -321,7 +325,9 @@ def test_killing_the_runner_mid_call_takes_every_tool_process_with_it(bench: Too
     assert processes_with_env(marker) == []
 
 
-def test_a_missing_launcher_fails_closed_with_sandbox_unavailable(bench: ToolBench, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_launcher_fails_closed_with_sandbox_unavailable(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RUNNER_BWRAP", "/nonexistent/bwrap")
     bench.tool("ok", "import sys\nsys.stdin.read()\nprint('{}')\n")
     answer = bench.runner().handle({"toolName": "ok", "options": {"retries": 3}})
@@ -331,7 +337,9 @@ def test_a_missing_launcher_fails_closed_with_sandbox_unavailable(bench: ToolBen
     assert answer["metadata"]["attempts"] == 1  # retrying cannot install bubblewrap
 
 
-def test_degraded_runs_need_the_policy_to_say_so_and_are_marked(bench: ToolBench, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_degraded_runs_need_the_policy_to_say_so_and_are_marked(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RUNNER_BWRAP", "/nonexistent/bwrap")
     bench.policy["sandbox"] = {"backends": {"subprocess": {"allow_degraded": True}}}
     bench.tool("ok", "import sys\nsys.stdin.read()\nprint('{}')\n")

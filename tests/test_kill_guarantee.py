@@ -80,7 +80,12 @@ def _harness(
     bench: ToolBench, tool: str, rounds: int, runners: int, max_delay_ms: int
 ) -> subprocess.Popen[str]:
     bench.runner()  # writes the policy file
-    argv = [sys.executable, str(HERE / "kill_harness.py"), str(bench.tools), str(bench.root / "policies.yaml")]
+    argv = [
+        sys.executable,
+        str(HERE / "kill_harness.py"),
+        str(bench.tools),
+        str(bench.root / "policies.yaml"),
+    ]
     return subprocess.Popen(
         [*argv, tool, str(rounds), str(runners), str(max_delay_ms)],
         stdin=subprocess.PIPE,
@@ -115,11 +120,17 @@ def test_two_hundred_runners_killed_at_random_points_leave_no_process_behind(ben
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_containers_of_killed_runners_are_gone_within_a_second(bench: ToolBench, docker_client: APIClient) -> None:
+def test_containers_of_killed_runners_are_gone_within_a_second(
+    bench: ToolBench, docker_client: APIClient
+) -> None:
     from sandboxes.docker._client import LABEL_OWNER
 
-    bench.tool("dsleep", "import sys, time\nsys.stdin.read()\ntime.sleep(0.2)\nprint('{}')\n",
-               sandbox="docker", image="runner/base:latest")
+    bench.tool(
+        "dsleep",
+        "import sys, time\nsys.stdin.read()\ntime.sleep(0.2)\nprint('{}')\n",
+        sandbox="docker",
+        image="runner/base:latest",
+    )
     harness = _harness(bench, "dsleep", rounds=3, runners=4, max_delay_ms=1500)
     running: list[str] = []
     assert harness.stdout is not None

@@ -275,7 +275,9 @@ def test_the_proxy_opens_at_most_its_bound_of_connections_per_call(
 ) -> None:
     greeter = f"127.0.0.1:{loopback_server.server.getsockname()[1]}"
     bound = EgressBounds().max_connections
-    result, connects = egress_call(bench, "subprocess", request, [("connect", greeter)] * (bound + 2), [greeter])
+    result, connects = egress_call(
+        bench, "subprocess", request, [("connect", greeter)] * (bound + 2), [greeter]
+    )
     assert result == ["200 hello"] * bound + ["403", "403"]
     assert loopback_server.connections == bound
     assert [e["reason"] for e in connects[bound:]] == ["connection_limit"] * 2

@@ -31,7 +31,7 @@ py-modules = ["runner_tagged_backend"]
 
 # The plugin's whole code: its own config model, and the hardened backend underneath
 # (a real plugin would bring its own isolation; this one tags what it serves).
-PLUGIN_MODULE = '''
+PLUGIN_MODULE = """
 import dataclasses
 from sandboxes import BackendConfigError, plugins
 
@@ -56,7 +56,7 @@ def create(config):
     if unknown:
         raise BackendConfigError(f"sandbox.backends.tagged: unknown keys {sorted(unknown)}")
     return Tagged(config.get("tag", "tagged"))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,9 @@ def venv_with_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv
 
 
-def test_a_backend_from_another_distribution_serves_its_tools(bench: ToolBench, venv_with_plugin: Path) -> None:
+def test_a_backend_from_another_distribution_serves_its_tools(
+    bench: ToolBench, venv_with_plugin: Path
+) -> None:
     bench.tool(
         "served",
         "import json, os, sys\nsys.stdin.read()\nprint(json.dumps({'by': os.environ.get('SERVED_BY')}))\n",
@@ -95,7 +97,10 @@ def test_a_backend_from_another_distribution_serves_its_tools(bench: ToolBench, 
     python = str(venv_with_plugin / "bin" / "python")
     done = subprocess.run(
         [python, "-c", script, str(bench.tools), str(bench.root / "policies.yaml")],
-        capture_output=True, text=True, check=True, cwd="/",
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
     )
     report = json.loads(done.stdout)
     assert report["answer"]["success"] is True, report

@@ -30,6 +30,7 @@ from sandboxes.testing import processes_with_env
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the hardened sandbox runs as root here")
 
+
 def _marker() -> tuple[str, str]:
     value = uuid.uuid4().hex
     return "POOL_MARK", value
@@ -37,7 +38,6 @@ def _marker() -> tuple[str, str]:
 
 def _warm_pids(mark: str) -> list[int]:
     return processes_with_env(f"POOL_MARK={mark}")
-
 
 
 def _idle(runner: Runner) -> dict[str, int]:

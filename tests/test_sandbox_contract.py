@@ -59,7 +59,9 @@ def test_a_non_zero_exit_keeps_its_code_and_stderr(bench: ToolBench, backend: st
     assert "bad" in answer["error"]["details"]["stderr"]
 
 
-def test_a_timeout_kills_the_tool(bench: ToolBench, backend: str, no_survivors: Callable[[str], None]) -> None:
+def test_a_timeout_kills_the_tool(
+    bench: ToolBench, backend: str, no_survivors: Callable[[str], None]
+) -> None:
     tool(bench, backend, "sleepy", "import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
     answer = call(bench, "sleepy", timeout=800)
     assert answer["error"]["code"] == "TIMEOUT"

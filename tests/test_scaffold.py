@@ -116,7 +116,12 @@ def run_helper_tool(
         [sys.executable, "main.py"],
         cwd=tmp_path,
         # The helper where every sandbox puts it: on PYTHONPATH, not in the tool's folder.
-        env={"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8", "PYTHONPATH": str(LIBRARY_SOURCE), **(env or {})},
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": str(LIBRARY_SOURCE),
+            **(env or {}),
+        },
         input=json.dumps(request),
         capture_output=True,
         text=True,

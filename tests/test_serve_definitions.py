@@ -59,11 +59,18 @@ UNION_PARAMS = {
 
 @pytest.fixture
 def tools_bench(bench: ToolBench) -> ToolBench:
-    bench.tool("plain", "", annotations={"readOnly": True, "idempotent": True, "openWorld": False},
-               output_schema={"type": "object", "properties": {"n": {"type": "integer"}}})
+    bench.tool(
+        "plain",
+        "",
+        annotations={"readOnly": True, "idempotent": True, "openWorld": False},
+        output_schema={"type": "object", "properties": {"n": {"type": "integer"}}},
+    )
     bench.tool("union", "", parameters=UNION_PARAMS, output_schema={"type": "number"})
     bench.tool("dotted.name", "", annotations={"destructive": True})
-    bench.policy["roles"] = {"user": {"allow": ["plain", "union"]}, "admin": {"inherits": ["user"], "allow": ["*"]}}
+    bench.policy["roles"] = {
+        "user": {"allow": ["plain", "union"]},
+        "admin": {"inherits": ["user"], "allow": ["*"]},
+    }
     return bench
 
 
@@ -90,7 +97,11 @@ def test_mcp_definitions_are_mcp_tools_with_annotations_and_object_output_schema
     assert set(tools) == {"plain", "union", "dotted.name"}  # MCP names may hold dots
     for tool in tools.values():
         mcp_types.Tool.model_validate(tool)
-    assert tools["plain"]["annotations"] == {"readOnlyHint": True, "idempotentHint": True, "openWorldHint": False}
+    assert tools["plain"]["annotations"] == {
+        "readOnlyHint": True,
+        "idempotentHint": True,
+        "openWorldHint": False,
+    }
     assert tools["plain"]["outputSchema"]["type"] == "object"
     assert "outputSchema" not in tools["union"]  # a number: not expressible as outputSchema
     assert tools["dotted.name"]["annotations"] == {"destructiveHint": True}
@@ -121,8 +132,17 @@ def test_definitions_list_only_what_the_role_may_call(tools_bench: ToolBench) ->
 
 def _export(bench: ToolBench, *args: str) -> subprocess.CompletedProcess[str]:
     bench.runner()  # writes the policy file
-    command = [sys.executable, "-m", "runner", "--tools", str(bench.tools),
-               "--policies", str(bench.root / "policies.yaml"), "export", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "runner",
+        "--tools",
+        str(bench.tools),
+        "--policies",
+        str(bench.root / "policies.yaml"),
+        "export",
+        *args,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
 

@@ -46,7 +46,9 @@ async def test_a_request_without_a_token_or_with_an_unknown_one_is_401_and_audit
     async with httpx2.AsyncClient() as http:
         missing = await http.post(server.url, json=ping)
         unknown = await http.post(server.url, json=ping, headers={"Authorization": "Bearer rnr_guessed"})
-        not_bearer = await http.post(server.url, json=ping, headers={"Authorization": f"Basic {tokens['ops']}"})
+        not_bearer = await http.post(
+            server.url, json=ping, headers={"Authorization": f"Basic {tokens['ops']}"}
+        )
     for answer in (missing, unknown, not_bearer):
         assert answer.status_code == 401
         assert answer.headers["www-authenticate"].startswith("Bearer")
@@ -64,7 +66,10 @@ async def test_each_token_gets_its_roles_tools_and_its_name_in_every_audit_event
     bench: ToolBench, served: tuple[HttpServer, dict[str, str]], mode: str
 ) -> None:
     server, tokens = served
-    async with server.client(tokens["ci-agent"], mode=mode) as user, server.client(tokens["ops"], mode=mode) as ops:
+    async with (
+        server.client(tokens["ci-agent"], mode=mode) as user,
+        server.client(tokens["ops"], mode=mode) as ops,
+    ):
         assert [t.name for t in (await user.list_tools()).tools] == ["echo"]
         assert [t.name for t in (await ops.list_tools()).tools] == ["echo", "sleeper"]
         denied = await user.call_tool("sleeper", {"seconds": 0})

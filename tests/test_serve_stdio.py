@@ -80,10 +80,14 @@ FAILING_TOOLS = {
 }
 
 
-async def test_every_error_code_is_an_is_error_result_whose_text_begins_with_the_code(bench: ToolBench) -> None:
+async def test_every_error_code_is_an_is_error_result_whose_text_begins_with_the_code(
+    bench: ToolBench,
+) -> None:
     for name, code in FAILING_TOOLS.items():
         bench.tool(name, code, limits={"timeout_ms": 500} if name == "slow" else {})
-    bench.tool("flaky", "import sys\nsys.stdin.read()\nsys.exit(1)\n", limits={"retries": 1, "retry_delay_ms": 0})
+    bench.tool(
+        "flaky", "import sys\nsys.stdin.read()\nsys.exit(1)\n", limits={"retries": 1, "retry_delay_ms": 0}
+    )
     bench.tool("strict", ECHO, parameters={"type": "object", "required": ["a"]})
     bench.tool("breaks", "import sys\nsys.stdin.read()\nsys.exit(2)\n")
     bench.tool("forbidden", ECHO)
@@ -121,22 +125,33 @@ def _rpc(process: subprocess.Popen[str], line: str) -> dict[str, Any]:
     return answer
 
 
-def test_requests_the_protocol_rejects_are_json_rpc_errors_and_the_server_keeps_serving(bench: ToolBench) -> None:
+def test_requests_the_protocol_rejects_are_json_rpc_errors_and_the_server_keeps_serving(
+    bench: ToolBench,
+) -> None:
     bench.tool("echo", ECHO)
     argv = server_argv(bench, "--stdio")
-    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as process:
+    with subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
         assert process.stdin is not None and process.stderr is not None
-        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        hello = {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        }
         init = _rpc(process, json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}))
         assert init["result"]["serverInfo"]["name"] == "runner"
         process.stdin.write('{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
         unknown = _rpc(process, '{"jsonrpc": "2.0", "id": 2, "method": "tools/nothing"}')
         assert unknown["id"] == 2 and unknown["error"]["code"] == types.METHOD_NOT_FOUND
-        bad_params = _rpc(process, '{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": 7}}')
+        bad_params = _rpc(
+            process, '{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": 7}}'
+        )
         assert bad_params["id"] == 3 and bad_params["error"]["code"] == types.INVALID_PARAMS
         # A line that is not JSON at all: the SDK drops it (no id to answer) and reads on.
-        pong = _rpc(process, '{"jsonrpc": "2.0", "id": 4, "method": \n{"jsonrpc": "2.0", "id": 5, "method": "ping"}')
+        pong = _rpc(
+            process, '{"jsonrpc": "2.0", "id": 4, "method": \n{"jsonrpc": "2.0", "id": 5, "method": "ping"}'
+        )
         assert pong == {"jsonrpc": "2.0", "id": 5, "result": {}}
         listed = _rpc(process, '{"jsonrpc": "2.0", "id": 6, "method": "tools/list"}')
         assert [t["name"] for t in listed["result"]["tools"]] == ["echo"]
@@ -153,7 +168,9 @@ async def test_a_cancelled_request_kills_its_sandbox_and_is_audited_as_cancelled
     request_id = f"req_mcp_cancel_{mode}"
     async with Client(stdio_server(bench), mode=mode) as client:
         with anyio.move_on_after(1.5):
-            await client.call_tool("sleeper", {"seconds": 60}, meta=cast(types.RequestParamsMeta, {REQUEST_ID_META: request_id}))
+            await client.call_tool(
+                "sleeper", {"seconds": 60}, meta=cast(types.RequestParamsMeta, {REQUEST_ID_META: request_id})
+            )
         # The server is still there, and the sandbox is gone.
         assert not (await client.call_tool("sleeper", {"seconds": 0})).is_error
         no_survivors(request_id)
@@ -199,7 +216,9 @@ async def test_sigterm_drains_the_call_in_flight_then_exits_zero(bench: ToolBenc
     assert exit_file.read_text().strip() == "0"
 
 
-async def test_a_call_that_waits_for_a_slot_past_its_deadline_times_out_without_running(bench: ToolBench) -> None:
+async def test_a_call_that_waits_for_a_slot_past_its_deadline_times_out_without_running(
+    bench: ToolBench,
+) -> None:
     bench.tool("holder", SLEEPER, limits=SLOW)
     bench.tool("quick", SLEEPER, limits={"timeout_ms": 1000, "deadline_ms": 1000})
     bench.policy["serve"] = {"max_concurrent": 1}

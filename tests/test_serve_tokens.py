@@ -30,7 +30,9 @@ def add(policy: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
 
-def test_a_new_token_is_printed_once_and_only_its_digest_is_stored_with_the_comments_kept(tmp_path: Path) -> None:
+def test_a_new_token_is_printed_once_and_only_its_digest_is_stored_with_the_comments_kept(
+    tmp_path: Path,
+) -> None:
     policy = tmp_path / "policies.yaml"
     policy.write_text(POLICY)
     policy.chmod(0o640)
@@ -48,12 +50,18 @@ def test_a_new_token_is_printed_once_and_only_its_digest_is_stored_with_the_comm
     assert policy.stat().st_mode & 0o777 == 0o640
 
 
-def test_a_token_with_an_unknown_role_or_a_taken_name_is_refused_and_the_file_left_alone(tmp_path: Path) -> None:
+def test_a_token_with_an_unknown_role_or_a_taken_name_is_refused_and_the_file_left_alone(
+    tmp_path: Path,
+) -> None:
     policy = tmp_path / "policies.yaml"
     policy.write_text(POLICY)
     assert add(policy, "ci-agent", "--role", "user").returncode == 0
     before = policy.read_text()
-    for args in (["other", "--role", "nobody"], ["ci-agent", "--role", "user"], ["bad name", "--role", "user"]):
+    for args in (
+        ["other", "--role", "nobody"],
+        ["ci-agent", "--role", "user"],
+        ["bad name", "--role", "user"],
+    ):
         refused = add(policy, *args)
         assert refused.returncode == 2, args
         assert refused.stdout == ""  # no token printed for nothing

@@ -105,7 +105,9 @@ def test_a_child_holding_stdout_neither_delays_the_answer_nor_survives(
     no_survivors("req_holder")
 
 
-def test_a_stdout_flood_is_cut_at_the_output_limit(bench: ToolBench, no_survivors: Callable[[str], None]) -> None:
+def test_a_stdout_flood_is_cut_at_the_output_limit(
+    bench: ToolBench, no_survivors: Callable[[str], None]
+) -> None:
     bench.tool("flood", FLOOD_STDOUT, limits={"max_output_bytes": 100_000})
     answer = call(bench, "flood", "req_flood")
     assert answer["error"]["code"] == "EXECUTION_ERROR"
@@ -137,7 +139,9 @@ def test_a_tool_that_never_reads_a_large_stdin_still_answers(bench: ToolBench) -
     assert answer["result"] == {"ignored": "input"}
 
 
-def test_allocating_past_the_memory_limit_is_a_memory_limit_kill(bench: ToolBench, no_survivors: Callable[[str], None]) -> None:
+def test_allocating_past_the_memory_limit_is_a_memory_limit_kill(
+    bench: ToolBench, no_survivors: Callable[[str], None]
+) -> None:
     bench.tool("hog", ALLOCATE, limits={"memory_mb": 64})
     answer = call(bench, "hog", "req_hog")
     assert answer["error"]["code"] == "EXECUTION_ERROR"
@@ -145,7 +149,9 @@ def test_allocating_past_the_memory_limit_is_a_memory_limit_kill(bench: ToolBenc
     no_survivors("req_hog")
 
 
-def test_spinning_past_the_cpu_limit_is_a_cpu_limit_kill(bench: ToolBench, no_survivors: Callable[[str], None]) -> None:
+def test_spinning_past_the_cpu_limit_is_a_cpu_limit_kill(
+    bench: ToolBench, no_survivors: Callable[[str], None]
+) -> None:
     bench.tool("spinner", SPIN, limits={"cpu_seconds": 1, "timeout_ms": 10000})
     started = time.monotonic()
     answer = call(bench, "spinner", "req_spin")

@@ -440,6 +440,8 @@ def test_the_attempt_event_names_the_tool_error(bench: ToolBench) -> None:
 def test_messages_mask_host_paths_but_keep_image_names() -> None:
     from runner.outcomes import mask_host_paths
 
-    masked = mask_host_paths('image runner/nope:latest not found; cannot read /etc/shadow or "/root/key" (/tmp/x)')
+    masked = mask_host_paths(
+        'image runner/nope:latest not found; cannot read /etc/shadow or "/root/key" (/tmp/x)'
+    )
     assert "runner/nope:latest" in masked
     assert "/etc" not in masked and "/root" not in masked and "/tmp" not in masked

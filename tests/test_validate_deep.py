@@ -17,7 +17,9 @@ from docker import APIClient
 ECHO_TOOL = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
 
 
-def validate(bench: ToolBench, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def validate(
+    bench: ToolBench, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     bench.runner()  # writes the policy file
     config = ["--tools", str(bench.tools), "--policies", str(bench.root / "policies.yaml")]
     return subprocess.run(
@@ -187,4 +189,3 @@ def test_a_missing_image_or_a_program_the_image_lacks_is_an_error(
 
 # Secrets: the manifest's `secrets:` and the policy's grants arrive with another branch;
 # the checks read them with getattr, so here they are given as plain objects.
-

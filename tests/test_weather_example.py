@@ -41,7 +41,9 @@ class FakeWeatherService(http.server.BaseHTTPRequestHandler):
         elif city.lower() != "reykjavik":
             self._answer(404, {"cod": "404", "message": "city not found"})
         else:
-            self._answer(200, {"name": "Reykjavík", "main": {"temp": -3.5}, "weather": [{"description": "snow"}]})
+            self._answer(
+                200, {"name": "Reykjavík", "main": {"temp": -3.5}, "weather": [{"description": "snow"}]}
+            )
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
@@ -125,9 +127,16 @@ def test_with_a_key_it_asks_the_service_through_the_proxy_and_never_shows_the_ke
         found = weather(runner, "Reykjavik")
         unknown = weather(runner, "Atlantis")
     assert found["success"], found
-    assert found["result"] == {"city": "Reykjavík", "temperature": -3.5, "unit": "celsius", "condition": "snow"}
+    assert found["result"] == {
+        "city": "Reykjavík",
+        "temperature": -3.5,
+        "unit": "celsius",
+        "condition": "snow",
+    }
     assert unknown["error"]["details"]["toolCode"] == "NOT_FOUND", unknown
-    assert FakeWeatherService.keys_seen == [KEY, KEY], "the key did not reach the service as the tool's secret"
+    assert FakeWeatherService.keys_seen == [KEY, KEY], (
+        "the key did not reach the service as the tool's secret"
+    )
     events = [json.loads(line) for line in audit.read_text().splitlines()]
     connects = [e for e in events if e["event"] == "network.connect"]
     assert [(e["decision"], e["port"]) for e in connects] == [("allow", service), ("allow", service)]
@@ -145,7 +154,9 @@ def test_a_wrong_key_is_a_tool_error_and_the_key_stays_hidden(
     assert "wrong-key-0c9d8e7f" not in json.dumps(answer) + (tmp_path / "audit.log").read_text()
 
 
-def test_an_optional_secret_forgives_only_an_absent_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_optional_secret_forgives_only_an_absent_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``optional: true`` runs the tool without the variable when the source is not there;
     a source that is there but refused (any user may write the file) still fails the call."""
     monkeypatch.delenv("OPENWEATHER_API_KEY", raising=False)
