@@ -35,7 +35,7 @@ NAMES = {
     "structured",
     "nan",
     "leak",
-} | {"evil"}
+} | {"evil", "chatty"}
 
 
 def add_server(bench: ToolBench, name: str = "st", **manifest: Any) -> Path:
@@ -230,18 +230,17 @@ async def test_through_runner_serve_a_client_sees_hosted_tools_next_to_ours_per_
     from mcp import Client
     from mcp_harness import ECHO, stdio_server
 
+    from runner.hosted.calls import MAX_PROGRESS
+
     bench.tool("echo", ECHO)
     add_server(bench)
     bench.policy["roles"] = {
-        "user": {"allow": ["echo", "st_progress", "st_structured"]},
+        "user": {"allow": ["echo", "st_progress", "st_structured", "st_chatty"]},
         "admin": {"inherits": ["user"], "allow": ["*"]},
     }
     async with Client(stdio_server(bench)) as client:
-        assert {tool.name for tool in (await client.list_tools()).tools} == {
-            "echo",
-            "st_progress",
-            "st_structured",
-        }
+        listed = {tool.name for tool in (await client.list_tools()).tools}
+        assert listed == {"echo", "st_progress", "st_structured", "st_chatty"}
         seen: list[tuple[float, float | None, str | None]] = []
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -250,6 +249,11 @@ async def test_through_runner_serve_a_client_sees_hosted_tools_next_to_ours_per_
         result = await client.call_tool("st_progress", {}, progress_callback=on_progress)
         assert not result.is_error
         assert [message for _, _, message in seen] == ["step 1", "step 2", "step 3"]
+        seen.clear()
+        assert not (await client.call_tool("st_chatty", {}, progress_callback=on_progress)).is_error
+        # Bounded (how many arrive before the answer is the transports' race), NaN dropped.
+        assert 1 <= len(seen) <= MAX_PROGRESS
+        assert "step 1" not in [message for _, _, message in seen]
         structured = await client.call_tool("st_structured", {"n": 4})
         assert structured.structured_content == {"double": 8}
         denied = await client.call_tool("st_count", {})
@@ -368,3 +372,33 @@ def test_a_server_is_listed_with_at_most_max_tools_and_the_rest_reported(bench: 
     with bench.runner(warm_pools=False) as runner:
         assert len(runner.registry) == MAX_SERVER_TOOLS
         assert any(f"more than {MAX_SERVER_TOOLS} tools" in p.reason for p in runner.registry.problems)
+
+
+def test_progress_passed_on_is_bounded_per_call_finite_and_scrubbed() -> None:
+    import asyncio
+
+    from runner.hosted.calls import CALL_PROGRESS, MAX_PROGRESS, HostedCall
+    from runner.redaction import Scrubber
+
+    got: list[tuple[float, float | None, str | None]] = []
+
+    async def collect(progress: float, total: float | None, message: str | None) -> None:
+        got.append((progress, total, message))
+
+    async def chatter() -> None:
+        token = CALL_PROGRESS.set(collect)
+        try:
+            call = HostedCall("chatty", {}, Scrubber.of(["s3cr3t-value"]))
+        finally:
+            CALL_PROGRESS.reset(token)
+        relay = call._progress
+        assert relay is not None
+        await relay(float("nan"), None, "not a number")
+        await relay(1.0, float("inf"), "infinite total")
+        for step in range(2, 1002):
+            await relay(float(step), None, f"step {step} of s3cr3t-value")
+
+    asyncio.run(chatter())
+    assert len(got) == MAX_PROGRESS
+    assert got[0] == (2.0, None, "step 2 of ***")
+    assert all("s3cr3t" not in (message or "") for _, _, message in got)

@@ -9,6 +9,7 @@ SDK): every way a hosted server can behave, good or hostile, as a tool of its ow
 - ``structured``: ``structuredContent`` with an ``outputSchema``.
 - ``flood``: writes without end on stdout.
 - ``nan``: ``structuredContent`` holding NaN (not JSON).
+- ``chatty``: 1000 progress notifications, the first with a NaN progress.
 - ``leak``: ``isError`` and a non-JSON line, each with the secret ``API_TOKEN`` far into a
   long text (a cut before the scrub would leave part of it).
 - ``evil``: a tool listed without an output schema; a ``tools/list`` made after a call
@@ -40,6 +41,7 @@ TOOLS = [
         "flood",
         "nan",
         "leak",
+        "chatty",
     )
 ] + [
     {
@@ -101,6 +103,16 @@ def call(request: dict[str, Any]) -> Any:
                     }
                 )
             time.sleep(0.05)
+        return text("done")
+    if name == "chatty":
+        token = request["params"].get("_meta", {}).get("progressToken")
+        for step in range(1, 1001):
+            progress = float("nan") if step == 1 else step
+            params = {"progressToken": token, "progress": progress, "message": f"step {step}"}
+            sys.stdout.write(
+                json.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": params}) + "\n"
+            )
+        sys.stdout.flush()
         return text("done")
     if name == "nan":
         return {**text("see structuredContent"), "structuredContent": {"x": float("nan")}}
