@@ -179,24 +179,30 @@ def _report(installed: Installed, runner: Runner) -> dict[str, Any]:
 
 
 def _print_report(report: dict[str, Any]) -> None:
+    """The report for a person. The tools' names and descriptions come from the server, the
+    problems from its folder: every such string is escaped, so that none can drive the
+    terminal (an ESC sequence retitling the window or clearing the screen)."""
+    from runner.audit_query import escape_cell as inert
+
     echo = click.echo
-    echo(f"installed {report['package']} ({report['registry']}) into {report['folder']}")
-    echo(f"manifest: {report['manifest']}")
-    echo(f"command: {' '.join(report['command'])}")
+    echo(f"installed {report['package']} ({report['registry']}) into {inert(report['folder'])}")
+    echo(f"manifest: {inert(report['manifest'])}")
+    echo(f"command: {inert(' '.join(report['command']))}")
     if report["tools"]:
         echo(f"tools ({len(report['tools'])}):")
         for tool in report["tools"]:
-            echo(f"  {tool['name']:<28} {' '.join(tool['description'].split())[:80]}")
+            description = " ".join(tool["description"].split())[:80]
+            echo(f"  {inert(tool['name']):<28} {inert(description)}")
     else:
         echo("tools: none registered")
     for problem in report["problems"]:
-        echo(f"problem: {problem['path']}: {problem['reason']}")
-    role = report["role"] or "(no default_role)"
+        echo(f"problem: {inert(problem['path'])}: {inert(problem['reason'])}")
+    role = inert(report["role"] or "(no default_role)")
     if report["grantsYaml"]:
-        echo(f"the policy must grant, for role {role} (add to {report['policy']}):")
+        echo(f"the policy must grant, for role {role} (add to {inert(report['policy'])}):")
         for line in report["grantsYaml"].splitlines():
-            echo(f"  {line}")
+            echo(f"  {inert(line)}")
     for removal in report["removals"]:
-        echo(f"the policy refuses them: {removal}")
+        echo(f"the policy refuses them: {inert(removal)}")
     if not report["grantsYaml"] and not report["removals"]:
         echo(f"the policy already lets role {role} call them")

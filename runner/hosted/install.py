@@ -3,8 +3,10 @@
 A PyPI package goes into a virtual environment made with the system's ``/usr/bin/python3``
 (the interpreter the sandbox runs, not the runner's own), an npm package into
 ``node_modules`` for the system's ``node``. Nothing the package brings runs as root on the
-host: wheels only (no ``setup.py``), npm's install scripts off, and the module check finds
-the module without importing it. The folder is built beside the target and renamed into
+host: wheels only (no ``setup.py``), npm's install scripts off, and once pip has run nothing
+in the venv is executed on the host: the module check is the system's interpreter reading
+the venv's site-packages, and a wheel that replaced the venv's interpreter (a
+``.data/scripts/python3``) is refused. The folder is built beside the target and renamed into
 place at the end, so a failed install leaves nothing behind.
 """
 
@@ -16,6 +18,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -48,6 +51,8 @@ _NPM_PACKAGE = re.compile(
     r"(?:@[A-Za-z0-9.^~<>=*+|_ -]{1,100})?"
 )
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+# The venv's interpreters (python, python3, python3.11): what the sandbox runs.
+_INTERPRETER = re.compile(r"python(?:\d+(?:\.\d+)*)?")
 
 # Found, not imported: PathFinder reads directories and runs none of the package's code
 # (and -S keeps the venv's .pth files unread). Exit 3: not found; 4: a package without
@@ -87,6 +92,8 @@ Reason = Literal[
     "no_bin",
     "bin_choice",
     "bin_outside",
+    "interpreter_replaced",
+    "venv_tampered",
 ]
 
 
@@ -212,38 +219,118 @@ def _install_pip(folder: Path, source: PipSource) -> list[str]:
             "missing_program",
             f"{SYSTEM_PYTHON} cannot make a virtual environment: install the Debian package python3-venv",
         )
-    _checked("python3 -m venv", _run([str(SYSTEM_PYTHON), "-m", "venv", str(folder / VENV_DIR)]))
-    python = folder / VENV_DIR / "bin" / "python3"
-    # Wheels only: a source distribution's setup.py would run here, as root, on the host.
-    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+    venv = folder / VENV_DIR
+    _checked("python3 -m venv", _run([str(SYSTEM_PYTHON), "-m", "venv", str(venv)]))
+    # Taken before pip: afterwards the venv holds the package's files, which may add a
+    # decoy lib/python3.X/site-packages or replace bin/python3.
+    interpreters = venv_interpreters(venv)
+    site = _site_packages(venv)
+    # The venv's python3 is still the symlink to SYSTEM_PYTHON here: nothing of the package
+    # is installed yet. Wheels only: a source distribution's setup.py would run, as root.
+    pip = [str(venv / "bin" / "python3"), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
     _checked(f"pip install {source.package}", _run([*pip, "--only-binary", ":all:", source.package]))
+    # From here on nothing in the venv is executed on the host.
+    check_interpreters(venv, interpreters, source.package)
+    _real_folder(venv, site)
     match = _PIP_PACKAGE.fullmatch(source.package)
     assert match is not None  # _check_source matched it
     module = source.module or match["name"].replace("-", "_")
-    check_module(python, module, given=source.module is not None)
+    check_module(site, module, given=source.module is not None)
     return [f"{VENV_DIR}/bin/python3", "-m", module]
 
 
-def check_module(python: Path, module: str, *, given: bool = True) -> None:
-    """Check that ``python -m module`` finds ``module`` in the virtual environment of
-    ``python`` (found, not imported: none of the package's code runs).
+def venv_interpreters(venv: Path) -> dict[str, str]:
+    """The venv's ``bin/python*`` interpreters, each the symlink ``venv`` made (name: its
+    target), as they are right after ``python3 -m venv``.
+
+    Raises:
+        McpAddError: ``venv_tampered``: one is not a symlink to SYSTEM_PYTHON.
+    """
+    found = _interpreter_links(venv)
+    system = SYSTEM_PYTHON.resolve()
+    if "python3" not in found or any(
+        target is None or (venv / "bin" / name).resolve() != system for name, target in found.items()
+    ):
+        raise McpAddError("venv_tampered", f"{venv}/bin does not hold symlinks to {SYSTEM_PYTHON}")
+    return {name: target for name, target in found.items() if target is not None}
+
+
+def check_interpreters(venv: Path, before: dict[str, str], package: str) -> None:
+    """Check that the venv's ``bin/python*`` are still exactly the symlinks ``before``
+    (from ``venv_interpreters``): none replaced, removed or added by the package. By lstat
+    and readlink only: nothing is executed.
+
+    Raises:
+        McpAddError: ``interpreter_replaced``, naming the first that changed.
+    """
+    now = _interpreter_links(venv)
+    for name in sorted(before.keys() | now.keys()):
+        if now.get(name) != before.get(name):
+            raise McpAddError(
+                "interpreter_replaced",
+                f"{package} replaced the virtual environment's interpreter ({VENV_DIR}/bin/{name}):"
+                " refused, and nothing it installed was run",
+            )
+
+
+def _interpreter_links(venv: Path) -> dict[str, str | None]:
+    """``bin/python*`` of ``venv``: each name with its symlink's target, None when not a symlink."""
+    _real_folder(venv, venv / "bin")
+    links: dict[str, str | None] = {}
+    for entry in (venv / "bin").iterdir():
+        if _INTERPRETER.fullmatch(entry.name):
+            links[entry.name] = str(entry.readlink()) if entry.is_symlink() else None
+    return links
+
+
+def _site_packages(venv: Path) -> Path:
+    """The one ``lib/python3.X/site-packages`` of a venv just made.
+
+    Raises:
+        McpAddError: ``venv_tampered``, when there is not exactly one, as a real folder.
+    """
+    sites = list((venv / "lib").glob("python3*/site-packages"))
+    if len(sites) != 1:
+        raise McpAddError("venv_tampered", f"the virtual environment at {venv} has no single site-packages")
+    _real_folder(venv, sites[0])
+    return sites[0]
+
+
+def _real_folder(root: Path, path: Path) -> None:
+    """Check that ``path`` and every folder between ``root`` and it are real folders, no
+    symlink among them (lstat: one cannot lead out of ``root``).
+
+    Raises:
+        McpAddError: ``venv_tampered``.
+    """
+    steps = [root]
+    for part in path.relative_to(root).parts:
+        steps.append(steps[-1] / part)
+    for step in steps:
+        try:
+            mode = step.lstat().st_mode
+        except OSError as exc:
+            raise McpAddError("venv_tampered", f"{step} is missing: {exc.strerror or exc}") from exc
+        if not stat.S_ISDIR(mode):
+            raise McpAddError("venv_tampered", f"{step} is not a folder (a symlink or a file)")
+
+
+def check_module(site: Path, module: str, *, given: bool = True) -> None:
+    """Check that ``python -m module`` finds ``module`` in the venv's ``site`` (its
+    site-packages). Found, not imported, and by SYSTEM_PYTHON, never the venv's own
+    interpreter (a package can replace that): none of the package's code runs.
 
     Raises:
         McpAddError: ``no_module``, naming --module and the runnable packages there.
     """
-    sites = sorted((python.parent.parent / "lib").glob("python3*/site-packages"))
-    if not sites:
-        raise McpAddError(
-            "no_module", f"the virtual environment at {python.parent.parent} has no site-packages"
-        )
     found = _run(
-        [str(python), "-I", "-S", "-c", _FIND_MODULE, str(sites[0]), module], timeout=CHECK_TIMEOUT_S
+        [str(SYSTEM_PYTHON), "-I", "-S", "-c", _FIND_MODULE, str(site), module], timeout=CHECK_TIMEOUT_S
     )
     if found.returncode == 0:
         return
     runnable = sorted(
         path.parent.name
-        for path in sites[0].glob("*/__main__.py")
+        for path in site.glob("*/__main__.py")
         if path.parent.name not in {"pip", "setuptools", "wheel"}
     )
     hint = f" (packages there with a __main__: {', '.join(runnable)})" if runnable else ""
