@@ -181,6 +181,7 @@ class WarmPools:
         self._source: tuple[object, object] | None = None  # the policy and registry followed
         self._keeper: threading.Thread | None = None
         self._closing = False
+        self._priming: Primes | None = None  # the sandbox the keeper is priming now
 
     # -- the runner's side ---------------------------------------------------------
 
@@ -245,7 +246,9 @@ class WarmPools:
                 self._doomed += [ready.warm for ready in pool.idle]
                 pool.idle.clear()
             self._cond.notify_all()
-            keeper = self._keeper
+            keeper, priming = self._keeper, self._priming
+        if priming is not None:
+            priming.interrupt()  # a server that never answers must not hold the close up
         if keeper is not None:
             keeper.join()
         self._discard(self._take_doomed())  # when there never was a keeper
@@ -329,12 +332,21 @@ class WarmPools:
 
         assert isinstance(warm, Primes)
         handshake = Handshake()
+        with self._cond:
+            closing = self._closing
+            if not closing:
+                self._priming = warm
+        if closing:
+            self._discard([warm])
+            return None
         try:
             warm.prime(handshake, pool.plan.limits.timeout_ms / 1000)
         except OpeningFailed as exc:
             with self._cond:
-                warned, pool.warned = pool.warned, True
-            if not warned:
+                # Closing: the failure is the interruption's own, nothing to report.
+                quiet = pool.warned or self._closing
+                pool.warned = True
+            if not quiet:
                 self._warn(
                     f"a warm MCP server of {pool.plan.spec.tool_name} could not be initialized ahead "
                     f"and is discarded (calls start it cold meanwhile): {exc.message}"
@@ -343,6 +355,9 @@ class WarmPools:
             self._fault(exc)
         else:
             return handshake
+        finally:
+            with self._cond:
+                self._priming = None
         self._discard([warm])
         return None
 

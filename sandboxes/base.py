@@ -260,6 +260,11 @@ class Primes(Protocol):
         """
         ...
 
+    def interrupt(self) -> None:
+        """Cut short a ``prime`` in progress, from another thread (a runner closing): the
+        tool is cut off, ``prime`` raises ``OpeningFailed`` at once. Never raises."""
+        ...
+
 
 @runtime_checkable
 class PreStarts(Protocol):

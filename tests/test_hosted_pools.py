@@ -161,3 +161,22 @@ def test_what_a_tool_writes_while_primed_counts_against_max_output_bytes(tmp_pat
     finally:
         warm.discard()
     wait_for(lambda: leftovers(mark) == [], 5)
+
+
+def test_closing_the_runner_cuts_short_a_handshake_that_hangs(
+    bench: ToolBench, backend: dict[str, Any]
+) -> None:
+    mark = pooled_server(bench, backend, "--when-warm=mute", limits={"timeout_ms": 20000})
+    runner = bench.runner()
+    try:
+        wait_for(lambda: leftovers(mark) != [], 30)
+        time.sleep(0.5)  # its import done: the keeper waits for its answer now
+    finally:
+        started = time.monotonic()
+        runner.close()
+        closed_in = time.monotonic() - started
+    assert closed_in < 5.0  # not the 20 s the handshake had
+    assert "could not be initialized ahead" not in operator_log(bench)
+    wait_for(lambda: leftovers(mark) == [], 5)
+    if backend:
+        assert containers_of_this_runner() == set()

@@ -209,7 +209,7 @@ def _initialized_notification() -> types.JSONRPCNotification:
 
 
 class ListTools(_Conversation):
-    """``initialize``, then ``tools/list`` through every page."""
+    """``initialize`` (unless adopted), then ``tools/list`` through every page."""
 
     async def exchange(self, session: ClientSession) -> None:
         tools: list[types.Tool] = []
@@ -225,7 +225,8 @@ class ListTools(_Conversation):
 
 
 class CallTool(_Conversation):
-    """``initialize``, then one ``tools/call``; the server's progress goes to ``progress``."""
+    """``initialize`` (unless adopted: a server initialized ahead), then one ``tools/call``;
+    the server's progress goes to ``progress``."""
 
     def __init__(self, name: str, arguments: dict[str, Any], progress: ProgressFnT | None = None) -> None:
         super().__init__()

@@ -16,7 +16,9 @@ limit broken by any of its processes ends the attempt with that limit's reason.
 A warm container (``prestart``, SPEC 11) goes as far ahead of its call as the payload
 allows: created, attached, started, its cgroup completed and its gate released, so its
 tool waits on stdin; its run writes the payload and attends as a cold one, the timeout
-counting from the payload. It serves that one call and is removed after it.
+counting from the payload. It serves that one call and is removed after it. A warm
+container of an MCP server may also be primed (``prime``: its ``initialize`` said ahead
+through the attach socket, ``sandboxes._priming``); its dialogue then starts past it.
 
 SDK pitfalls handled here: the attach socket is written through its underlying socket;
 end of input is a half-close (``stdin_once`` makes Docker pass it on); stdout and stderr
@@ -458,6 +460,12 @@ class PreparedContainer:
             raise OpeningFailed("only a container started ahead, and not primed yet, can be primed")
         pipe = SocketPipe(attached.raw, attached.decoder, self._limits.max_output_bytes, timeout_s)
         self._opened = prime_with(opening, pipe)
+
+    def interrupt(self) -> None:
+        attached = self._waiting
+        if attached is not None:
+            with contextlib.suppress(OSError):  # the prime's recv returns b"" at once
+                attached.raw.shutdown(socket.SHUT_RDWR)
 
     def set_timeout(self, timeout_ms: int) -> None:
         self._limits = dataclasses.replace(self._limits, timeout_ms=timeout_ms)

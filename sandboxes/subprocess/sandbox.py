@@ -401,6 +401,9 @@ class PreparedSubprocess:
             raise OpeningFailed("only a sandbox started ahead, and not primed yet, can be primed")
         self._opened = prime_with(opening, FdPipe(self._popen, self._limits.max_output_bytes, timeout_s))
 
+    def interrupt(self) -> None:
+        self._kill_now()  # the prime reads the end of stdout at once
+
     def set_timeout(self, timeout_ms: int) -> None:
         self._limits = replace(self._limits, timeout_ms=timeout_ms)
 
