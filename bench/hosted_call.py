@@ -14,7 +14,9 @@ install itself is not timed). The call is ``get_current_time`` for UTC. Rows:
   stop) with the SDK's stdio client: what fresh state per call costs without a sandbox.
 - ``Runner.call cold``: a fresh sandbox per call, the server started in it.
 - ``Runner.call warm``: ``tools.time_get_current_time.pool: 1``: the sandbox and the
-  server started ahead; each call waits, untimed, until the pool is full again.
+  server started and initialized ahead (a pooled sandbox counts as ready only once its
+  server answered ``initialize``); each call waits, untimed, until the pool is full
+  again, and says only ``tools/call``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ from runner import Runner  # noqa: E402
 
 TOOL = "time_get_current_time"
 ARGS = {"timezone": "UTC"}
-SETTLE_S = 0.3  # after the pool is full: the server's own start-up inside the warm sandbox
 
 
 def install(root: Path) -> Path:
@@ -131,7 +132,6 @@ def _wait_full(r: Runner) -> None:
         if time.monotonic() > deadline:
             raise SystemExit("the pool did not fill within 30 s")
         time.sleep(0.005)
-    time.sleep(SETTLE_S)
 
 
 def _ok(answer: object) -> None:

@@ -17,6 +17,13 @@ Not pooled, because what they need exists only for their call: tools granted sec
 workspace (its contents at call time), and tools of a backend that cannot start its
 sandboxes ahead (``PreStarts``). Those run cold; an explicit ``tools.NAME.pool`` for
 one of them is reported to the operator once.
+
+A hosted MCP server's warm sandbox (SPEC 12) is also initialized ahead when its backend
+can speak to it before the call (``Primes``): the keeper holds a ``Handshake`` with it
+within the tool's timeout, and only then is it ready; its call adopts the server's
+``InitializeResult`` and goes straight to ``tools/call``. A server that fails its
+handshake is discarded, never handed out (the operator hears of it once per pool), and
+its pool backs off as after a failed start; calls meanwhile start it cold.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from runner.plan import resolve_plan
 from runner.policy import Policy, matching_rule
@@ -35,8 +42,10 @@ from sandboxes import (
     Dialogue,
     LaunchSpec,
     Limits,
+    OpeningFailed,
     PreparedSandbox,
     PreStarts,
+    Primes,
     Sandbox,
     SandboxOutcome,
     SandboxUnavailable,
@@ -44,6 +53,9 @@ from sandboxes import (
 )
 
 if TYPE_CHECKING:
+    import mcp_types
+
+    from runner.hosted.session import Handshake
     from runner.manifest import Tool
     from runner.models import CallOptions
     from runner.registry import Registry
@@ -61,14 +73,33 @@ class PoolPlan:
     backend: PreStarts
     spec: LaunchSpec
     limits: Limits
+    hosted: bool = False  # an MCP server's: initialized ahead when the backend ``Primes``
+
+
+@dataclass(frozen=True)
+class Ready:
+    """An idle warm sandbox: when it was made ready, and the handshake it was primed with
+    (None: not primed)."""
+
+    warm: WarmSandbox
+    made: float
+    handshake: Handshake | None = None
 
 
 @dataclass
 class _Pool:
     plan: PoolPlan
-    idle: deque[tuple[WarmSandbox, float]] = field(default_factory=deque)  # with when it was made
+    idle: deque[Ready] = field(default_factory=deque)
     preparing: int = 0
     retry_at: float = 0.0
+    warned: bool = False  # of a failed handshake: once per pool
+
+
+@runtime_checkable
+class _Adopts(Protocol):
+    """A dialogue that can start past a handshake done ahead (``runner.hosted.session``)."""
+
+    def adopt(self, result: mcp_types.InitializeResult) -> None: ...
 
 
 def not_pooled_because(tool: Tool, policy: Policy) -> str | None:
@@ -110,7 +141,8 @@ def pool_plans(
                 warn(f"tools.{tool.name}.pool: {tool.name} is not pooled: {why}")
             continue
         assert isinstance(chosen, PreStarts)
-        plans[tool.name] = PoolPlan(size, chosen, _warm_spec(tool, plan.runtime), plan.limits)
+        spec = _warm_spec(tool, plan.runtime)
+        plans[tool.name] = PoolPlan(size, chosen, spec, plan.limits, hosted=tool.hosted is not None)
     return plans
 
 
@@ -149,6 +181,7 @@ class WarmPools:
         self._source: tuple[object, object] | None = None  # the policy and registry followed
         self._keeper: threading.Thread | None = None
         self._closing = False
+        self._priming: Primes | None = None  # the sandbox the keeper is priming now
 
     # -- the runner's side ---------------------------------------------------------
 
@@ -166,7 +199,7 @@ class WarmPools:
                 return
             self._source = (policy, registry)
             for pool in self._pools.values():
-                self._doomed += [warm for warm, _ in pool.idle]
+                self._doomed += [ready.warm for ready in pool.idle]
             self._pools = {name: _Pool(plan) for name, plan in plans.items()}
             self._max_idle_s = policy.model.pool.max_idle_ms / 1000
             self._max_total = policy.model.pool.max_total
@@ -184,7 +217,7 @@ class WarmPools:
             return backend
         return _PoolingSandbox(self, tool_name, backend)
 
-    def take(self, tool_name: str, limits: Limits) -> WarmSandbox | None:
+    def take(self, tool_name: str, limits: Limits) -> Ready | None:
         """A warm sandbox of ``tool_name`` made under ``limits`` (but the timeout, which is
         the call's), now the caller's alone; None when there is none."""
         with self._cond:
@@ -194,10 +227,10 @@ class WarmPools:
             self._cond.notify_all()  # one fewer: the keeper refills
             fresh_after = self._clock() - self._max_idle_s
             while pool.idle:
-                warm, made = pool.idle.popleft()
-                if made > fresh_after:
-                    return warm
-                self._doomed.append(warm)
+                ready = pool.idle.popleft()
+                if ready.made > fresh_after:
+                    return ready
+                self._doomed.append(ready.warm)
             return None
 
     def counts(self) -> dict[str, int]:
@@ -210,10 +243,12 @@ class WarmPools:
         with self._cond:
             self._closing = True
             for pool in self._pools.values():
-                self._doomed += [warm for warm, _ in pool.idle]
+                self._doomed += [ready.warm for ready in pool.idle]
                 pool.idle.clear()
             self._cond.notify_all()
-            keeper = self._keeper
+            keeper, priming = self._keeper, self._priming
+        if priming is not None:
+            priming.interrupt()  # a server that never answers must not hold the close up
         if keeper is not None:
             keeper.join()
         self._discard(self._take_doomed())  # when there never was a keeper
@@ -240,8 +275,8 @@ class WarmPools:
         now = self._clock()
         stale_before = now - self._max_idle_s
         for pool in self._pools.values():
-            while pool.idle and pool.idle[0][1] <= stale_before:
-                self._doomed.append(pool.idle.popleft()[0])
+            while pool.idle and pool.idle[0].made <= stale_before:
+                self._doomed.append(pool.idle.popleft().warm)
         if self._closing:
             return None
         total = sum(len(pool.idle) + pool.preparing for pool in self._pools.values())
@@ -260,7 +295,7 @@ class WarmPools:
 
     def _next_wake(self) -> float | None:
         """Seconds until the next sandbox goes stale or a failed pool may try again."""
-        times = [made + self._max_idle_s for pool in self._pools.values() for _, made in pool.idle]
+        times = [ready.made + self._max_idle_s for pool in self._pools.values() for ready in pool.idle]
         times += [pool.retry_at for pool in self._pools.values() if pool.retry_at > 0]
         if not times:
             return None
@@ -269,12 +304,17 @@ class WarmPools:
     def _prepare(self, pool: _Pool) -> None:
         plan = pool.plan
         warm: WarmSandbox | None = None
+        handshake: Handshake | None = None
         try:
             warm = plan.backend.prestart(plan.spec, plan.limits)
         except SandboxUnavailable as exc:
             self._warn(f"a warm sandbox of {plan.spec.tool_name} could not be started: {exc.message}")
         except Exception as exc:  # a fault of the runner: logged, the pool backs off
             self._fault(exc)
+        if warm is not None and plan.hosted and isinstance(warm, Primes):
+            handshake = self._prime(pool, warm)
+            if handshake is None:
+                warm = None  # discarded
         with self._cond:
             pool.preparing -= 1
             if warm is None:
@@ -283,7 +323,43 @@ class WarmPools:
                 self._doomed.append(warm)  # drained meanwhile
             else:
                 pool.retry_at = 0.0
-                pool.idle.append((warm, self._clock()))
+                pool.idle.append(Ready(warm, self._clock(), handshake))
+
+    def _prime(self, pool: _Pool, warm: WarmSandbox) -> Handshake | None:
+        """Initialize the MCP server of ``warm`` (a ``Primes``) within the tool's timeout;
+        None when it failed (``warm`` is discarded then)."""
+        from runner.hosted.session import Handshake  # the MCP SDK: only for hosted tools' pools
+
+        assert isinstance(warm, Primes)
+        handshake = Handshake()
+        with self._cond:
+            closing = self._closing
+            if not closing:
+                self._priming = warm
+        if closing:
+            self._discard([warm])
+            return None
+        try:
+            warm.prime(handshake, pool.plan.limits.timeout_ms / 1000)
+        except OpeningFailed as exc:
+            with self._cond:
+                # Closing: the failure is the interruption's own, nothing to report.
+                quiet = pool.warned or self._closing
+                pool.warned = True
+            if not quiet:
+                self._warn(
+                    f"a warm MCP server of {pool.plan.spec.tool_name} could not be initialized ahead "
+                    f"and is discarded (calls start it cold meanwhile): {exc.message}"
+                )
+        except Exception as exc:  # a fault of the runner: logged, the server discarded
+            self._fault(exc)
+        else:
+            return handshake
+        finally:
+            with self._cond:
+                self._priming = None
+        self._discard([warm])
+        return None
 
     def _take_doomed(self) -> list[WarmSandbox]:
         with self._cond:
@@ -309,18 +385,20 @@ class _PoolingSandbox:
 
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSandbox:
         if not spec.secrets and spec.egress is None:
-            warm = self._pools.take(self._tool_name, limits)
-            if warm is not None:
-                warm.set_timeout(limits.timeout_ms)
-                return _Taken(warm)
+            ready = self._pools.take(self._tool_name, limits)
+            if ready is not None:
+                ready.warm.set_timeout(limits.timeout_ms)
+                return _Taken(ready.warm, ready.handshake)
         return await self._backend.prepare(spec, limits)
 
 
 class _Taken:
-    """A warm sandbox serving its one call; its outcome says it was warm."""
+    """A warm sandbox serving its one call; its outcome says it was warm. A primed one
+    gives its dialogue the handshake's result: its server is not initialized twice."""
 
-    def __init__(self, warm: WarmSandbox) -> None:
+    def __init__(self, warm: WarmSandbox, handshake: Handshake | None = None) -> None:
         self._warm = warm
+        self._handshake = handshake
 
     async def run(self, payload: bytes) -> SandboxOutcome:
         return replace(await self._warm.run(payload), warm=True)
@@ -328,6 +406,10 @@ class _Taken:
     async def converse(self, dialogue: Dialogue) -> SandboxOutcome:
         if not isinstance(self._warm, Converses):
             raise SandboxUnavailable("this warm sandbox cannot host an MCP server")
+        if self._handshake is not None:
+            if not isinstance(dialogue, _Adopts) or self._handshake.result is None:
+                raise SandboxUnavailable("this warm MCP server was initialized ahead for a call only")
+            dialogue.adopt(self._handshake.result)
         return replace(await self._warm.converse(dialogue), warm=True)
 
     async def close(self) -> None:

@@ -13,6 +13,10 @@ the limits. Two exchanges exist:
 ``preamble`` is what the backend itself must write before the exchange speaks: the exec
 guard's token line, docker's gate release. The exchange writes it first, so that the
 tool's own stdin starts right after it.
+
+A dialogue with a primed tool (``sandboxes._priming``) starts where the opening stopped:
+its ``receive`` gets the opening's unread bytes first, and the cap is what the opening
+left of it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import contextlib
 from typing import Protocol
 
+from sandboxes._priming import Opened
 from sandboxes._streams import CappedBuffer, OutputOverflow
 from sandboxes.base import Dialogue
 from sandboxes.view import READ_CHUNK
@@ -152,9 +157,11 @@ class DialogueExchange:
 
     ends_by_exit = False
 
-    def __init__(self, dialogue: Dialogue, max_output: int) -> None:
+    def __init__(self, dialogue: Dialogue, max_output: int, opened: Opened | None = None) -> None:
         self._dialogue = dialogue
-        self._stdout = _PipeStdout(max_output)
+        self._stdout = _PipeStdout(max_output - (opened.spent if opened is not None else 0))
+        if opened is not None and opened.unread:
+            self._stdout.feed(opened.unread)  # within the cap: the opening counted it
         self.failure: Exception | None = None
 
     @property

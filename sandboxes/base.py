@@ -202,6 +202,75 @@ class WarmSandbox(PreparedSandbox, Protocol):
         ...
 
 
+class OpeningFailed(Exception):
+    """A warm sandbox's tool did not go through its ``Opening``: it answered wrongly or
+    not in time, closed its output, or wrote past ``max_output_bytes``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class OpeningPipe(Protocol):
+    """A started tool's stdin and stdout as an ``Opening`` sees them: blocking, from the
+    pool's thread, every wait bounded by the prime's own deadline."""
+
+    def send(self, data: bytes) -> None:
+        """Write all of ``data`` to the tool's stdin.
+
+        Raises:
+            ConnectionError: the tool's stdin is closed (the tool is gone).
+            TimeoutError: the tool did not read it before the prime's deadline.
+        """
+        ...
+
+    def receive(self, timeout_s: float) -> bytes:
+        """The next bytes the tool wrote on stdout; ``b""`` once it closed stdout.
+
+        Raises:
+            TimeoutError: nothing came within ``timeout_s`` (or the prime's deadline).
+            OpeningFailed: the tool wrote past the run's ``max_output_bytes``.
+        """
+        ...
+
+
+class Opening(Protocol):
+    """What is said to a tool started ahead before its call is known (SPEC 12: the MCP
+    ``initialize`` of a hosted server), so that its call starts past it."""
+
+    def open(self, pipe: OpeningPipe, timeout_s: float) -> bytes:
+        """Speak with the tool through ``pipe`` within ``timeout_s``; return what was
+        received but not consumed (the call's dialogue receives those bytes first).
+
+        Raises:
+            OpeningFailed: the tool did not answer as the opening requires.
+            TimeoutError, ConnectionError: from ``pipe``.
+        """
+        ...
+
+
+@runtime_checkable
+class Primes(Protocol):
+    """A warm sandbox whose tool can be spoken to before its call (SPEC 12)."""
+
+    def prime(self, opening: Opening, timeout_s: float) -> None:
+        """Hold ``opening`` with the started tool (blocking: the pool's thread, right after
+        ``prestart``). What the tool writes on stderr meanwhile goes to the run's tail;
+        what it writes on stdout counts against the run's ``max_output_bytes``. The sandbox
+        then serves one ``converse``, whose dialogue starts where the opening stopped.
+
+        Raises:
+            OpeningFailed: the opening failed or timed out, the tool closed its pipes or
+                wrote too much. The caller discards the sandbox.
+        """
+        ...
+
+    def interrupt(self) -> None:
+        """Cut short a ``prime`` in progress, from another thread (a runner closing): the
+        tool is cut off, ``prime`` raises ``OpeningFailed`` at once. Never raises."""
+        ...
+
+
 @runtime_checkable
 class PreStarts(Protocol):
     """A backend that can start sandboxes ahead of their calls (SPEC 11, warm pools)."""

@@ -23,7 +23,8 @@ MAX_PROGRESS = 100
 
 
 class HostedCall(CallTool):
-    """``initialize`` and one ``tools/call`` of ``name``, in one fresh sandbox."""
+    """``initialize`` and one ``tools/call`` of ``name``, in one fresh sandbox (a warm pool's
+    may have said ``initialize`` ahead: ``adopt``)."""
 
     def __init__(self, name: str, arguments: dict[str, Any], secrets: Scrubber) -> None:
         relay = CALL_PROGRESS.get()

@@ -6,10 +6,17 @@ parsed with the SDK's own message adapter. It differs where a sandbox makes it d
 the server's process belongs to the sandbox (this never starts, stops or waits for it),
 and a line that is not JSON-RPC ends the conversation at once as a broken protocol
 instead of being logged and skipped: a tool's answer is never guessed.
+
+A server started ahead by a warm pool is initialized ahead too (SPEC 12): ``Handshake``
+is the ``sandboxes.Opening`` that says ``initialize`` and ``notifications/initialized``
+from the pool's thread, as ``ClientSession.initialize`` would; the call's conversation
+then ``adopt``s its ``InitializeResult`` (the SDK's own way to take a handshake done
+elsewhere) and goes straight to its request.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,13 +27,22 @@ from mcp.client.session import ClientSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+from pydantic import ValidationError
 
-from sandboxes import Pipe
+from sandboxes import OpeningFailed, OpeningPipe, Pipe
 
 # How much of what broke the protocol is kept (scrubbed of secrets, then cut, by
 # ``answers.protocol_error``: a secret cut in half first would pass the scrub).
 EVIDENCE_CHARS = 4096
+# How much of what broke a warm server's handshake the operator log shows (no call's
+# secret is in a server started ahead: it has none).
+PREVIEW_CHARS = 120
 CLIENT_INFO = types.Implementation(name="runner", version="1")
+# The id of a primed server's ``initialize``: the SDK's dispatcher numbers its own
+# requests from 1, so the call's ``tools/call`` never reuses it (MCP: an id is used once
+# per session).
+HANDSHAKE_ID = 0
 
 
 @dataclass
@@ -49,6 +65,11 @@ class _Conversation:
 
     def __init__(self) -> None:
         self.spoken = Spoken()
+        self._adopted: types.InitializeResult | None = None
+
+    def adopt(self, result: types.InitializeResult) -> None:
+        """Speak with a server a ``Handshake`` already initialized: no ``initialize`` again."""
+        self._adopted = result
 
     async def talk(self, pipe: Pipe) -> None:
         incoming_send, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](16)
@@ -60,7 +81,10 @@ class _Conversation:
                 async with _Session(incoming, outgoing, client_info=CLIENT_INFO) as session:
                     # Inside the session: its task group would wrap what goes out of it.
                     try:
-                        await session.initialize()
+                        if self._adopted is not None:
+                            session.adopt(self._adopted)
+                        else:
+                            await session.initialize()
                         await self.exchange(session)
                     except MCPError as exc:
                         self.spoken.refused = exc.error.message or f"error {exc.error.code}"
@@ -122,15 +146,97 @@ class _Session(ClientSession):
 async def _write(pipe: Pipe, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
     """Messages to lines on stdin. A server that closed its stdin is left to its fate."""
     async for outgoing in source:
-        line = outgoing.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
         try:
-            await pipe.send(line.encode("utf-8"))
+            await pipe.send(_line(outgoing.message))
         except ConnectionError:
             await anyio.sleep_forever()
 
 
+def _line(message: types.JSONRPCMessage) -> bytes:
+    return (message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode("utf-8")
+
+
+def _preview(line: bytes) -> str:
+    return repr(line[:PREVIEW_CHARS].decode("utf-8", errors="replace"))
+
+
+class Handshake:
+    """The ``Opening`` of a hosted server started ahead: ``initialize`` as
+    ``ClientSession.initialize`` says it, the answer validated with the SDK's types,
+    ``notifications/initialized``; ``result`` is the server's ``InitializeResult``.
+
+    Strict as the call's conversation is: a line that is not JSON-RPC, an answer of
+    another id, a request of the server's own before the answer, a protocol version the
+    SDK does not speak all fail it (the pool then discards the server; a call finds it
+    out cold). Notifications before the answer (a log line) are let pass.
+    """
+
+    def __init__(self) -> None:
+        self.result: types.InitializeResult | None = None
+
+    def open(self, pipe: OpeningPipe, timeout_s: float) -> bytes:
+        deadline = time.monotonic() + timeout_s
+        pipe.send(_line(_initialize_request()))
+        buffer = b""
+        while True:
+            chunk = pipe.receive(max(0.0, deadline - time.monotonic()))
+            if not chunk:
+                raise OpeningFailed("it closed its output before answering initialize")
+            *lines, buffer = (buffer + chunk).split(b"\n")
+            for index, line in enumerate(lines):
+                if line.strip() and self._answered(line):
+                    pipe.send(_line(_initialized_notification()))
+                    return b"".join(rest + b"\n" for rest in lines[index + 1 :]) + buffer
+
+    def _answered(self, line: bytes) -> bool:
+        """True when ``line`` is the answer to ``initialize`` (kept in ``result``); False for
+        a notification before it.
+
+        Raises:
+            OpeningFailed: anything else.
+        """
+        try:
+            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        except ValueError:
+            raise OpeningFailed(f"it wrote a line that is not JSON-RPC: {_preview(line)}") from None
+        if isinstance(message, types.JSONRPCNotification):
+            return False
+        if isinstance(message, types.JSONRPCError) and message.id == HANDSHAKE_ID:
+            raise OpeningFailed(f"it refused initialize: {message.error.message[:PREVIEW_CHARS]}")
+        if not isinstance(message, types.JSONRPCResponse) or message.id != HANDSHAKE_ID:
+            raise OpeningFailed(f"it wrote something else than the answer to initialize: {_preview(line)}")
+        try:
+            result = types.InitializeResult.model_validate(message.result, by_name=False)
+        except ValidationError as exc:
+            problem = " ".join(str(exc).split())[:PREVIEW_CHARS]
+            raise OpeningFailed(f"its initialize answer is not valid: {problem}") from None
+        if result.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            raise OpeningFailed(f"it speaks an unsupported protocol version: {result.protocol_version[:40]}")
+        self.result = result
+        return True
+
+
+def _initialize_request() -> types.JSONRPCRequest:
+    """``initialize`` as ``ClientSession.initialize`` builds it; the capabilities are the
+    ones a session without sampling, elicitation or roots callbacks announces (none)."""
+    request = types.InitializeRequest(
+        params=types.InitializeRequestParams(
+            protocol_version=LATEST_HANDSHAKE_VERSION,
+            capabilities=types.ClientCapabilities(),
+            client_info=CLIENT_INFO,
+        )
+    )
+    data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return types.JSONRPCRequest(jsonrpc="2.0", id=HANDSHAKE_ID, method=data["method"], params=data["params"])
+
+
+def _initialized_notification() -> types.JSONRPCNotification:
+    data = types.InitializedNotification().model_dump(by_alias=True, mode="json", exclude_none=True)
+    return types.JSONRPCNotification(jsonrpc="2.0", **data)
+
+
 class ListTools(_Conversation):
-    """``initialize``, then ``tools/list`` through every page."""
+    """``initialize`` (unless adopted), then ``tools/list`` through every page."""
 
     async def exchange(self, session: ClientSession) -> None:
         tools: list[types.Tool] = []
@@ -146,7 +252,8 @@ class ListTools(_Conversation):
 
 
 class CallTool(_Conversation):
-    """``initialize``, then one ``tools/call``; the server's progress goes to ``progress``."""
+    """``initialize`` (unless adopted: a server initialized ahead), then one ``tools/call``;
+    the server's progress goes to ``progress``."""
 
     def __init__(self, name: str, arguments: dict[str, Any], progress: ProgressFnT | None = None) -> None:
         super().__init__()

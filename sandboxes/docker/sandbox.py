@@ -16,7 +16,9 @@ limit broken by any of its processes ends the attempt with that limit's reason.
 A warm container (``prestart``, SPEC 11) goes as far ahead of its call as the payload
 allows: created, attached, started, its cgroup completed and its gate released, so its
 tool waits on stdin; its run writes the payload and attends as a cold one, the timeout
-counting from the payload. It serves that one call and is removed after it.
+counting from the payload. It serves that one call and is removed after it. A warm
+container of an MCP server may also be primed (``prime``: its ``initialize`` said ahead
+through the attach socket, ``sandboxes._priming``); its dialogue then starts past it.
 
 SDK pitfalls handled here: the attach socket is written through its underlying socket;
 end of input is a half-close (``stdin_once`` makes Docker pass it on); stdout and stderr
@@ -54,6 +56,7 @@ from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import pid_alive
 from sandboxes._prepare import prepare_in_thread, start_ahead
+from sandboxes._priming import Opened, prime_with
 from sandboxes._staging import STAGING_ROOT
 from sandboxes._streams import OutputOverflow, TailBuffer
 from sandboxes._watchdog import watch
@@ -64,6 +67,8 @@ from sandboxes.base import (
     EgressEndpoint,
     LaunchSpec,
     Limits,
+    Opening,
+    OpeningFailed,
     SandboxOutcome,
     SandboxUnavailable,
     StopReason,
@@ -80,6 +85,7 @@ from sandboxes.docker._client import (
 )
 from sandboxes.docker._egress import egress_problem, listener_in
 from sandboxes.docker._frames import STDOUT, FrameDecoder
+from sandboxes.docker._prime import SocketPipe
 from sandboxes.view import (
     LIBRARY_MOUNT,
     LIBRARY_SOURCE,
@@ -350,12 +356,15 @@ class PreparedContainer:
         self._oom_killed = False
         self.egress: EgressEndpoint | None = None
         self._waiting: _Attached | None = None  # started ahead of its call
+        self._opened: Opened | None = None  # primed: what the opening left for the call
 
     async def run(self, payload: bytes) -> SandboxOutcome:
+        if self._opened is not None:
+            raise SandboxUnavailable("a primed sandbox holds a dialogue, not a payload")
         return await self._hold(PayloadExchange(payload, self._limits.max_output_bytes))
 
     async def converse(self, dialogue: Dialogue) -> SandboxOutcome:
-        exchange = DialogueExchange(dialogue, self._limits.max_output_bytes)
+        exchange = DialogueExchange(dialogue, self._limits.max_output_bytes, self._opened)
         outcome = await self._hold(exchange)
         exchange.raise_failure()
         return outcome
@@ -368,7 +377,7 @@ class PreparedContainer:
             SandboxUnavailable: the daemon failed, or the connection to it was lost.
         """
         started = time.monotonic()
-        stderr = TailBuffer(STDERR_TAIL_BYTES)
+        stderr = self._opened.stderr if self._opened is not None else TailBuffer(STDERR_TAIL_BYTES)
         attached, self._waiting = self._waiting, None
         try:
             if attached is None:
@@ -376,7 +385,7 @@ class PreparedContainer:
             # The timeout counts from here (``_attend``): for a warm container, the
             # moment of the payload (or the dialogue's start), whenever it was started.
             preamble, attached.unsent = attached.unsent, b""
-            ending = await self._attend(attached.raw, exchange, preamble, stderr, attached.cgroup)
+            ending = await self._attend(attached, exchange, preamble, stderr)
         except OSError as exc:
             await asyncio.to_thread(self._kill)
             message = f"lost the connection to the Docker daemon: {type(exc).__name__}"
@@ -439,6 +448,25 @@ class PreparedContainer:
             raise
         self._waiting = attached
 
+    def prime(self, opening: Opening, timeout_s: float) -> None:
+        """Hold ``opening`` with the tool of the container started ahead (blocking: the
+        pool's thread).
+
+        Raises:
+            OpeningFailed: as ``Primes.prime`` says; the caller discards this container.
+        """
+        attached = self._waiting
+        if attached is None or self._opened is not None:
+            raise OpeningFailed("only a container started ahead, and not primed yet, can be primed")
+        pipe = SocketPipe(attached.raw, attached.decoder, self._limits.max_output_bytes, timeout_s)
+        self._opened = prime_with(opening, pipe)
+
+    def interrupt(self) -> None:
+        attached = self._waiting
+        if attached is not None:
+            with contextlib.suppress(OSError):  # the prime's recv returns b"" at once
+                attached.raw.shutdown(socket.SHUT_RDWR)
+
     def set_timeout(self, timeout_ms: int) -> None:
         self._limits = dataclasses.replace(self._limits, timeout_ms=timeout_ms)
 
@@ -487,17 +515,13 @@ class PreparedContainer:
         return cgroup
 
     async def _attend(
-        self,
-        raw: socket.socket,
-        exchange: Exchange,
-        preamble: bytes,
-        stderr: TailBuffer,
-        cgroup: ContainerCgroup | None,
+        self, attached: _Attached, exchange: Exchange, preamble: bytes, stderr: TailBuffer
     ) -> StopReason | _End:
         """Exchange with the tool until its output ends (``_OUTPUT_ENDED``), the exchange
         ends the run (``_FINISHED``), the container as a whole breaks a limit, the output
         overflows or the timeout passes (that limit's reason)."""
-        talk = asyncio.ensure_future(self._exchange(raw, exchange, preamble, stderr))
+        cgroup = attached.cgroup
+        talk = asyncio.ensure_future(self._exchange(attached, exchange, preamble, stderr))
         watcher = asyncio.ensure_future(self._watch(cgroup)) if cgroup is not None else None
         tasks = {talk} if watcher is None else {talk, watcher}
         try:
@@ -550,7 +574,7 @@ class PreparedContainer:
         return outcome
 
     async def _exchange(
-        self, raw: socket.socket, exchange: Exchange, preamble: bytes, stderr: TailBuffer
+        self, attached: _Attached, exchange: Exchange, preamble: bytes, stderr: TailBuffer
     ) -> _End:
         """Let ``exchange`` speak while the frames are read: ``_OUTPUT_ENDED`` at the end of
         the output (the container exited), ``_FINISHED`` when the exchange ends the run.
@@ -559,9 +583,10 @@ class PreparedContainer:
             OutputOverflow: stdout passed the cap.
             OSError: the connection to the daemon was lost.
         """
+        raw = attached.raw
         raw.setblocking(False)
         speaker = asyncio.ensure_future(exchange.speak(_SocketStdin(raw), preamble))
-        reader = asyncio.ensure_future(_read_frames(raw, exchange.stdout, stderr))
+        reader = asyncio.ensure_future(_read_frames(raw, attached.decoder, exchange.stdout, stderr))
         watched = {speaker, reader}
         try:
             while True:
@@ -658,15 +683,16 @@ class _SocketStdin:
             self._raw.shutdown(socket.SHUT_WR)  # end of input, passed on thanks to stdin_once
 
 
-async def _read_frames(raw: socket.socket, stdout: StdoutSink, stderr: TailBuffer) -> None:
-    """Read the attach stream to its end, each frame to its sink.
+async def _read_frames(
+    raw: socket.socket, decoder: FrameDecoder, stdout: StdoutSink, stderr: TailBuffer
+) -> None:
+    """Read the attach stream to its end through ``decoder``, each frame to its sink.
 
     Raises:
         OutputOverflow: stdout passed the cap (reading stops there).
         OSError: the connection to the daemon was lost.
     """
     loop = asyncio.get_running_loop()
-    decoder = FrameDecoder()
     while chunk := await loop.sock_recv(raw, READ_CHUNK):
         for stream, part in decoder.feed(chunk):
             (stdout if stream == STDOUT else stderr).feed(part)
@@ -682,6 +708,7 @@ class _Attached:
         self.token = token
         self.cgroup: ContainerCgroup | None = None
         self.unsent = b""  # the gate's release, when not written yet
+        self.decoder = FrameDecoder()  # the primer's first, then the run's
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

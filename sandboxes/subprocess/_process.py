@@ -112,9 +112,11 @@ async def drive(
     timeout_s: float,
     kill_all: Callable[[], None],
     breached: Callable[[], Ending | None] | None = None,
+    stderr: TailBuffer | None = None,
 ) -> ProcessResult:
     """Run ``proc`` to its end under the limits, ``exchange`` speaking with it (after
-    ``preamble``); everything it started is dead on return.
+    ``preamble``); everything it started is dead on return. ``stderr``: the tail so far
+    (of a primed tool), else a new one.
 
     However it ends (cancellation included) the tool is killed and, shielded from
     further cancellation, reaped and its pipes drained before this returns or raises.
@@ -122,7 +124,7 @@ async def drive(
     Raises:
         asyncio.CancelledError: the caller was cancelled; the tool is dead by then.
     """
-    stderr = TailBuffer(STDERR_TAIL_BYTES)
+    stderr = stderr if stderr is not None else TailBuffer(STDERR_TAIL_BYTES)
     try:
         async with asyncio.TaskGroup() as tasks:
             speaker = tasks.create_task(exchange.speak(_WriterStdin(proc.stdin), preamble))

@@ -41,6 +41,7 @@ from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import owner_alive, remove_folders
 from sandboxes._prepare import prepare_in_thread, start_ahead
+from sandboxes._priming import Opened, prime_with
 from sandboxes._staging import STAGING_ROOT
 from sandboxes._staging import remove_stale as remove_stale_staging
 from sandboxes._watchdog import watch
@@ -50,6 +51,8 @@ from sandboxes.base import (
     Dialogue,
     LaunchSpec,
     Limits,
+    Opening,
+    OpeningFailed,
     SandboxOutcome,
     SandboxUnavailable,
     StopReason,
@@ -65,6 +68,7 @@ from sandboxes.subprocess._launch import (
 from sandboxes.subprocess._layout import GROUP, PASSWD, RESOLV_CONF, Sources, bwrap_argv
 from sandboxes.subprocess._library import publish_library
 from sandboxes.subprocess._network import SandboxNetwork
+from sandboxes.subprocess._prime import FdPipe
 from sandboxes.subprocess._process import EXIT_GRACE_S, Driven, Ending, ProcessResult, drive
 from sandboxes.subprocess._seccomp import SeccompUnavailable, filter_fd, sealed_memfd
 from sandboxes.view import SCRATCH_MOUNT, WORKSPACE_MOUNT, tool_env
@@ -301,6 +305,7 @@ class PreparedSubprocess:
         # exec guard already read.
         self._popen: subprocess.Popen[bytes] | None = None
         self._token = ""
+        self._opened: Opened | None = None  # primed: what the opening left for the call
         self.network: SandboxNetwork | None = None
 
     async def attach_egress(self) -> None:
@@ -311,10 +316,12 @@ class PreparedSubprocess:
             await self._spec.egress.attach(listener)
 
     async def run(self, payload: bytes) -> SandboxOutcome:
+        if self._opened is not None:
+            raise SandboxUnavailable("a primed sandbox holds a dialogue, not a payload")
         return await self._exchange(PayloadExchange(payload, self._limits.max_output_bytes))
 
     async def converse(self, dialogue: Dialogue) -> SandboxOutcome:
-        exchange = DialogueExchange(dialogue, self._limits.max_output_bytes)
+        exchange = DialogueExchange(dialogue, self._limits.max_output_bytes, self._opened)
         outcome = await self._exchange(exchange)
         exchange.raise_failure()
         return outcome
@@ -384,6 +391,19 @@ class PreparedSubprocess:
         assert self._started_read is not None
         select.select([self._started_read], [], [], STARTED_WAIT_S)
 
+    def prime(self, opening: Opening, timeout_s: float) -> None:
+        """Hold ``opening`` with the tool started ahead (blocking: the pool's thread).
+
+        Raises:
+            OpeningFailed: as ``Primes.prime`` says; the caller discards this sandbox.
+        """
+        if self._popen is None or self._opened is not None:
+            raise OpeningFailed("only a sandbox started ahead, and not primed yet, can be primed")
+        self._opened = prime_with(opening, FdPipe(self._popen, self._limits.max_output_bytes, timeout_s))
+
+    def interrupt(self) -> None:
+        self._kill_now()  # the prime reads the end of stdout at once
+
     def set_timeout(self, timeout_ms: int) -> None:
         self._limits = replace(self._limits, timeout_ms=timeout_ms)
 
@@ -434,6 +454,7 @@ class PreparedSubprocess:
                 self._limits.timeout_ms / 1000,
                 self._kill_now,
                 self._breached if self._cgroup else None,
+                self._opened.stderr if self._opened is not None else None,
             )
         finally:
             tool_started = self._started_read is not None and _started(self._started_read)

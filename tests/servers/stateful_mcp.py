@@ -15,6 +15,12 @@ SDK): every way a hosted server can behave, good or hostile, as a tool of its ow
 - ``evil``: a tool listed without an output schema; a ``tools/list`` made after a call
   (a client checking the call's answer) offers it one with a catastrophic pattern, which
   the answer does not match (and takes a backtracking matcher a second to say so).
+
+``count`` also says how many ``initialize`` requests the server saw and when the last came
+(epoch seconds): a server initialized ahead by a warm pool saw it before its call was made.
+Every ``initialize`` is noted on stderr. ``--when-warm=mute`` or ``--when-warm=garbage``:
+started ahead (no ``REQUEST_ID`` yet), the server never answers ``initialize``, or writes a
+line that is not JSON instead; a server listed or called cold answers as usual.
 """
 
 import json
@@ -26,7 +32,11 @@ from typing import Any
 COUNTER = 0
 CALLED = False
 EVIL_SCHEMA = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}}
+INITIALIZES = 0
+INITIALIZED_AT: float | None = None
 MARKER = "/tmp/stateful-mcp-marker"
+WHEN_WARM = next((arg.split("=", 1)[1] for arg in sys.argv[1:] if arg.startswith("--when-warm=")), "")
+STARTED_AHEAD = "REQUEST_ID" not in os.environ
 
 TOOLS = [
     {"name": name, "description": f"the {name} behaviour", "inputSchema": {"type": "object"}}
@@ -72,7 +82,8 @@ def call(request: dict[str, Any]) -> Any:
         seen = os.path.exists(MARKER)
         with open(MARKER, "a") as marker:
             marker.write("x")
-        return text(json.dumps({"count": COUNTER, "markerSeen": seen, "pid": os.getpid()}))
+        found = {"count": COUNTER, "markerSeen": seen, "pid": os.getpid()}
+        return text(json.dumps({**found, "initializes": INITIALIZES, "initializedAt": INITIALIZED_AT}))
     if name == "fail":
         return {**text("the weather service said no"), "isError": True}
     if name == "hang":
@@ -136,6 +147,16 @@ for line in sys.stdin:
     if ident is None:
         continue  # a notification
     if method == "initialize":
+        INITIALIZES += 1
+        INITIALIZED_AT = time.time()
+        sys.stderr.write(f"initialize seen ({INITIALIZES})\n")
+        sys.stderr.flush()
+        if STARTED_AHEAD and WHEN_WARM == "mute":
+            continue
+        if STARTED_AHEAD and WHEN_WARM == "garbage":
+            sys.stdout.write("Welcome! this is not json\n")
+            sys.stdout.flush()
+            continue
         result = {
             "protocolVersion": request["params"]["protocolVersion"],
             "capabilities": {"tools": {}},
