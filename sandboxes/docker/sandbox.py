@@ -386,6 +386,13 @@ class PreparedContainer:
             # moment of the payload (or the dialogue's start), whenever it was started.
             preamble, attached.unsent = attached.unsent, b""
             ending = await self._attend(attached, exchange, preamble, stderr)
+            if ending is _FINISHED:
+                # The dialogue's end. The daemon copies stdout and stderr apart: what the
+                # tool wrote on stderr before its last answer may still be on its way.
+                # Kill, then read the stream to its end (bounded), as the subprocess
+                # backend drains its pipes.
+                await asyncio.to_thread(self._kill)
+                await _drain(attached, stderr)
         except OSError as exc:
             await asyncio.to_thread(self._kill)
             message = f"lost the connection to the Docker daemon: {type(exc).__name__}"
@@ -393,7 +400,7 @@ class PreparedContainer:
         finally:
             if attached is not None:
                 attached.close()
-        if ending is not _OUTPUT_ENDED:
+        if ending is not _OUTPUT_ENDED and ending is not _FINISHED:
             await asyncio.to_thread(self._kill)
         duration_ms = (time.monotonic() - started) * 1000
         if ending is _FINISHED:
@@ -662,6 +669,9 @@ class _End(enum.Enum):
 
 
 _OUTPUT_ENDED, _FINISHED = _End.OUTPUT_ENDED, _End.FINISHED
+# After a dialogue's end and the kill, the stream ends as soon as the daemon has copied
+# what the pipes held; this only bounds the wait should it not.
+STDERR_DRAIN_S = 0.5
 
 
 class _SocketStdin:
@@ -697,6 +707,24 @@ async def _read_frames(
         for stream, part in decoder.feed(chunk):
             (stdout if stream == STDOUT else stderr).feed(part)
     stdout.close()
+
+
+class _Discarded:
+    """Where stdout goes once a dialogue has ended: nowhere."""
+
+    def feed(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+async def _drain(attached: _Attached, stderr: TailBuffer) -> None:
+    """Read a killed container's stream to its end, for the rest of its stderr; at most
+    ``STDERR_DRAIN_S``, and a lost connection only ends it sooner."""
+    with contextlib.suppress(OSError, TimeoutError):
+        async with asyncio.timeout(STDERR_DRAIN_S):
+            await _read_frames(attached.raw, attached.decoder, _Discarded(), stderr)
 
 
 class _Attached:
