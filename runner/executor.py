@@ -292,12 +292,4 @@ async def _close(prepared: PreparedSandbox, cancel: asyncio.CancelledError | Non
 
 
 def _unavailable(exc: SandboxUnavailable) -> SandboxOutcome:
-    return SandboxOutcome(
-        exit_code=None,
-        signal=None,
-        stdout=b"",
-        stderr_tail="",
-        duration_ms=0.0,
-        reason=StopReason.SANDBOX_UNAVAILABLE,
-        message=exc.message,
-    )
+    return SandboxOutcome.never_ran(StopReason.SANDBOX_UNAVAILABLE, exc.message)

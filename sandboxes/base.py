@@ -109,6 +109,11 @@ class SandboxOutcome:
     def ok(self) -> bool:
         return self.reason is None
 
+    @classmethod
+    def never_ran(cls, reason: StopReason, message: str) -> SandboxOutcome:
+        """The outcome of an attempt whose tool never ran (no sandbox, a lost node)."""
+        return cls(None, None, b"", "", 0.0, reason=reason, message=message)
+
 
 class SandboxUnavailable(Exception):
     """The backend cannot give the isolation asked for; the tool was not started."""

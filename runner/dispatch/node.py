@@ -57,15 +57,17 @@ def run_job(job: NodeJob) -> SandboxOutcome:
     waited_ms = max(0.0, (time.time() - job.submitted_at) * 1000)
     left_ms = int(job.limits.timeout_ms - waited_ms)
     if left_ms < 1:
-        return _stopped(StopReason.TIMEOUT, "the attempt waited for a free slot until its timeout")
+        return SandboxOutcome.never_ran(
+            StopReason.TIMEOUT, "the attempt waited for a free slot until its timeout"
+        )
     try:
         tool_dir = unpack(job.bundle, Path(job.cache_root))
         backend = plugins.create(job.backend, job.backend_config)
     except SandboxUnavailable as exc:
-        return _stopped(StopReason.SANDBOX_UNAVAILABLE, exc.message)
+        return SandboxOutcome.never_ran(StopReason.SANDBOX_UNAVAILABLE, exc.message)
     except (plugins.UnknownBackend, BackendConfigError) as exc:
         problem = f"this node has no usable {job.backend!r} backend: {exc}"
-        return _stopped(StopReason.SANDBOX_UNAVAILABLE, problem)
+        return SandboxOutcome.never_ran(StopReason.SANDBOX_UNAVAILABLE, problem)
     spec = replace(job.spec, tool_dir=tool_dir)
     return asyncio.run(_attempt(backend, spec, replace(job.limits, timeout_ms=left_ms), job.payload))
 
@@ -78,18 +80,6 @@ async def _attempt(backend: Any, spec: LaunchSpec, limits: Limits, payload: byte
     finally:
         if isinstance(backend, Closable):
             await backend.aclose()
-
-
-def _stopped(reason: StopReason, message: str) -> SandboxOutcome:
-    return SandboxOutcome(
-        exit_code=None,
-        signal=None,
-        stdout=b"",
-        stderr_tail="",
-        duration_ms=0.0,
-        reason=reason,
-        message=message,
-    )
 
 
 def node_task(job: NodeJob) -> SandboxOutcome:

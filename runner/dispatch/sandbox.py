@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -170,12 +171,5 @@ def _first_line(error: BaseException) -> str:
 
 
 def _stopped(reason: StopReason, message: str, started: float) -> SandboxOutcome:
-    return SandboxOutcome(
-        exit_code=None,
-        signal=None,
-        stdout=b"",
-        stderr_tail="",
-        duration_ms=(time.monotonic() - started) * 1000,
-        reason=reason,
-        message=message,
-    )
+    elapsed_ms = (time.monotonic() - started) * 1000
+    return dataclasses.replace(SandboxOutcome.never_ran(reason, message), duration_ms=elapsed_ms)
