@@ -250,3 +250,32 @@ async def test_runner_serve_http_joins_the_traceparent_header_without_any_sdk_se
     assert by_header.meta is not None and by_header.meta[TRACE_ID_META] == CALLER_TRACE
     assert by_meta.meta is not None and by_meta.meta[TRACE_ID_META] == "1" * 32
     assert {e["traceId"] for e in audit_events(bench, event="call.finished")} == {CALLER_TRACE, "1" * 32}
+
+
+def test_a_hostile_tracestate_is_dropped_and_never_reaches_the_operators_terminal(bench: ToolBench) -> None:
+    """OpenTelemetry logs each ``tracestate`` member it rejects, raw, on stderr: a caller's
+    escape sequences and a forged log line. The runner drops such a header first; the
+    caller's ``traceparent`` still joins the trace."""
+    import subprocess
+    import sys
+
+    bench.tool("echo", ECHO)
+    bench.runner().close()  # writes the policy
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    request = {
+        "toolName": "echo",
+        "params": {},
+        "metadata": {
+            "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01",
+            "tracestate": "x=\x1b[2J\x1b[31mFAKE\nrunner: serving MCP at http://evil/",
+        },
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "runner", "--tools", str(bench.tools), "--policies", str(bench.root / "policies.yaml"),
+         "--audit-log", str(bench.audit_log), "exec", "-"],
+        input=json.dumps(request), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    answer = json.loads(done.stdout)
+    assert answer["success"], answer
+    assert answer["metadata"]["traceId"] == trace_id
+    assert "\x1b" not in done.stderr and "evil" not in done.stderr, done.stderr

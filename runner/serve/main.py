@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any, NoReturn
 
@@ -23,6 +24,11 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 def serve(options: dict[str, Any], *, role: str | None, http: str | None, metrics: str | None) -> None:
     """Run the server; exit 0 when it stopped (end of input, SIGTERM), 2 on misuse."""
     from runner.serve.http import HttpAddressError, parse_address
+
+    # The MCP SDK reads a request's ``_meta`` trace context itself, and OpenTelemetry logs
+    # each ``tracestate`` member it rejects, raw: a client's escape sequences and newlines
+    # on the operator's stderr. Our own parsing drops such a header before that logger.
+    logging.getLogger("opentelemetry.trace.span").setLevel(logging.ERROR)
 
     try:
         metrics_at = parse_address(metrics) if metrics is not None else None

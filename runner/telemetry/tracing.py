@@ -14,6 +14,7 @@ not parse is ignored (the call starts a trace of its own), never an error.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import uuid
 from collections.abc import Callable, Mapping
@@ -31,6 +32,11 @@ SERVICE_NAME = "runner"
 _PROPAGATOR = TraceContextTextMapPropagator()
 # Longer than any valid header: a caller's string is not parsed past this.
 _MAX_HEADER = 512
+# W3C ``tracestate``: up to 32 ``key=value`` members, comma separated, printable ASCII
+# only. Anything else is dropped before OpenTelemetry sees it: it logs what it rejects,
+# raw, and a caller's escape sequences and newlines would reach the operator's terminal.
+_TRACESTATE_MEMBER = r"[a-z0-9][_0-9a-z\-*/@]{0,255}=[\x21-\x2b\x2d-\x3c\x3e-\x7e]{0,256}"
+_TRACESTATE = re.compile(rf"{_TRACESTATE_MEMBER}(?:[ \t]*,[ \t]*{_TRACESTATE_MEMBER}){{0,31}}")
 
 
 # The provider last seen and its tracer: one assignment, so a reader sees a matching pair.
@@ -62,7 +68,7 @@ def incoming_context(carrier: Mapping[str, Any] | None) -> Context | None:
         return None
     headers = {TRACEPARENT: traceparent}
     tracestate = carrier.get(TRACESTATE)
-    if isinstance(tracestate, str) and len(tracestate) <= _MAX_HEADER:
+    if isinstance(tracestate, str) and len(tracestate) <= _MAX_HEADER and _TRACESTATE.fullmatch(tracestate):
         headers[TRACESTATE] = tracestate
     context = _PROPAGATOR.extract(headers)
     return context if trace.get_current_span(context).get_span_context().is_valid else None
