@@ -11,12 +11,13 @@ neither the audit trail nor is changed by it: the runner never calls ``configure
 Tests inject a sink (``AuditLog.captured``) instead of ``structlog.testing.capture_logs``.
 
 An event that cannot be written is never dropped silently: it is counted
-(``AuditLog.dropped``) and the first one is warned about on standard error. With
+(``AuditLog.dropped``) and warned about on standard error (at most a line a second). With
 ``required``, a call whose ``policy.decision`` cannot be written is refused before
 anything runs (``EXECUTION_ERROR``, reason ``audit_unavailable``).
 
 With ``chain`` each line also carries ``prevHash`` and ``hash`` (``runner.audit_chain``):
-the file sink then takes an exclusive ``flock`` per line, and nothing else changes.
+the file sink then takes an exclusive ``flock`` per line (on a private lock file beside the
+log), and nothing else changes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import math
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -51,6 +53,7 @@ IDENTITY_FIELDS = frozenset({"event", "timestamp", "requestId", "traceId", "tool
 # on record does not run.
 GATE_EVENTS = frozenset({"policy.decision"})
 AUDIT_UNAVAILABLE = "audit_unavailable"
+DROP_WARNING_INTERVAL_S = 1.0  # at most one warning line a second about events not written
 # The client a call is served for (`runner serve --http`: its token's name). The server sets
 # it around each call; every event written in that context carries it as `client`.
 AUDIT_CLIENT: ContextVar[str | None] = ContextVar("runner_audit_client", default=None)
@@ -241,6 +244,8 @@ class AuditLog:
         self._logger = _own_logger(self._sink)
         self._lock = threading.Lock()
         self._dropped = 0
+        self._unwarned = 0  # drops not yet in a warning
+        self._warned_at: float | None = None
 
     @property
     def sink(self) -> LineSink:
@@ -278,17 +283,23 @@ class AuditLog:
                 ) from exc
 
     def _count_drop(self, event: str, exc: Exception) -> None:
+        # Every drop is warned about, at most one line a second (a stuck lock or a full disk
+        # drops every event: a line each would flood the operator log), with the count since.
+        now = time.monotonic()
         with self._lock:
             self._dropped += 1
-            first = self._dropped == 1
-        if not first:
-            return
+            self._unwarned += 1
+            if self._warned_at is not None and now - self._warned_at < DROP_WARNING_INTERVAL_S:
+                return
+            self._warned_at, count, self._unwarned = now, self._unwarned, 0
+            total = self._dropped
         where = str(self.path) if self.path is not None else "the audit sink"
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        also = f" (and {count - 1} more since the last warning)" if count > 1 else ""
         self.operator.warn(
-            f"audit event {event!r} could not be written to {where} ({why}); "
-            "events that cannot be written are counted in Runner.audit.dropped, "
-            "and this warning is given once"
+            f"audit event {event!r} could not be written to {where} ({why}){also}; "
+            f"{total} event(s) not written so far (Runner.audit.dropped); "
+            f"warned at most once a second"
         )
         if not isinstance(exc, OSError):  # not the disk: a fault of the runner's own
             self.operator.fault(exc, event=event)

@@ -7,10 +7,13 @@ spaces, ``ensure_ascii``). The line on disk is exactly that canonical text with
 ``,"hash":"<64 hex>"`` put before its closing brace, so an auditor can check a line with any
 tool: cut the last 75 characters, put back ``}``, hash (``docs/audit.md``).
 
-Several runner processes may append to one file. Each append holds an exclusive ``flock`` on
-the file around "read the last line's hash from the file, compute, append": the previous
-hash always comes from the file itself, never from memory, because another process may have
-appended since. The lock orders the writers; the chain is the order of the lines.
+Several runner processes may append to one file. Each append holds an exclusive ``flock``
+around "read the last line's hash from the file, compute, append": the previous hash always
+comes from the file itself, never from memory, because another process may have appended
+since. The lock orders the writers; the chain is the order of the lines. The lock is taken on
+a lock file of its own beside the log (``lock_path``), private to the runner's user: a
+``flock`` needs only a read-only descriptor, so anyone allowed to read the log itself (a log
+shipper) could otherwise hold it and stall or drop every event.
 """
 
 from __future__ import annotations
@@ -98,34 +101,47 @@ def split_line(line: bytes) -> tuple[bytes, str] | None:
     return line[:-SUFFIX_LENGTH] + b"}", found.group(1).decode("ascii")
 
 
-class ChainedFileSink:
-    """Appends chained lines to a file, under an exclusive ``flock`` per line.
+def lock_path(path: Path) -> Path:
+    """The lock file every writer of the chained log at ``path`` locks: ``.<name>.lock`` beside it."""
+    return path.with_name(f".{path.name}.lock")
 
-    The file is opened once, read-write and append-only, without following a symlink at
+
+def ends_chained(line: bytes) -> bool:
+    """Whether ``line`` (its newline kept or not) ends as a chained line does; its hash is not
+    checked (``runner audit verify`` does that)."""
+    end = len(line) - 1 if line.endswith(b"\n") else len(line)
+    return end > SUFFIX_LENGTH and _ENDING.match(line, end - SUFFIX_LENGTH) is not None
+
+
+class ChainedFileSink:
+    """Appends chained lines to a file, under an exclusive ``flock`` per line on ``lock_path``.
+
+    The log is opened once, read-write and append-only, without following a symlink at
     its path (``O_NOFOLLOW``: a link planted there must not redirect the trail), and must
-    be a regular file (its tail is read with ``pread``).
+    be a regular file (its tail is read with ``pread``). The lock file likewise, and it must
+    also belong to the runner's user and be closed to group and others.
     """
 
     def __init__(self, path: Path) -> None:
-        """Raises ``OSError``: the file cannot be opened, is a symlink (``ELOOP``) or is not a
-        regular file."""
+        """Raises ``OSError``: the log or its lock file cannot be opened, is a symlink
+        (``ELOOP``) or is not a regular file; the lock file is another user's or open to others."""
         self.path = path
         self._lock = threading.Lock()  # flock orders processes; threads share one descriptor
         path.parent.mkdir(parents=True, exist_ok=True)
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        fd = _open_regular(path, os.O_RDWR | os.O_APPEND, "the audit log")
         try:
-            fd = os.open(path, flags, 0o600)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise OSError(
-                    errno.ELOOP, "it is a symbolic link, which a chained log never follows"
-                ) from exc
-            raise
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            lock_fd = _open_regular(lock_path(path), os.O_RDWR, "the audit log's lock file")
+        except OSError:
             os.close(fd)
-            raise OSError(errno.EINVAL, "the audit log is not a regular file", str(path))
-        os.set_blocking(fd, True)  # O_NONBLOCK only kept a FIFO at the path from blocking open
+            raise
+        try:
+            _check_private(lock_fd, lock_path(path))
+        except OSError:
+            os.close(fd)
+            os.close(lock_fd)
+            raise
         self._fd: int | None = fd
+        self._lock_fd = lock_fd
 
     def write(self, line: str) -> None:
         """Append one event, given as ``prepare`` made it, with its chain fields.
@@ -138,13 +154,13 @@ class ChainedFileSink:
             if self._fd is None:
                 raise OSError(errno.EBADF, "the audit log is closed")
             fd = self._fd
-            _lock_file(fd)
+            _lock_file(self._lock_fd)
             try:
                 prev_hash, torn = _last_hash(fd)
                 data = (("\n" if torn else "") + _assemble(line, prev_hash) + "\n").encode("ascii")
                 written = os.write(fd, data)
             finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         if written != len(data):  # a full disk can take part of a line: verify will name it
             raise OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes written")
 
@@ -152,7 +168,48 @@ class ChainedFileSink:
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)
+                os.close(self._lock_fd)
                 self._fd = None
+
+
+def _open_regular(path: Path, flags: int, what: str) -> int:
+    """``path`` opened (created 0600 when absent) without following a symlink; a regular file.
+
+    Raises:
+        OSError: it cannot be opened, is a symlink (``ELOOP``) or is not a regular file.
+    """
+    flags |= os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(
+                errno.ELOOP, f"{what} {path} is a symbolic link, which a chained log never follows"
+            ) from exc
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{what} {path} is not a regular file", str(path))
+    os.set_blocking(fd, True)  # O_NONBLOCK only kept a FIFO at the path from blocking open
+    return fd
+
+
+def _check_private(fd: int, path: Path) -> None:
+    """Raises ``OSError`` (``EPERM``): the lock file is not the runner user's own, or group or
+    others may open it (and so hold its lock)."""
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid():
+        raise OSError(
+            errno.EPERM,
+            f"the audit log's lock file {path} belongs to uid {info.st_uid}, not to the runner's "
+            f"user ({os.geteuid()}): remove it",
+        )
+    if info.st_mode & 0o077:
+        raise OSError(
+            errno.EPERM,
+            f"the audit log's lock file {path} is open to group or others "
+            f"(mode {stat.S_IMODE(info.st_mode):04o}): chmod 600 it",
+        )
 
 
 def _lock_file(fd: int) -> None:

@@ -119,17 +119,25 @@ def audit_group(
 @audit_group.command("verify")
 @_location_options
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as one JSON object.")
+@click.option(
+    "--allow-unchained-prefix",
+    is_flag=True,
+    help="Accept (and count) unchained lines before the first chained one: "
+    "a log written before audit.chain was turned on.",
+)
 @_log_option
 @click.pass_context
-def verify_command(ctx: click.Context, as_json: bool, log_path: Path | None) -> None:
+def verify_command(
+    ctx: click.Context, as_json: bool, allow_unchained_prefix: bool, log_path: Path | None
+) -> None:
     """Check the hash chain of the whole log: exit 0 when intact, 1 when a line was changed,
-    removed or inserted, or the tail was cut."""
+    removed, inserted or unchained, or the tail was cut."""
     from runner.audit_verify import verify
     from runner.terminal import Output
 
     path = _log(ctx, log_path)
     try:
-        verdict = verify(path)
+        verdict = verify(path, allow_unchained_prefix)
     except OSError as exc:
         _unreadable(path, exc)
     except KeyboardInterrupt:
@@ -229,6 +237,12 @@ def _print_verdict(verdict: ChainVerdict, path: Path, out: Output) -> None:
 
     shown = escape_cell(str(path))
     counts = f"{verdict.lines} lines, {verdict.chained} chained"
+    if verdict.unchained_prefix:
+        counts += f" ({verdict.unchained_prefix} unchained before the first chained one, allowed)"
+    if not verdict.lines:
+        out.write(f"{out.paint('empty', 'warn')}: {shown}: 0 lines")
+        out.write("an emptied log cannot be told from a new one: compare with a head recorded elsewhere")
+        return
     if verdict.intact:
         out.write(f"{out.paint('intact', 'ok')}: {shown}: {counts}")
         if verdict.head:
@@ -259,6 +273,14 @@ def _print_report(report: AuditReport, out: Output) -> None:
     rows = [_report_row(Cell(name, "key"), stats) for name, stats in report.sorted_groups()]
     rows.append(_report_row(Cell("(all)", "head"), report.total))
     Table(out, columns).print(rows)
+    if report.chained:
+        out.write(
+            out.paint(
+                f"a chained log: only chained lines counted, {report.unchained_skipped} unchained "
+                "skipped (runner audit verify checks the chain)",
+                "dim",
+            )
+        )
     if report.since is not None:
         out.write(out.paint(f"since {report.since.isoformat()}", "dim"))
 

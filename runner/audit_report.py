@@ -9,8 +9,13 @@ what the policy said.
 
 The file is streamed with bounded memory: each line is bounded (``MAX_LINE_BYTES``), lines
 that are neither a call's end nor a denial are skipped before parsing, durations go into a
-``DurationHistogram`` (a fixed set of buckets, not the values) and past ``MAX_GROUPS``
-groups the rest are counted together under ``OTHER``.
+``DurationHistogram`` (a fixed set of buckets, not the values), past ``MAX_GROUPS``
+groups the rest are counted together under ``OTHER``, and every group name, code and reason
+is cut to ``MAX_KEY_CHARS``.
+
+In a hash-chained log (one with a line that ends in a ``hash``) only chained lines are
+counted: unchained ones (forged, or from before ``chain`` was turned on) are skipped and
+counted apart. Whether the chained lines are intact is ``runner audit verify``'s question.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from runner import audit_chain
 from runner.audit_query import bounded_lines, parse_time
 
 GroupBy = Literal["tool", "role", "client"]
@@ -32,6 +38,8 @@ MAX_LINE_BYTES = 1 << 20  # far above any line the runner writes; a longer one i
 MAX_GROUPS = 10_000  # tool names of refused calls are logged as sent: a caller could invent many
 MAX_KEYS = 1000  # distinct reasons (or codes) kept per count; a foreign file may hold any
 OTHER = "(other)"
+MAX_KEY_CHARS = 256  # a group name, code or reason is cut to this (a foreign line may hold 1 MiB)
+CUT = "...(cut)"
 NONE = "-"  # the group of events without the field (a call not served over HTTP has no client)
 EXACT_BELOW_MS = 1000  # durations below this are counted exactly, per millisecond
 BUCKET_RATIO = 1.01  # above it, buckets 1% wide: a percentile is within 0.5% of the true value
@@ -134,7 +142,10 @@ class GroupStats:
 
 
 def _text(value: object) -> str:
-    return NONE if value is None else str(value)
+    if value is None:
+        return NONE
+    text = str(value)
+    return text if len(text) <= MAX_KEY_CHARS else text[: MAX_KEY_CHARS - len(CUT)] + CUT
 
 
 def _count(counter: Counter[str], value: object) -> None:
@@ -149,6 +160,8 @@ class AuditReport:
     groups: dict[str, GroupStats] = field(default_factory=dict)
     lines: int = 0
     skipped: int = 0  # lines that were candidates but not events (torn, foreign, too long)
+    chained: bool = False  # a line of the log ends with a hash: only chained lines are counted
+    unchained_skipped: int = 0  # in a chained log, the lines without chain fields (not counted)
 
     def take(self, event: dict[str, Any]) -> None:
         name = _text(event.get(GROUP_FIELDS[self.by]))
@@ -171,6 +184,8 @@ class AuditReport:
         return {
             "by": self.by,
             "since": self.since.isoformat() if self.since else None,
+            "chained": self.chained,
+            "unchainedSkipped": self.unchained_skipped,
             "groups": [{"group": name, **stats.as_json()} for name, stats in self.sorted_groups()],
             "total": self.total.as_json(),
         }
@@ -181,18 +196,29 @@ class AuditReport:
 
 
 def build_report(lines: Iterable[bytes | None], by: GroupBy, since: datetime | None = None) -> AuditReport:
-    """The report of ``lines`` (None stands for a line too long to read)."""
-    report = AuditReport(by, since)
+    """The report of ``lines`` (None stands for a line too long to read). Unchained lines are
+    counted apart until a chained line shows the log is chained; then they are dropped."""
+    report = AuditReport(by, since)  # the chained lines
+    plain = AuditReport(by, since)  # the unchained ones, while no line is chained
+    unchained = 0
     for raw in lines:
         report.lines += 1
         if raw is None:
             report.skipped += 1
             continue
+        if audit_chain.ends_chained(raw):
+            report.chained = True
+            target = report
+        else:
+            unchained += 1
+            if report.chained:
+                continue
+            target = plain
         if _FINISHED not in raw and (_DECISION not in raw or _DENY not in raw):
             continue
         try:
             event = _DECODER.decode(raw.decode("utf-8", errors="replace"))
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: a foreign line nested too deep
             report.skipped += 1
             continue
         if not isinstance(event, dict) or event.get("event") not in ("call.finished", "policy.decision"):
@@ -201,7 +227,11 @@ def build_report(lines: Iterable[bytes | None], by: GroupBy, since: datetime | N
             when = parse_time(event.get("timestamp"))
             if when is None or when < since:
                 continue
-        report.take(event)
+        target.take(event)
+    if report.chained:
+        report.unchained_skipped = unchained
+    else:
+        report.groups = plain.groups
     return report
 
 

@@ -8,8 +8,10 @@ import hashlib
 import itertools
 import json
 import os
+import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,11 +19,13 @@ from typing import Any
 import pytest
 from conftest import ToolBench
 
+from runner import audit as audit_module
 from runner import audit_chain
 from runner.audit import AuditLog
 from runner.audit_chain import GENESIS
 from runner.audit_verify import ChainVerdict, verify
 from runner.errors import CallError, ConfigError
+from runner.faults import OperatorLog
 
 OK = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -117,7 +121,7 @@ def test_a_lock_holder_that_never_lets_go_cannot_hang_the_runner_and_a_required_
     monkeypatch.setattr(audit_chain, "LOCK_WAIT_S", 0.3)
     log = tmp_path / "audit.log"
     audit = AuditLog(log, chain=True, required=True)
-    with log.open("rb") as holder:
+    with audit_chain.lock_path(log).open("rb") as holder:  # a stuck writer of the same user
         fcntl.flock(holder, fcntl.LOCK_EX)
         audit.emit("call.finished", toolName="t")  # not a gate event: counted, not raised
         with pytest.raises(CallError) as refused:
@@ -284,12 +288,123 @@ def test_an_endless_line_is_read_in_bounded_pieces_and_named(tmp_path: Path) -> 
         file.write(b"x" * (3 << 20) + b"\n")
         file.write(lines[0])
     verdict = verify(log)
-    # After a damaged line the next link cannot be judged: one problem, and the count goes on.
+    # After a line without a hash the next links to genesis, as lines[0] does: one problem.
     assert [(p.line, p.kind) for p in verdict.problems] == [(9, "broken")]
     assert verdict.lines == 10
 
 
+def _plain(tool: str) -> bytes:
+    event = {"event": "call.finished", "toolName": tool, "role": "admin", "success": True, "duration": 1}
+    return json.dumps({**event, "timestamp": "2030-01-01T00:00:00Z"}).encode() + b"\n"
+
+
+def test_forged_unchained_lines_before_the_first_chained_one_are_named(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    lines = chained_log(log, 3)
+    log.write_bytes(_plain("rm_rf") * 5 + b"".join(lines))  # the reviewer's forgery
+    verdict = verify(log)
+    assert [(problem.line, problem.kind) for problem in verdict.problems] == [
+        (line, "unchained") for line in range(1, 6)
+    ]
+    assert verdict.problem_count == 5
+    assert "--allow-unchained-prefix" in verdict.problems[0].detail
+    # A log chained later: allowed only when asked, and the skipped lines counted.
+    allowed = verify(log, allow_unchained_prefix=True)
+    assert allowed.intact and allowed.unchained_prefix == 5 and allowed.chained == 3
+
+
+def test_a_broken_line_in_an_unchained_prefix_keeps_the_problems_in_line_order(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    lines = chained_log(log, 2)
+    log.write_bytes(_plain("a") + b"not json\n" + _plain("b") + b"".join(lines))
+    verdict = verify(log)
+    assert [(p.line, p.kind) for p in verdict.problems] == [(1, "unchained"), (2, "broken"), (3, "unchained")]
+    allowed = verify(log, allow_unchained_prefix=True)
+    assert [(p.line, p.kind) for p in allowed.problems] == [(2, "broken")]
+
+
+def test_lines_removed_after_a_torn_looking_fragment_are_named(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    lines = chained_log(log, 10)
+    # lines 3 to 8 removed, and what looks like a torn write from a crash left in their place
+    log.write_bytes(b"".join(lines[:2]) + lines[2][:40] + b"\n" + b"".join(lines[8:]))
+    verdict = verify(log)
+    assert [(p.line, p.kind) for p in verdict.problems] == [(3, "broken"), (4, "removed")]
+
+
+def test_lines_removed_after_an_edited_line_are_named(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    lines = chained_log(log, 10)
+    edited = lines[2].replace(b'"requestId":"req_2"', b'"requestId":"req_X"')
+    assert edited != lines[2]
+    log.write_bytes(b"".join(lines[:2]) + edited + b"".join(lines[8:]))  # line 3 edited, 4-8 removed
+    verdict = verify(log)
+    assert [(p.line, p.kind) for p in verdict.problems] == [(3, "changed"), (4, "removed")]
+
+
+def test_lines_removed_before_an_edited_line_are_named(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    lines = chained_log(log, 10)
+    edited = lines[8].replace(b'"requestId":"req_8"', b'"requestId":"req_X"')
+    log.write_bytes(b"".join(lines[:3]) + edited + lines[9])  # 4-8 removed, then line 9 edited
+    verdict = verify(log)
+    assert [(p.line, p.kind) for p in verdict.problems] == [(4, "changed"), (4, "removed")]
+
+
+def test_lines_removed_after_an_overlong_line_are_named(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    lines = chained_log(log, 10)
+    log.write_bytes(b"".join(lines[:2]) + b"x" * (3 << 20) + b"\n" + b"".join(lines[8:]))
+    verdict = verify(log)
+    assert [(p.line, p.kind) for p in verdict.problems] == [(3, "broken"), (4, "removed")]
+
+
+def test_a_deeply_nested_line_is_broken_not_a_crash(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    lines = chained_log(log, 3)
+    log.write_bytes(b"".join(lines) + b"[" * 200_000 + b"\n" + b"".join(lines))
+    verdict = verify(log)
+    assert [(p.line, p.kind) for p in verdict.problems] == [(4, "broken")]
+    done = run_cli("audit", "verify", "--log", str(log), "--json", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert json.loads(done.stdout)["problems"][0] == {
+        "line": 4,
+        "kind": "broken",
+        "detail": "not a JSON object",
+    }
+
+
 # -- the command ---------------------------------------------------------------------------
+
+
+def test_runner_audit_verify_refuses_a_forged_prefix_unless_allowed_and_says_how_many_it_skipped(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "audit.log"
+    lines = chained_log(log, 3)
+    log.write_bytes(_plain("rm_rf") * 5 + b"".join(lines))
+    forged = run_cli("audit", "verify", "--log", str(log), "--json", cwd=tmp_path)
+    assert forged.returncode == 1, forged.stderr
+    assert json.loads(forged.stdout)["problemCount"] == 5
+    allowed = run_cli(
+        "audit", "verify", "--log", str(log), "--allow-unchained-prefix", "--json", cwd=tmp_path
+    )
+    assert allowed.returncode == 0, allowed.stderr
+    assert json.loads(allowed.stdout)["unchainedPrefix"] == 5
+    text = run_cli("audit", "verify", "--log", str(log), "--allow-unchained-prefix", cwd=tmp_path)
+    assert text.returncode == 0
+    assert "(5 unchained before the first chained one, allowed)" in text.stdout
+
+
+def test_runner_audit_verify_says_an_empty_log_is_empty(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    log.touch()
+    text = run_cli("audit", "verify", "--log", str(log), cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith(f"empty: {log}: 0 lines")
+    assert "head recorded elsewhere" in text.stdout
+    as_json = run_cli("audit", "verify", "--log", str(log), "--json", cwd=tmp_path)
+    assert json.loads(as_json.stdout)["lines"] == 0
 
 
 def test_runner_audit_verify_exits_0_when_intact_and_1_naming_the_line_when_not(tmp_path: Path) -> None:
@@ -315,6 +430,93 @@ def test_runner_audit_verify_misuse_is_exit_2_without_a_traceback(tmp_path: Path
         done = run_cli("audit", "verify", *args, cwd=tmp_path)
         assert done.returncode == 2, (args, done.stderr)
         assert "Traceback" not in done.stderr
+
+
+# -- the lock ------------------------------------------------------------------------------
+
+
+def test_a_reader_holding_a_lock_on_the_log_neither_delays_nor_drops_events(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    audit = AuditLog(log, chain=True, required=True)
+    audit.emit("call.finished", toolName="t")
+    log.chmod(0o644)  # made readable, e.g. for a log shipper
+    fd = os.open(log, os.O_RDONLY)  # a reader's descriptor is enough for flock
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        started = time.monotonic()
+        for _ in range(3):
+            audit.emit("policy.decision", toolName="t", decision="allow")
+        took = time.monotonic() - started
+    finally:
+        os.close(fd)
+        audit.close()
+    assert audit.dropped == 0
+    assert took < audit_chain.LOCK_WAIT_S / 2, took  # not waiting for the reader's lock
+    assert verify(log).chained == 4
+
+
+def _planted_symlink(lock: Path) -> None:
+    (lock.parent / "elsewhere").write_text("precious\n")
+    lock.symlink_to(lock.parent / "elsewhere")
+
+
+def _planted_other_owner(lock: Path) -> None:
+    lock.touch(mode=0o600)
+    os.chown(lock, 65534, 65534)
+
+
+def _planted_readable(lock: Path) -> None:
+    lock.touch()
+    lock.chmod(0o644)
+
+
+@pytest.mark.parametrize(
+    ("plant", "said"),
+    [
+        (_planted_symlink, "symbolic link"),
+        (_planted_other_owner, "belongs to uid 65534"),
+        (_planted_readable, "open to group or others (mode 0644)"),
+    ],
+    ids=["symlink", "other_owner", "mode_0644"],
+)
+def test_a_planted_lock_file_is_refused_at_load(bench: ToolBench, plant: Any, said: str) -> None:
+    if plant is _planted_other_owner and os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    plant(audit_chain.lock_path(bench.audit_log))
+    bench.policy["audit"] = {"chain": True}
+    with pytest.raises(ConfigError) as refused:
+        bench.runner()
+    assert said in str(refused.value)
+    assert ".audit.log.lock" in str(refused.value)
+
+
+def test_the_lock_file_is_created_private_beside_the_log(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    chained_log(log, 1)
+    info = (tmp_path / ".audit.log.lock").stat()
+    assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.geteuid()
+
+
+def test_every_dropped_event_is_warned_about_at_most_once_a_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(audit_chain, "LOCK_WAIT_S", 0.05)
+    log = tmp_path / "audit.log"
+    operator = OperatorLog.open(tmp_path / "operator.log")
+    audit = AuditLog(log, chain=True, operator=operator)
+    with audit_chain.lock_path(log).open("rb") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        for _ in range(3):  # well within a second: one warning
+            audit.emit("call.finished", toolName="t")
+        monkeypatch.setattr(audit_module, "DROP_WARNING_INTERVAL_S", 0.0)
+        audit.emit("call.finished", toolName="t")  # the next warning, with the count since
+    audit.close()
+    warnings = (tmp_path / "operator.log").read_text().splitlines()
+    assert audit.dropped == 4
+    assert len(warnings) == 2, warnings
+    assert "1 event(s) not written so far" in warnings[0]
+    assert "(and 2 more since the last warning)" in warnings[1]
+    assert "4 event(s) not written so far" in warnings[1]
 
 
 # -- several writers -----------------------------------------------------------------------

@@ -208,6 +208,69 @@ def test_hostile_lines_are_skipped_and_invented_tool_names_cannot_grow_the_repor
     assert report.skipped == 2  # the text line, and the line past the length bound
 
 
+def test_a_deeply_nested_line_is_skipped_and_counted(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    log.write_bytes(
+        b'{"event":"call.finished","toolName":' + b"[" * 200_000 + b"\n"
+        b'{"event":"call.finished","toolName":"x","success":true}\n'
+    )
+    report = report_file(log, "tool")
+    assert report.skipped == 1 and report.groups["x"].calls == 1
+    done = _cli("--log", str(log), "--json")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert json.loads(done.stdout)["total"]["calls"] == 1
+
+
+def test_group_names_codes_and_reasons_are_cut_so_memory_stays_bounded(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    huge = "n" * 300_000  # three such fields to a line: under the 1 MiB line bound
+    with log.open("w") as file:
+        for index in range(3):
+            event = {"event": "call.finished", "toolName": f"{index}{huge}", "success": False}
+            file.write(json.dumps({**event, "code": f"C{huge}", "reason": f"{index}{huge}"}) + "\n")
+    report = report_file(log, "tool")
+    cut = audit_report.MAX_KEY_CHARS
+    assert len(report.groups) == 3
+    for name, stats in report.groups.items():
+        assert len(name) == cut and name.endswith(audit_report.CUT)
+        ((code, reasons),) = stats.errors.items()
+        assert len(code) == cut and all(len(reason) == cut for reason in reasons)
+
+
+def _chained_with_forged_prefix(log: Path) -> None:
+    from runner.audit import AuditLog
+
+    audit = AuditLog(log, chain=True)
+    for _ in range(3):
+        audit.emit("call.finished", toolName="echo", role="r", success=True, duration=5, code=None)
+    audit.close()
+    forged = {"event": "call.finished", "toolName": "rm_rf", "role": "admin", "success": True, "duration": 1}
+    log.write_bytes((json.dumps(forged) + "\n").encode() * 5 + log.read_bytes())
+
+
+def test_in_a_chained_log_only_chained_lines_are_counted(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    _chained_with_forged_prefix(log)  # the reviewer's forgery
+    report = report_file(log, "tool")
+    assert set(report.groups) == {"echo"} and report.groups["echo"].calls == 3
+    assert report.chained and report.unchained_skipped == 5
+    done = _cli("--log", str(log), "--json")
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["chained"] is True and found["unchainedSkipped"] == 5
+    assert [group["group"] for group in found["groups"]] == ["echo"]
+    table = _cli("--log", str(log))
+    assert "only chained lines counted, 5 unchained skipped" in table.stdout
+
+
+def test_an_unchained_log_is_counted_whole(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    generate(log, 50)
+    report = report_file(log, "tool")
+    assert not report.chained and report.unchained_skipped == 0
+    assert report.total.calls == 50
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(CHECKOUT)}
     return subprocess.run(
