@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BASE_POLICY, write_tool
+from conftest import BASE_POLICY, ToolBench, write_tool
 
 from runner.dispatch.bundle import (
     MAX_ENTRIES,
@@ -254,3 +254,21 @@ def test_too_many_entries_or_too_long_a_name_or_link_is_refused(tmp_path: Path) 
     (far / "link").symlink_to("x/" * MAX_PATH_BYTES)
     with pytest.raises(BundleTooLarge, match="link target longer"):
         pack(far, 1 << 29)
+
+
+def test_a_tool_with_a_network_of_its_own_is_not_dispatched(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a node, ``network: true`` would reach the cluster's private network (GCS,
+    raylets): the call fails closed before the cluster is even joined, and nothing runs."""
+    (bench.root / "token").write_text("t" * 64)
+    marker = bench.root / "ran"
+    bench.tool("net", f"open({str(marker)!r}, 'w').close()\nprint('{{}}')\n", network=True)
+    bench.policy["limits"]["network"] = True
+    bench.policy["dispatch"] = {"engine": "ray", "address": "127.0.0.1:1", "token_file": "token"}
+    joined: list[object] = []
+    monkeypatch.setattr("runner.dispatch.sandbox.join", lambda *args: joined.append(args))
+    answer = bench.runner().handle({"toolName": "net", "requestId": "req_net", "options": {"retries": 0}})
+    assert answer["error"]["details"]["reason"] == "sandbox_unavailable", answer
+    assert "network: true is not dispatched" in answer["error"]["message"]
+    assert joined == [] and not marker.exists()
