@@ -4,16 +4,28 @@ the archive reaches out of its folder. And the policy's ``dispatch:`` section.""
 
 from __future__ import annotations
 
+import ctypes
 import io
 import os
 import tarfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BASE_POLICY, write_tool
+from conftest import BASE_POLICY, ToolBench, write_tool
 
-from runner.dispatch.bundle import BundleTooLarge, ToolBundle, pack, private_cache, tree_hash, unpack
+from runner.dispatch.bundle import (
+    MAX_ENTRIES,
+    MAX_PATH_BYTES,
+    BundleTooLarge,
+    ToolBundle,
+    pack,
+    private_cache,
+    tree_hash,
+    unpack,
+)
 from runner.errors import ConfigError
 from runner.policy import Policy
 from sandboxes import SandboxUnavailable
@@ -171,3 +183,92 @@ def test_dispatch_covers_the_tools_its_rules_match(tmp_path: Path) -> None:
     heavy = load_tool(write_tool(tmp_path / "tools", "crunch", "print(1)\n", tags=["heavy"]))
     local = load_tool(write_tool(tmp_path / "tools", "add", "print(1)\n"))
     assert [covers(policy.model.dispatch, t) for t in (web, heavy, local)] == [True, True, False]
+
+
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+
+
+def test_a_folder_swapped_for_a_link_while_packed_never_ships_what_is_outside(tmp_path: Path) -> None:
+    """The reviewer's race: a thread exchanges a subfolder with a link to a folder holding
+    a 0600 file (renameat2 RENAME_EXCHANGE), many packs run meanwhile; none may hold it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    secret_dir = tmp_path / "secret"
+    secret_dir.mkdir()
+    (secret_dir / "shadow").write_text("ROOT-ONLY SECRET\n")
+    (secret_dir / "shadow").chmod(0o600)
+    folder = write_tool(tmp_path / "tools", "t", "print(1)\n")
+    for i in range(1000):  # a longer walk: a wider window between listing and reading
+        (folder / f"pad{i:04d}").write_text("x")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "shadow").write_text("decoy\n")
+    (folder / "alt").symlink_to(secret_dir)
+    stop, swaps = threading.Event(), [0]
+
+    def flip() -> None:
+        a, b = str(folder / "sub").encode(), str(folder / "alt").encode()
+        while not stop.is_set():
+            if libc.renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0:
+                swaps[0] += 1
+
+    swapper = threading.Thread(target=flip)
+    swapper.start()
+    packed, refused = 0, 0
+    try:
+        deadline = time.monotonic() + 20
+        while packed + refused < 150 and time.monotonic() < deadline:
+            try:
+                bundle = pack(folder, 1 << 24)
+            except SandboxUnavailable:
+                refused += 1  # the swap seen: refused, which is fine
+                continue
+            packed += 1
+            assert b"SECRET" not in bundle.data
+    finally:
+        stop.set()
+        swapper.join()
+    assert swaps[0] > 100 and packed > 0, (swaps[0], packed, refused)
+
+
+def test_an_archive_is_bounded_by_its_own_size_not_only_its_files(tmp_path: Path) -> None:
+    """Links with long targets and long folder names cost no file bytes but archive bytes."""
+    folder = write_tool(tmp_path / "tools", "t", "print(1)\n")
+    for i in range(200):
+        (folder / f"l{i:03d}").symlink_to("x" * 1000)
+    with pytest.raises(BundleTooLarge, match="max_bundle_bytes"):
+        pack(folder, 64 * 1024)
+    assert len(pack(folder, 1 << 20).data) > 64 * 1024  # the same folder, under a larger bound
+
+
+def test_too_many_entries_or_too_long_a_name_or_link_is_refused(tmp_path: Path) -> None:
+    many = write_tool(tmp_path / "many", "t", "print(1)\n")
+    for i in range(MAX_ENTRIES):
+        (many / f"e{i}").symlink_to("x")
+    with pytest.raises(BundleTooLarge, match=f"more than {MAX_ENTRIES} entries"):
+        pack(many, 1 << 29)
+    deep = write_tool(tmp_path / "deep", "t", "print(1)\n")
+    (deep / "/".join(["d" * 200] * 6)).mkdir(parents=True)
+    with pytest.raises(BundleTooLarge, match=f"path longer than {MAX_PATH_BYTES}"):
+        pack(deep, 1 << 29)
+    far = write_tool(tmp_path / "far", "t", "print(1)\n")
+    (far / "link").symlink_to("x/" * MAX_PATH_BYTES)
+    with pytest.raises(BundleTooLarge, match="link target longer"):
+        pack(far, 1 << 29)
+
+
+def test_a_tool_with_a_network_of_its_own_is_not_dispatched(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a node, ``network: true`` would reach the cluster's private network (GCS,
+    raylets): the call fails closed before the cluster is even joined, and nothing runs."""
+    (bench.root / "token").write_text("t" * 64)
+    marker = bench.root / "ran"
+    bench.tool("net", f"open({str(marker)!r}, 'w').close()\nprint('{{}}')\n", network=True)
+    bench.policy["limits"]["network"] = True
+    bench.policy["dispatch"] = {"engine": "ray", "address": "127.0.0.1:1", "token_file": "token"}
+    joined: list[object] = []
+    monkeypatch.setattr("runner.dispatch.sandbox.join", lambda *args: joined.append(args))
+    answer = bench.runner().handle({"toolName": "net", "requestId": "req_net", "options": {"retries": 0}})
+    assert answer["error"]["details"]["reason"] == "sandbox_unavailable", answer
+    assert "network: true is not dispatched" in answer["error"]["message"]
+    assert joined == [] and not marker.exists()

@@ -8,22 +8,30 @@ recomputed hash differs), and an archive cannot write outside its folder: Python
 ``data`` extraction filter refuses absolute paths, ``..``, links leading out of the folder
 and device files, and drops set-uid bits.
 
+The folder is read through directory descriptors, each entry opened relative to its
+folder without following a link and checked to be the entry the listing saw: a folder
+swapped for a link while it is packed cannot make the packing read outside it. The archive
+is bounded as it is written (``max_bundle_bytes``), and so are its entries and their names.
+
 The hash covers each entry's relative path, its type, its execute bit and its content (a
 link: its target); not owners or times, which the unpacking cannot keep.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
 import secrets
 import shutil
 import stat
+import sys
 import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sandboxes import SandboxUnavailable
 
@@ -32,7 +40,16 @@ CACHE_KEEP_S = 24 * 3600
 
 
 class BundleTooLarge(SandboxUnavailable):
-    """The tool folder is larger than ``dispatch.max_bundle_bytes``."""
+    """The tool folder is larger than ``dispatch.max_bundle_bytes``, or holds more entries,
+    or longer names or link targets, than a tool folder may."""
+
+
+# A tool folder is a handful of files: more entries, or longer paths or link targets, are
+# refused before they cost the node time (each entry is hashed again on every cache hit).
+MAX_ENTRIES = 10_000
+MAX_PATH_BYTES = 1024
+# Opening an entry in the folder: never through a link, never blocking (a fifo swapped in).
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 @dataclass(frozen=True)
@@ -43,82 +60,194 @@ class ToolBundle:
     sha256: str
 
 
+@dataclass(frozen=True)
+class _Entry:
+    """One entry of a folder as read: a file's bytes, a link's target, a folder's nothing."""
+
+    relative: str
+    kind: str  # "file", "dir" or "link"
+    executable: bool
+    content: bytes
+
+
 class _TreeHash:
     """The content hash of a folder, fed entry by entry in path order."""
 
     def __init__(self) -> None:
         self._hash = hashlib.sha256()
 
-    def add(self, relative: str, kind: str, executable: bool, content: bytes) -> None:
-        digest = hashlib.sha256(content).hexdigest()
-        line = f"{kind}\0{int(executable)}\0{relative}\0{digest}\n"
-        self._hash.update(line.encode("utf-8", errors="surrogateescape"))
+    def add(self, entry: _Entry) -> None:
+        digest = hashlib.sha256(entry.content).hexdigest()
+        line = f"{entry.kind}\0{int(entry.executable)}\0{entry.relative}\0{digest}\n"
+        self._hash.update(_encoded(line))
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
 
 
-def _entries(root: Path) -> list[tuple[str, os.stat_result]]:
-    """Every entry under ``root`` (not ``root`` itself) by relative path, sorted, no link followed."""
-    found: list[tuple[str, os.stat_result]] = []
-    for folder, dirs, files in os.walk(root, followlinks=False):
-        for name in (*dirs, *files):
-            path = os.path.join(folder, name)  # noqa: PTH118 - os.walk's own strings
-            found.append((os.path.relpath(path, root), os.lstat(path)))
-    return sorted(found)
+class _Budget:
+    """What reading a folder may still take: bytes of content, entries, path lengths."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.content_left = max_bytes
+        self.entries = 0
+
+    def admit(self, relative: str) -> None:
+        self.entries += 1
+        if self.entries > MAX_ENTRIES:
+            raise BundleTooLarge(f"the tool folder holds more than {MAX_ENTRIES} entries")
+        if len(_encoded(relative)) > MAX_PATH_BYTES:
+            raise BundleTooLarge(f"the tool folder holds a path longer than {MAX_PATH_BYTES} bytes")
+
+    def too_large(self) -> BundleTooLarge:
+        return BundleTooLarge(
+            f"the tool folder is larger than dispatch.max_bundle_bytes ({self.max_bytes} bytes)"
+        )
+
+
+def _read_tree(root: Path, budget: _Budget) -> list[_Entry]:
+    """Every entry under ``root`` (not ``root`` itself), sorted by relative path.
+
+    Read through directory descriptors, never by path: each folder and file is opened
+    relative to its parent's descriptor without following a link, and checked to be the
+    entry the listing saw (device and inode). So swapping a folder for a link while this
+    runs (``renameat2`` with ``RENAME_EXCHANGE``) cannot make it read outside ``root``: the
+    swapped entry fails to open or fails the check.
+
+    Raises:
+        OSError: an entry cannot be read, or changed while it was read (``ESTALE``).
+        BundleTooLarge: past ``budget``.
+        SandboxUnavailable: an entry is not a file, folder or link.
+    """
+    found: list[_Entry] = []
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _read_folder(root_fd, "", budget, found)
+    finally:
+        os.close(root_fd)
+    return sorted(found, key=lambda entry: entry.relative)
+
+
+def _read_folder(dir_fd: int, prefix: str, budget: _Budget, found: list[_Entry]) -> None:
+    for name in os.listdir(dir_fd):
+        relative = prefix + name
+        budget.admit(relative)
+        seen = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        executable = bool(seen.st_mode & stat.S_IXUSR)
+        if stat.S_ISLNK(seen.st_mode):
+            target = _encoded(os.readlink(name, dir_fd=dir_fd))
+            if len(target) > MAX_PATH_BYTES:
+                raise BundleTooLarge(
+                    f"the tool folder holds a link target longer than {MAX_PATH_BYTES} bytes"
+                )
+            found.append(_Entry(relative, "link", False, target))
+        elif stat.S_ISDIR(seen.st_mode):
+            found.append(_Entry(relative, "dir", executable, b""))
+            child = _open_same(name, dir_fd, seen, os.O_DIRECTORY)
+            try:
+                _read_folder(child, relative + "/", budget, found)
+            finally:
+                os.close(child)
+        elif stat.S_ISREG(seen.st_mode):
+            fd = _open_same(name, dir_fd, seen, 0)
+            try:
+                content = _read_at_most(fd, budget.content_left)
+            finally:
+                os.close(fd)
+            if len(content) > budget.content_left:
+                raise budget.too_large()
+            budget.content_left -= len(content)
+            found.append(_Entry(relative, "file", executable, content))
+        else:
+            raise SandboxUnavailable(f"the tool folder holds {relative!r}, which is not a file")
+
+
+def _open_same(name: str, dir_fd: int, seen: os.stat_result, flags: int) -> int:
+    """``name`` in ``dir_fd`` opened without following a link, and the entry ``seen`` was.
+
+    Raises:
+        OSError: it cannot be opened (a link swapped in: ``ELOOP``) or is another entry
+            than the listing saw (``ESTALE``).
+    """
+    fd = os.open(name, _OPEN_FLAGS | flags, dir_fd=dir_fd)
+    opened = os.fstat(fd)
+    if (opened.st_dev, opened.st_ino) != (seen.st_dev, seen.st_ino) or stat.S_IFMT(
+        opened.st_mode
+    ) != stat.S_IFMT(seen.st_mode):
+        os.close(fd)
+        raise OSError(errno.ESTALE, "an entry changed while the folder was read")
+    return fd
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    """Up to ``limit + 1`` bytes of ``fd`` (one more tells that it holds more)."""
+    chunks: list[bytes] = []
+    left = limit + 1
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _encoded(text: str) -> bytes:
+    return text.encode("utf-8", errors="surrogateescape")
+
+
+class _BoundedBuffer(io.BytesIO):
+    """The archive as it is written, refused as soon as it grows past its bound."""
+
+    def __init__(self, budget: _Budget) -> None:
+        super().__init__()
+        self._budget = budget
+
+    def write(self, data: Any) -> int:
+        if self.tell() + len(data) > self._budget.max_bytes:
+            raise self._budget.too_large()
+        return super().write(data)
 
 
 def pack(folder: Path, max_bytes: int) -> ToolBundle:
     """``folder`` as a tar and the content hash of the same bytes (blocking: a thread's work).
 
+    ``max_bytes`` bounds the archive itself (headers, names, link targets and padding
+    included), besides ``MAX_ENTRIES`` and ``MAX_PATH_BYTES``.
+
     Raises:
-        BundleTooLarge: the folder's files add up to more than ``max_bytes``.
-        SandboxUnavailable: the folder cannot be read, or holds what cannot be shipped
-            (a device, a socket, a fifo).
+        BundleTooLarge: the archive would be larger than ``max_bytes``, or the folder holds
+            too many entries or too long a path or link target.
+        SandboxUnavailable: the folder cannot be read, changed while it was read, or holds
+            what cannot be shipped (a device, a socket, a fifo).
     """
-    tree, out, total = _TreeHash(), io.BytesIO(), 0
+    budget = _Budget(max_bytes)
+    tree, out = _TreeHash(), _BoundedBuffer(budget)
     try:
+        entries = _read_tree(folder, budget)
         with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for relative, st in _entries(folder):
-                path = folder / relative
-                info = tarfile.TarInfo(relative)
-                info.mode = 0o755 if _executable(st) else 0o644
-                info.mtime = 0
-                if stat.S_ISLNK(st.st_mode):
-                    target = str(path.readlink())
-                    info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
-                    tree.add(relative, "link", False, target.encode("utf-8", errors="surrogateescape"))
-                    tar.addfile(info)
-                elif stat.S_ISDIR(st.st_mode):
-                    info.type = tarfile.DIRTYPE
-                    tree.add(relative, "dir", _executable(st), b"")
-                    tar.addfile(info)
-                elif stat.S_ISREG(st.st_mode):
-                    total += st.st_size
-                    if total > max_bytes:
-                        raise BundleTooLarge(
-                            f"the tool folder is larger than dispatch.max_bundle_bytes ({max_bytes} bytes)"
-                        )
-                    content = _read_regular(path)
-                    info.size = len(content)
-                    tree.add(relative, "file", _executable(st), content)
-                    tar.addfile(info, io.BytesIO(content))
-                else:
-                    raise SandboxUnavailable(f"the tool folder holds {relative!r}, which is not a file")
+            for entry in entries:
+                tree.add(entry)
+                tar.addfile(*_tar_member(entry))
     except OSError as exc:
         raise SandboxUnavailable(f"the tool folder cannot be read: {exc.strerror}") from exc
     return ToolBundle(out.getvalue(), tree.hexdigest())
 
 
-def _read_regular(path: Path) -> bytes:
-    """A regular file's bytes, opened without following a link (swapped in since the walk)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as handle:
-        return handle.read()
-
-
-def _executable(st: os.stat_result) -> bool:
-    return bool(st.st_mode & stat.S_IXUSR)
+def _tar_member(entry: _Entry) -> tuple[tarfile.TarInfo, io.BytesIO | None]:
+    info = tarfile.TarInfo(entry.relative)
+    info.mode = 0o755 if entry.executable else 0o644
+    info.mtime = 0
+    if entry.kind == "link":
+        info.type, info.mode = tarfile.SYMTYPE, 0o777
+        info.linkname = entry.content.decode("utf-8", errors="surrogateescape")
+        return info, None
+    if entry.kind == "dir":
+        info.type = tarfile.DIRTYPE
+        return info, None
+    info.size = len(entry.content)
+    return info, io.BytesIO(entry.content)
 
 
 def tree_hash(root: Path) -> str:
@@ -129,17 +258,8 @@ def tree_hash(root: Path) -> str:
     """
     tree = _TreeHash()
     try:
-        for relative, st in _entries(root):
-            path = root / relative
-            if stat.S_ISLNK(st.st_mode):
-                target = str(path.readlink()).encode("utf-8", errors="surrogateescape")
-                tree.add(relative, "link", False, target)
-            elif stat.S_ISDIR(st.st_mode):
-                tree.add(relative, "dir", _executable(st), b"")
-            elif stat.S_ISREG(st.st_mode):
-                tree.add(relative, "file", _executable(st), _read_regular(path))
-            else:
-                raise SandboxUnavailable(f"the unpacked tool folder holds {relative!r}, which is not a file")
+        for entry in _read_tree(root, _Budget(sys.maxsize)):
+            tree.add(entry)
     except OSError as exc:
         raise SandboxUnavailable(f"the unpacked tool folder cannot be read: {exc.strerror}") from exc
     return tree.hexdigest()

@@ -10,8 +10,10 @@ executor, most likely on another node: Ray itself never retries these tasks).
 
 Not dispatched (``SandboxUnavailable``, the call fails closed): a hosted MCP server's tool
 (a dialogue would need a stream between hosts), a tool granted the workspace (the
-caller's folder is not on the node) and a tool with a network allow-list (its egress proxy
-is the caller's). Leave these out of ``dispatch.tools``.
+caller's folder is not on the node), a tool with a network allow-list (its egress proxy
+is the caller's) and a tool with ``network: true`` (its own network with real egress: on a
+node that egress would reach the cluster's private network, its GCS, raylets and object
+managers). Leave these out of ``dispatch.tools``.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class DispatchedSandbox:
             SandboxUnavailable: the tool cannot be dispatched (see the module), its folder
                 is too large or unreadable, or the cluster cannot be used.
         """
+        if limits.network:
+            raise SandboxUnavailable(
+                "a tool with network: true is not dispatched (on a node it would reach the cluster's network)"
+            )
         if spec.egress is not None:
             raise SandboxUnavailable("a tool with a network allow-list is not dispatched (its proxy is here)")
         if spec.workspace is not None:
