@@ -125,6 +125,7 @@ def test_cancelling_a_call_leaves_nothing_on_the_node(cluster: RayCluster, dispa
     cluster.ask("cancel", id="req_cancel")
     assert cluster.ask("result", id="req_cancel")["raised"] == "CancelledError"
     assert_nothing_survives("req_cancel", grace_s=5)
+    wait_for(lambda: bool(attempts(dispatching, "req_cancel")), timeout_s=10)
     assert attempts(dispatching, "req_cancel")[0]["cancelled"] is True
     wait_for(lambda: sum(n["free"] for n in cluster.ask("slots")["nodes"]) == 4, timeout_s=10)
 
