@@ -51,7 +51,8 @@ class DeferredTeardown:
             return self._busy
 
     def wait(self) -> None:
-        """Block until every step submitted so far has run.
+        """Block until every step submitted so far has run and the worker has ended (a
+        closed runner leaves no thread).
 
         Raises:
             Exception: the first exception a step raised since the last ``wait`` (a bug:
@@ -61,16 +62,21 @@ class DeferredTeardown:
             while self._busy:
                 self._cond.wait()
             failure, self._failure = self._failure, None
+            worker, self._worker = self._worker, None  # a submit from now on starts another
+            self._cond.notify_all()
+        if worker is not None:
+            worker.join()
         if failure is not None:
             raise failure
 
     def _work(self) -> None:
         while True:
             with self._cond:
-                if not self._queue:
+                if not self._queue and self._worker is threading.current_thread():
                     self._cond.wait(IDLE_EXIT_S)
-                if not self._queue:
-                    self._worker = None  # under the lock: a submit now starts a new worker
+                if not self._queue or self._worker is not threading.current_thread():
+                    if self._worker is threading.current_thread():
+                        self._worker = None  # under the lock: a submit now starts a new worker
                     return
                 step = self._queue.popleft()
             try:

@@ -72,6 +72,7 @@ print(json.dumps({
     "tmp_before": tmp_before,
     "pids": pids,
     "me": os.getpid(),
+    "parent": os.getppid(),
     "host": socket.gethostname(),
     "own_file_ok": read_back == secret,
     "pidns": os.readlink("/proc/self/ns/pid"),
