@@ -62,7 +62,11 @@ def test_deferred_steps_run_in_order_and_wait_joins_the_worker() -> None:
     done: list[int] = []
     gate = threading.Event()
     teardowns = DeferredTeardown("runner-test-teardown")
-    teardowns.submit(lambda: None if gate.wait(5.0) else None)
+
+    def held() -> None:
+        gate.wait(5.0)
+
+    teardowns.submit(held)
     for n in range(5):
         teardowns.submit(lambda n=n: done.append(n))  # type: ignore[misc]
     assert teardowns.pending() == 6

@@ -246,6 +246,9 @@ class DockerSandbox:
         prepared = PreparedContainer(
             client, container_id, limits, cgroup_v1=cgroup_v1, release=gate_input, teardowns=self.teardowns
         )
+        # Under another OCI runtime (gVisor) the host cgroup holds the runtime's own
+        # processes, alive until the container is deleted: its emptiness proves nothing.
+        prepared.cgroup_shows_processes = not (spec.runtime or self.config.runtime)
         prepared.hold(lease, workspace)
         return prepared
 
@@ -371,6 +374,7 @@ class PreparedContainer:
         self._client = client
         self._teardowns = teardowns
         self._dead = False  # every process of the container is known to have ended
+        self.cgroup_shows_processes = True  # its processes, and only they, are in its cgroup
         self._release = release
         self.container_id = container_id
         self._limits = limits
@@ -650,7 +654,7 @@ class PreparedContainer:
         (a tool that forged the trailer): then it is killed and the daemon says how it
         ended."""
         cgroup = attached.cgroup
-        if cgroup is None:
+        if cgroup is None or not self.cgroup_shows_processes:
             return None
         loop = asyncio.get_running_loop()
         settle_by = loop.time() + SETTLE_S
