@@ -23,7 +23,7 @@ TOKEN = "ab" * 16
 
 
 def _trailer(status: int, token: str = TOKEN) -> bytes:
-    return b"\n" + MARKER + b" " + token.encode() + b" " + str(status).encode() + b"\n"
+    return MARKER + b" " + token.encode() + b" " + str(status).encode() + b"\n"
 
 
 def _read(chunks: list[bytes]) -> tuple[bytes, int | None]:
@@ -43,9 +43,10 @@ def test_the_trailer_is_taken_off_the_stream_even_split_byte_by_byte() -> None:
 
 
 def test_a_trailer_with_another_token_or_a_bad_status_is_the_tools_own_output() -> None:
+    assert _read([b'{"id": 1}\n']) == (b'{"id": 1}\n', None)  # nothing held back at a line's end
     forged = b"out" + _trailer(0, "cd" * 16)
     assert _read([forged]) == (forged, None)
-    bad = b"out\n" + MARKER + b" " + TOKEN.encode() + b" 12345\n"
+    bad = b"out" + MARKER + b" " + TOKEN.encode() + b" 12345\n"
     assert _read([bad]) == (bad, None)
     assert _read([b"out" + _trailer(0)[:-3]]) == (b"out" + _trailer(0)[:-3], None)  # cut short
 

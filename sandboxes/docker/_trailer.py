@@ -3,7 +3,7 @@
 After the tool exits the daemon ends the attach stream only once containerd has deleted
 the task (~20-45 ms here), and tells the exit status later still (``wait``/``inspect``).
 So the gate (``sandbox.GATE``) runs the tool in a subshell that execs it, then writes a
-trailer, ``\\n<marker> <token> <status>\\n``, on stdout and on stderr: each stream is
+trailer, ``<marker> <token> <status>\\n``, on stdout and on stderr: each stream is
 ordered, so once both trailers are read everything the tool wrote has arrived. The
 token is fresh per container, read by the gate from its stdin and never exported: the
 tool never has it (it could only read it from the gate's memory, and then say no more
@@ -37,7 +37,7 @@ class TrailerReader:
 
     def __init__(self, sink: Sink, token: str) -> None:
         self._sink = sink
-        self._prefix = b"\n" + MARKER + b" " + token.encode() + b" "
+        self._prefix = MARKER + b" " + token.encode() + b" "
         self._held = b""
         self.status: int | None = None
 
@@ -48,8 +48,16 @@ class TrailerReader:
         buffer = self._held + data
         start = buffer.find(self._prefix)
         if start < 0:
-            # Keep what could be the start of a trailer split across reads.
-            keep = min(len(buffer), len(self._prefix) - 1)
+            # Keep only what could be the start of a trailer split across reads: a line
+            # ended by a newline (a hosted server's message) goes on at once.
+            keep = next(
+                (
+                    k
+                    for k in range(min(len(buffer), len(self._prefix) - 1), 0, -1)
+                    if buffer.endswith(self._prefix[:k])
+                ),
+                0,
+            )
             self._held = buffer[len(buffer) - keep :]
             self._pass(buffer[: len(buffer) - keep])
             return

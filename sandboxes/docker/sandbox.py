@@ -141,10 +141,10 @@ unset count name lines value sep line PWD
     + EXEC_GUARD
     + r"""; exec "$@")
 status=$?
-printf '\n%s %s %s\n' """
+printf '%s %s %s\n' """
     + MARKER.decode()
     + r""" "$runner_gate_token" "$status"
-printf '\n%s %s %s\n' """
+printf '%s %s %s\n' """
     + MARKER.decode()
     + r""" "$runner_gate_token" "$status" >&2
 exit "$status"
