@@ -25,7 +25,7 @@ MARKER = "runner-exec-failed"
 # a variable of that name from the environment would stay exported, token and all.
 EXEC_GUARD = (
     "unset runner_exec_token; read -r runner_exec_token && "
-    f"trap 'printf \"\\n{MARKER} %s\\n\" \"$runner_exec_token\" >&2' EXIT"
+    f'trap \'printf "\\n{MARKER} %s\\n" "$runner_exec_token" >&2\' EXIT'
 )
 # What the shell exits with when its exec fails (POSIX: not found, not executable).
 EXEC_FAILED_STATUSES = frozenset({126, 127})

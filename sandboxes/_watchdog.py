@@ -36,6 +36,7 @@ FULL_EXIT_WAIT_S = 10.0
 # A container create the runner sent just before dying may land after the first sweep.
 DOCKER_SWEEPS_S = (0.0, 0.5, 2.0)
 
+
 class _Link:
     """This process's end of its watchdog's pipe (a forked child needs a watchdog of its own)."""
 

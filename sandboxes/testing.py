@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from sandboxes.base import (
+    Closable,
     Converses,
     Dialogue,
     LaunchSpec,
@@ -111,11 +112,13 @@ class Harness:
 
     async def run_spec(self, spec: LaunchSpec, payload: bytes = b"{}", **limits: int) -> SandboxOutcome:
         """One whole attempt of ``spec`` (e.g. ``tool``'s with another command)."""
-        prepared = await self.make().prepare(spec, replace(self.limits, **cast("dict[str, Any]", limits)))
+        backend = self.make()
+        prepared = await backend.prepare(spec, replace(self.limits, **cast("dict[str, Any]", limits)))
         try:
             return await prepared.run(payload)
         finally:
             await prepared.close()
+            await _finish_deferred(backend)
 
     async def converse(self, spec: LaunchSpec, dialogue: Dialogue, **limits: int) -> SandboxOutcome:
         """One whole attempt holding ``dialogue``: prepare (or start ahead), converse, close."""
@@ -135,6 +138,7 @@ class Harness:
             return await prepared.converse(dialogue)
         finally:
             await prepared.close()
+            await _finish_deferred(backend)
 
     async def gone(self, request_id: str) -> bool:
         deadline = time.monotonic() + GONE_WITHIN_S
@@ -593,3 +597,10 @@ DIALOGUE_CONTRACT: tuple[Check, ...] = (
     check_a_dialogue_with_a_program_that_cannot_start_is_not_executable,
     check_a_cancelled_dialogue_leaves_nothing,
 )
+
+
+async def _finish_deferred(backend: Sandbox) -> None:
+    """What a backend does after a call's ``close`` (a dead container's removal, say) is
+    done by its ``aclose`` at the latest: the checks look once it is (``sandboxes._deferred``)."""
+    if isinstance(backend, Closable):
+        await backend.aclose()

@@ -87,13 +87,15 @@ def _accepts(server: socket.socket) -> bool:
 def test_a_timed_out_container_is_killed_and_removed(bench: ToolBench, docker_client: APIClient) -> None:
     docker_tool(bench, "sleepy", "import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
     started = time.monotonic()
-    answer = bench.runner().handle(
-        {
-            "toolName": "sleepy",
-            "requestId": "req_docker_timeout",
-            "options": {"timeout": 500, "retries": 1, "retryDelay": 10},
-        }
-    )
+    with bench.runner() as runner:  # dead containers are removed off the call's path: by close
+        answer = runner.handle(
+            {
+                "toolName": "sleepy",
+                "requestId": "req_docker_timeout",
+                "options": {"timeout": 500, "retries": 1, "retryDelay": 10},
+            }
+        )
+        assert not [c for c in ours(docker_client, "req_docker_timeout") if c["State"] == "running"]
     assert answer["error"]["code"] == "TIMEOUT"
     assert answer["metadata"]["attempts"] == 2
     assert time.monotonic() - started < 6
@@ -117,9 +119,10 @@ except OSError:
     sys.exit(3)
 """
     docker_tool(bench, "bomb", bomb, limits={"max_pids": 32})
-    answer = bench.runner().handle(
-        {"toolName": "bomb", "requestId": "req_docker_bomb", "options": {"retries": 0}}
-    )
+    with bench.runner() as runner:  # dead containers are removed off the call's path: by close
+        answer = runner.handle(
+            {"toolName": "bomb", "requestId": "req_docker_bomb", "options": {"retries": 0}}
+        )
     assert answer["error"]["code"] == "EXECUTION_ERROR"
     assert answer["error"]["details"]["reason"] == "pids_limit"
     assert int(answer["error"]["details"]["stderr"].strip()) < 32

@@ -65,6 +65,15 @@ class ContainerCgroup:
         """Forks the kernel refused for the pids limit."""
         return read_keyed(self.pids / "pids.events", "max")
 
+    def empty(self) -> bool:
+        """Whether no process is left in the container (its cgroup gone counts as empty)."""
+        try:
+            return not (self.pids / "cgroup.procs").read_text().strip()
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+
     def limit_tcp_memory(self, limit_bytes: int) -> None:
         """Cap the container's TCP socket buffers (v1; v2 charges them to ``memory.max``).
 

@@ -50,6 +50,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from sandboxes._config import read_config
+from sandboxes._deferred import DeferredTeardown
 from sandboxes._exchange import DialogueExchange, Exchange, PayloadExchange, StdoutSink
 from sandboxes._exec_status import EXEC_GUARD, exec_failure, new_token, token_line
 from sandboxes._identity import IdentityLease, lease_identity
@@ -86,6 +87,7 @@ from sandboxes.docker._client import (
 from sandboxes.docker._egress import egress_problem, listener_in
 from sandboxes.docker._frames import STDOUT, FrameDecoder
 from sandboxes.docker._prime import SocketPipe
+from sandboxes.docker._trailer import MARKER, TrailerReader, both_said
 from sandboxes.view import (
     LIBRARY_MOUNT,
     LIBRARY_SOURCE,
@@ -107,16 +109,19 @@ LIMITS_POLL_S = 0.02
 # On cgroup v1 TCP buffers are counted apart from memory_mb; they get this share of it.
 TCP_MEMORY_SHARE = 4
 # Holds the tool until the runner writes its release on stdin, once the cgroup is
-# complete. The release is first the exec guard's token (``sandboxes._exec_status``: an
-# exec that fails is told from a tool that exits 126 or 127 itself), then the secrets, so
+# complete. The release is first the gate's own token (its trailer, ``_trailer``), then the
+# secrets, so
 # that they are in the tool's environment without being in the container's config (``Env``,
 # which anyone allowed to ``docker inspect`` reads): a count of secrets, then per secret
 # its name, its number of lines and those lines. Values are only ever read and assigned,
-# never parsed by the shell; ``read`` takes one byte at a time, so the tool's stdin starts
-# right after the release.
+# never parsed by the shell; then the exec guard's token (``sandboxes._exec_status``: an
+# exec that fails is told from a tool that exits 126 or 127 itself), read by the subshell
+# that execs the tool, so the gate itself never holds it. ``read`` takes one byte at a
+# time, so the tool's stdin starts right after the release. The gate waits for the tool
+# and says how it ended in its trailer (``_trailer``), on stdout and stderr.
 GATE = (
-    EXEC_GUARD
-    + r"""
+    r"""
+unset runner_gate_token; read -r runner_gate_token || exit 125
 read -r count || exit 125
 while [ "$count" -gt 0 ]; do
   IFS= read -r name && IFS= read -r lines || exit 125
@@ -132,7 +137,17 @@ while [ "$count" -gt 0 ]; do
   count=$((count - 1))
 done
 unset count name lines value sep line PWD
-exec "$@"
+("""
+    + EXEC_GUARD
+    + r"""; exec "$@")
+status=$?
+printf '%s %s %s\n' """
+    + MARKER.decode()
+    + r""" "$runner_gate_token" "$status"
+printf '%s %s %s\n' """
+    + MARKER.decode()
+    + r""" "$runner_gate_token" "$status" >&2
+exit "$status"
 """
 )
 
@@ -165,6 +180,12 @@ class DockerSandbox:
         self._lock = threading.Lock()
         self._cgroup_v1: bool | None = None
         self._sequence = itertools.count(1)
+        # Removing containers already dead (``PreparedContainer.close``), off the call's path.
+        self.teardowns = DeferredTeardown("runner-teardown-docker")
+
+    async def aclose(self) -> None:
+        """Wait until every deferred removal is done (``sandboxes._deferred``)."""
+        await asyncio.to_thread(self.teardowns.wait)
 
     def tool_problems(self, tool: ToolRequirements) -> list[str]:
         return [] if tool.image else ["image: required when sandbox is docker"]
@@ -222,7 +243,12 @@ class DockerSandbox:
                 workspace.release()
             lease.release()
             raise
-        prepared = PreparedContainer(client, container_id, limits, cgroup_v1=cgroup_v1, release=gate_input)
+        prepared = PreparedContainer(
+            client, container_id, limits, cgroup_v1=cgroup_v1, release=gate_input, teardowns=self.teardowns
+        )
+        # Under another OCI runtime (gVisor) the host cgroup holds the runtime's own
+        # processes, alive until the container is deleted: its emptiness proves nothing.
+        prepared.cgroup_shows_processes = not (spec.runtime or self.config.runtime)
         prepared.hold(lease, workspace)
         return prepared
 
@@ -343,8 +369,12 @@ class PreparedContainer:
         *,
         cgroup_v1: bool,
         release: bytes = b"0\n",
+        teardowns: DeferredTeardown | None = None,
     ) -> None:
         self._client = client
+        self._teardowns = teardowns
+        self._dead = False  # every process of the container is known to have ended
+        self.cgroup_shows_processes = True  # its processes, and only they, are in its cgroup
         self._release = release
         self.container_id = container_id
         self._limits = limits
@@ -406,7 +436,10 @@ class PreparedContainer:
         if ending is _FINISHED:
             # The dialogue's end, not the tool's: its status is that of our kill.
             return SandboxOutcome(None, None, b"", stderr.text(), duration_ms)
-        state = await asyncio.to_thread(self._final_state)
+        state = await self._settled(attached) if attached.said is not None else None
+        if state is None:
+            state = await asyncio.to_thread(self._final_state)
+        self._dead = "ExitCode" in state and not state.get("Running")
         reason = ending if isinstance(ending, StopReason) else None
         outcome = _outcome(
             state, reason, exchange.output(), stderr, attached.token, duration_ms, not exchange.ends_by_exit
@@ -427,7 +460,7 @@ class PreparedContainer:
         except BaseException:
             attached.close()
             raise
-        attached.unsent = token_line(attached.token) + self._release
+        attached.unsent = attached.release(self._release)
         return attached
 
     # -- started ahead of the call (SPEC 11) --------------------------------------------
@@ -449,7 +482,7 @@ class PreparedContainer:
                 self._client.start(self.container_id)
             attached.cgroup = self._complete_cgroup()
             with daemon_call("release the started container"):
-                attached.raw.sendall(token_line(attached.token) + self._release)
+                attached.raw.sendall(attached.release(self._release))
         except BaseException:
             attached.close()
             raise
@@ -593,7 +626,9 @@ class PreparedContainer:
         raw = attached.raw
         raw.setblocking(False)
         speaker = asyncio.ensure_future(exchange.speak(_SocketStdin(raw), preamble))
-        reader = asyncio.ensure_future(_read_frames(raw, attached.decoder, exchange.stdout, stderr))
+        reader = asyncio.ensure_future(
+            _read_frames(raw, attached.decoder, exchange.stdout, stderr, attached.gate_token)
+        )
         watched = {speaker, reader}
         try:
             while True:
@@ -603,7 +638,7 @@ class PreparedContainer:
                     if speaker.result():
                         return _FINISHED
                 if reader in done:
-                    reader.result()
+                    attached.said = reader.result()
                     return _OUTPUT_ENDED
         finally:
             for task in (speaker, reader):
@@ -611,6 +646,25 @@ class PreparedContainer:
             # Never raises their ends (the reader's, if any, was raised above); our own
             # cancellation goes up.
             await asyncio.wait({speaker, reader})
+
+    async def _settled(self, attached: _Attached) -> dict[str, Any] | None:
+        """The state the gate's trailer said, once the container's cgroup is empty (the
+        gate and its init exit right after the trailer: well within ``SETTLE_S``); None
+        when that cannot be seen (a remote daemon), or the container still runs past it
+        (a tool that forged the trailer): then it is killed and the daemon says how it
+        ended."""
+        cgroup = attached.cgroup
+        if cgroup is None or not self.cgroup_shows_processes:
+            return None
+        loop = asyncio.get_running_loop()
+        settle_by = loop.time() + SETTLE_S
+        while not cgroup.empty():
+            if loop.time() > settle_by:
+                await asyncio.to_thread(self._kill)
+                return None
+            await asyncio.sleep(SETTLE_POLL_S)
+        self._breach(cgroup)  # a limit broken in the last moments (the cgroup is still there)
+        return {"ExitCode": attached.said, "Running": False}
 
     def _kill(self) -> None:
         # Best effort: a container that already exited answers 409; close() removes it anyway.
@@ -640,7 +694,16 @@ class PreparedContainer:
         self._workspace = workspace
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._teardown)
+        if not self._dead or self._waiting is not None or self._teardowns is None:
+            await asyncio.to_thread(self._teardown)
+            return
+        # Every process of the container has ended: staged writes are applied now, on the
+        # call's path; removing the dead container (~10 ms of daemon work) and giving back
+        # its uid are not (``sandboxes._deferred``; the backend's ``aclose`` waits for them).
+        workspace, self._workspace = self._workspace, None
+        if workspace is not None:
+            await asyncio.to_thread(workspace.release)
+        self._teardowns.submit(self._teardown)
 
     def _teardown(self) -> None:
         """Remove the container, then give back what it held (blocking). Safe to call twice."""
@@ -672,6 +735,10 @@ _OUTPUT_ENDED, _FINISHED = _End.OUTPUT_ENDED, _End.FINISHED
 # After a dialogue's end and the kill, the stream ends as soon as the daemon has copied
 # what the pipes held; this only bounds the wait should it not.
 STDERR_DRAIN_S = 0.5
+# After the gate's trailer its shell and the container's init exit at once; a container
+# still running this long after is killed (see ``PreparedContainer._settled``).
+SETTLE_S = 0.25
+SETTLE_POLL_S = 0.001
 
 
 class _SocketStdin:
@@ -694,19 +761,30 @@ class _SocketStdin:
 
 
 async def _read_frames(
-    raw: socket.socket, decoder: FrameDecoder, stdout: StdoutSink, stderr: TailBuffer
-) -> None:
-    """Read the attach stream to its end through ``decoder``, each frame to its sink.
+    raw: socket.socket, decoder: FrameDecoder, stdout: StdoutSink, stderr: TailBuffer, gate_token: str = ""
+) -> int | None:
+    """Read the attach stream through ``decoder``, each frame to its sink, to its end or,
+    given the gate's token, until the gate's trailers (``_trailer``) have come on both
+    streams: then the exit status they said (the rest of the stream is left unread).
 
     Raises:
         OutputOverflow: stdout passed the cap (reading stops there).
         OSError: the connection to the daemon was lost.
     """
     loop = asyncio.get_running_loop()
+    readers = (TrailerReader(stdout, gate_token), TrailerReader(stderr, gate_token)) if gate_token else None
+    out, err = readers if readers is not None else (stdout, stderr)
     while chunk := await loop.sock_recv(raw, READ_CHUNK):
         for stream, part in decoder.feed(chunk):
-            (stdout if stream == STDOUT else stderr).feed(part)
+            (out if stream == STDOUT else err).feed(part)
+        if readers is not None and (status := both_said(readers)) is not None:
+            stdout.close()
+            return status
+    if readers is not None:
+        for reader in readers:
+            reader.flush()
     stdout.close()
+    return None
 
 
 class _Discarded:
@@ -737,6 +815,12 @@ class _Attached:
         self.cgroup: ContainerCgroup | None = None
         self.unsent = b""  # the gate's release, when not written yet
         self.decoder = FrameDecoder()  # the primer's first, then the run's
+        self.gate_token = new_token()  # the gate's trailer's (``_trailer``)
+        self.said: int | None = None  # the exit status the gate's trailers said
+
+    def release(self, secrets: bytes) -> bytes:
+        """What the gate reads before it execs the tool (``GATE``)."""
+        return token_line(self.gate_token) + secrets + token_line(self.token)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -75,8 +75,9 @@ def workspace_path(relative: str) -> Path:
     """
     root_text = os.environ.get("WORKSPACE")
     if not root_text:
-        raise ToolError("this tool has no workspace (set workspace: read|write in tool.yaml)",
-                        code="NO_WORKSPACE")
+        raise ToolError(
+            "this tool has no workspace (set workspace: read|write in tool.yaml)", code="NO_WORKSPACE"
+        )
     from pathlib import Path
 
     root = Path(root_text).resolve()
