@@ -119,8 +119,7 @@ TCP_MEMORY_SHARE = 4
 # that execs the tool, so the gate itself never holds it. ``read`` takes one byte at a
 # time, so the tool's stdin starts right after the release. The gate waits for the tool
 # and says how it ended in its trailer (``_trailer``), on stdout and stderr.
-GATE = (
-    r"""
+_GATE_RELEASE = r"""
 unset runner_gate_token; read -r runner_gate_token || exit 125
 read -r count || exit 125
 while [ "$count" -gt 0 ]; do
@@ -137,7 +136,10 @@ while [ "$count" -gt 0 ]; do
   count=$((count - 1))
 done
 unset count name lines value sep line PWD
-("""
+"""
+GATE = (
+    _GATE_RELEASE
+    + "("
     + EXEC_GUARD
     + r"""; exec "$@")
 status=$?
@@ -150,6 +152,11 @@ printf '%s %s %s\n' """
 exit "$status"
 """
 )
+# Under another OCI runtime (gVisor) the gate execs the tool and says nothing after it:
+# there, the host cgroup shows the runtime's processes, not the tool's, so no trailer
+# could be trusted to mean the end, and gVisor counts the waiting gate against the
+# container's pids limit (its fork was refused). The release it reads is the same.
+PLAIN_GATE = _GATE_RELEASE + EXEC_GUARD + '\nexec "$@"\n'
 
 
 class DockerConfig(BaseModel):
@@ -324,7 +331,7 @@ def _create(
         )
         created = client.create_container(
             spec.image,
-            command=["/bin/sh", "-c", GATE, "sh", *spec.command],
+            command=["/bin/sh", "-c", PLAIN_GATE if spec.runtime or runtime else GATE, "sh", *spec.command],
             stdin_open=True,
             detach=False,  # with stdin_open: StdinOnce, so our half-close ends its input
             tty=False,
@@ -627,7 +634,14 @@ class PreparedContainer:
         raw.setblocking(False)
         speaker = asyncio.ensure_future(exchange.speak(_SocketStdin(raw), preamble))
         reader = asyncio.ensure_future(
-            _read_frames(raw, attached.decoder, exchange.stdout, stderr, attached.gate_token)
+            _read_frames(
+                raw,
+                attached.decoder,
+                exchange.stdout,
+                stderr,
+                attached.gate_token,
+                self.cgroup_shows_processes,
+            )
         )
         watched = {speaker, reader}
         try:
@@ -761,11 +775,19 @@ class _SocketStdin:
 
 
 async def _read_frames(
-    raw: socket.socket, decoder: FrameDecoder, stdout: StdoutSink, stderr: TailBuffer, gate_token: str = ""
+    raw: socket.socket,
+    decoder: FrameDecoder,
+    stdout: StdoutSink,
+    stderr: TailBuffer,
+    gate_token: str = "",
+    stop_at_trailer: bool = True,
 ) -> int | None:
     """Read the attach stream through ``decoder``, each frame to its sink, to its end or,
     given the gate's token, until the gate's trailers (``_trailer``) have come on both
     streams: then the exit status they said (the rest of the stream is left unread).
+    Without ``stop_at_trailer`` the trailers are only taken out, and the stream read to
+    its end (under another runtime: gVisor's gate ends with an error status when its
+    stream is closed under it while it still writes).
 
     Raises:
         OutputOverflow: stdout passed the cap (reading stops there).
@@ -777,7 +799,7 @@ async def _read_frames(
     while chunk := await loop.sock_recv(raw, READ_CHUNK):
         for stream, part in decoder.feed(chunk):
             (out if stream == STDOUT else err).feed(part)
-        if readers is not None and (status := both_said(readers)) is not None:
+        if stop_at_trailer and readers is not None and (status := both_said(readers)) is not None:
             stdout.close()
             return status
     if readers is not None:
