@@ -168,6 +168,25 @@ def shipped(tmp_path: Path) -> Iterator[Runner]:
     yield runner
 
 
+def our_cgroups(pid: int) -> list[Path]:
+    """The subprocess backend's cgroups made by the runner of process ``pid``."""
+    from sandboxes.subprocess._cgroup import CgroupFactory
+
+    return [
+        child
+        for parent in CgroupFactory().parents
+        if parent.is_dir()
+        for child in parent.iterdir()
+        if child.name.startswith(f"{pid}-")
+    ]
+
+
+def runner_argv(bench: ToolBench, *args: str) -> list[str]:
+    """``python -m runner`` over the bench's tools and policy file, then ``args``."""
+    return [sys.executable, "-m", "runner", "--tools", str(bench.tools), "--policies",
+            str(bench.root / "policies.yaml"), *args]  # fmt: skip
+
+
 def assert_nothing_survives(request_id: str, grace_s: float = 2.0) -> None:
     """No process started for ``request_id`` is alive (after a short grace for reaping)."""
     marker = f"REQUEST_ID={request_id}"

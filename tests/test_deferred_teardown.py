@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import TRACING_TOOL, ToolBench, wait_for
+from conftest import TRACING_TOOL, ToolBench, our_cgroups, wait_for
 
 from sandboxes._deferred import DeferredTeardown
 from sandboxes._streams import TailBuffer
@@ -93,16 +93,6 @@ def test_a_failed_step_does_not_stop_the_others_and_is_raised_by_wait() -> None:
     teardowns.wait()  # reported once
 
 
-def _our_cgroups(pid: int) -> list[Path]:
-    return [
-        child
-        for parent in CgroupFactory().parents
-        if parent.is_dir()
-        for child in parent.iterdir()
-        if child.name.startswith(f"{pid}-")
-    ]
-
-
 def _members(group: Path) -> list[str]:
     try:
         return (group / "cgroup.procs").read_text().split()
@@ -129,10 +119,10 @@ def test_right_after_a_call_nothing_of_it_runs_and_after_close_nothing_is_left(
             # idle warm sandboxes (one tool process each) may be alive.
             alive = processes_with_env(f"DEFER_MARK={mark}")
             assert len(alive) <= pool, alive
-            busy = [g for g in _our_cgroups(os.getpid()) if _members(g)]
+            busy = [g for g in our_cgroups(os.getpid()) if _members(g)]
             assert len(busy) <= pool * (3 if CgroupFactory().version == 1 else 1), busy
     finally:
         runner.close()
     assert processes_with_env(f"DEFER_MARK={mark}") == []
-    assert _our_cgroups(os.getpid()) == []
+    assert our_cgroups(os.getpid()) == []
     wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith("runner-teardown")], 1.0)

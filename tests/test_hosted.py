@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from conftest import ToolBench, assert_nothing_survives, docker_ready, wait_for
+from conftest import ToolBench, assert_nothing_survives, docker_ready, runner_argv, wait_for
 
 from runner import Runner
 from runner.hosted.listing import ServerLister
@@ -101,16 +100,7 @@ def test_a_server_that_cannot_be_listed_is_left_out_and_validate_reports_it(benc
         [problem] = runner.registry.problems
     assert "MCP server st cannot be listed" in problem.reason and "no key set" in problem.reason
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "runner",
-            "--tools",
-            str(bench.tools),
-            "--policies",
-            str(bench.root / "policies.yaml"),
-            "validate",
-        ],
+        runner_argv(bench, "validate"),
         capture_output=True,
         text=True,
         timeout=120,

@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TRACING_TOOL, ToolBench, wait_for
+from conftest import TRACING_TOOL, ToolBench, our_cgroups, wait_for
 
 from runner import Runner
 from runner.policy import Policy
-from sandboxes.subprocess._cgroup import CgroupFactory
 from sandboxes.subprocess.sandbox import default_state_dir
 from sandboxes.testing import processes_with_env
 
@@ -47,16 +46,6 @@ def _idle(runner: Runner) -> dict[str, int]:
 def _attempts(bench: ToolBench) -> list[dict[str, Any]]:
     events = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
     return [event for event in events if event["event"] == "call.attempt"]
-
-
-def _our_cgroups(pid: int) -> list[Path]:
-    return [
-        child
-        for parent in CgroupFactory().parents
-        if parent.is_dir()
-        for child in parent.iterdir()
-        if child.name.startswith(f"{pid}-")
-    ]
 
 
 def _our_scratch(pid: int) -> list[Path]:
@@ -109,7 +98,7 @@ def test_fifty_pooled_calls_each_see_a_fresh_sandbox_and_none_of_the_others(
     assert len(host_cgroups) >= 50
     attempts = _attempts(bench)
     assert [event["warm"] for event in attempts] == [True] * 50
-    assert _our_cgroups(os.getpid()) == []
+    assert our_cgroups(os.getpid()) == []
 
 
 def test_a_warm_call_gets_its_request_id_in_the_context_not_the_environment(
@@ -167,10 +156,10 @@ def test_closing_the_runner_leaves_no_warm_sandbox(pooled: tuple[ToolBench, str]
     bench, mark = pooled
     runner = bench.runner()
     wait_for(lambda: _idle(runner)["trace"] == 2)
-    assert _our_cgroups(os.getpid()) != []
+    assert our_cgroups(os.getpid()) != []
     runner.close()
     assert _warm_pids(mark) == []
-    assert _our_cgroups(os.getpid()) == []
+    assert our_cgroups(os.getpid()) == []
     assert _our_scratch(os.getpid()) == []
 
 
@@ -211,14 +200,14 @@ def test_sigkill_of_a_runner_holding_a_pool_leaves_no_process_cgroup_or_scratch(
         assert holder.stdout is not None
         assert holder.stdout.readline() == "ready\n"
         wait_for(lambda: len(_warm_pids(mark)) == 3)
-        assert len(_our_cgroups(holder.pid)) >= 3
+        assert len(our_cgroups(holder.pid)) >= 3
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
         if holder.stdout is not None:
             holder.stdout.close()
     wait_for(lambda: _warm_pids(mark) == [], 5.0)
-    wait_for(lambda: _our_cgroups(holder.pid) == [], 5.0)  # the holder's watchdog sweeps them
+    wait_for(lambda: our_cgroups(holder.pid) == [], 5.0)  # the holder's watchdog sweeps them
     assert _our_scratch(holder.pid) == []
 
 
