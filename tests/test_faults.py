@@ -124,6 +124,17 @@ def docker_tool(bench: ToolBench, name: str) -> None:
     bench.tool(name, ECHO, sandbox="docker", image="runner/base:latest")
 
 
+def slow_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make docker calls ask the daemon how the container ended, as for a daemon whose
+    cgroups this host cannot see: the gate's trailer is then not enough."""
+    from sandboxes.docker.sandbox import PreparedContainer
+
+    async def unseen(self: object, attached: object) -> None:
+        return None
+
+    monkeypatch.setattr(PreparedContainer, "_settled", unseen)
+
+
 def ours(client: APIClient, request_id: str) -> list[object]:
     found: list[object] = client.containers(all=True, filters={"label": f"io.runner.request-id={request_id}"})
     return found
@@ -140,9 +151,11 @@ def test_a_docker_api_error_mid_call_is_sandbox_unavailable(
     def refuse(*args: object, **kwargs: object) -> None:
         raise APIError("the daemon went away")
 
+    slow_path(monkeypatch)
     monkeypatch.setattr(shared_client(), method, refuse)
     answer = runner.handle({"toolName": "echo_d", "params": {"x": 1}, "requestId": f"req_api_{method}"})
     monkeypatch.undo()
+    runner.close()  # a dead container is removed off the call's path; close waits for it
     assert answer["error"]["code"] == "EXECUTION_ERROR"
     assert answer["error"]["details"]["reason"] == "sandbox_unavailable"
     assert ours(docker_client, f"req_api_{method}") == []
@@ -159,9 +172,11 @@ def test_an_unexpected_exception_in_the_docker_backend_is_internal_and_the_conta
     def broken(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("bug while reading the state")
 
+    slow_path(monkeypatch)
     monkeypatch.setattr(shared_client(), "inspect_container", broken)
     answer = runner.handle({"toolName": "echo_d", "params": {"x": 1}, "requestId": "req_docker_bug"})
     monkeypatch.undo()
+    runner.close()
     assert_internal(answer)
     log = (bench.root / OPERATOR_LOG).read_text()
     assert "Traceback (most recent call last)" in log
