@@ -110,12 +110,18 @@ def main() -> None:
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
     print(f"bare python3 main.py      median {bare_ms:7.1f} ms")
     print(f"Runner.call, one at once  median {cold_ms:7.1f} ms   {cold_ms / bare_ms:5.2f}x bare")
-    print(f"{args.calls} calls at concurrency {args.concurrency}: {correct} correct, "
-          f"p50 {p50:.0f} ms, p99 {p99:.0f} ms, {args.calls / wall:.0f} calls/s")
-    print(f"bare spawns at concurrency {args.concurrency}: {ceiling:.0f}/s; "
-          f"the runner's throughput is {args.calls / wall / ceiling:.2f}x that")
-    print(f"runner process: RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB, "
-          f"open descriptors {fds_before} -> {fds_after}")
+    print(
+        f"{args.calls} calls at concurrency {args.concurrency}: {correct} correct, "
+        f"p50 {p50:.0f} ms, p99 {p99:.0f} ms, {args.calls / wall:.0f} calls/s"
+    )
+    print(
+        f"bare spawns at concurrency {args.concurrency}: {ceiling:.0f}/s; "
+        f"the runner's throughput is {args.calls / wall / ceiling:.2f}x that"
+    )
+    print(
+        f"runner process: RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB, "
+        f"open descriptors {fds_before} -> {fds_after}"
+    )
     left = leftovers()
     print(f"leftovers: {left or 'none'}")
     sys.exit(0 if correct == args.calls and not left else 1)

@@ -70,12 +70,22 @@ def main() -> None:
         tool = root / "tools" / "bomb"
         tool.mkdir(parents=True)
         (tool / "main.py").write_text(textwrap.dedent(BOMB))
-        manifest = {"name": "bomb", "description": "fork bomb", "command": ["python3", "main.py"],
-                    "parameters": {"type": "object"}, "limits": {"timeout_ms": 1000, "max_pids": 64}}
+        manifest = {
+            "name": "bomb",
+            "description": "fork bomb",
+            "command": ["python3", "main.py"],
+            "parameters": {"type": "object"},
+            "limits": {"timeout_ms": 1000, "max_pids": 64},
+        }
         (tool / "tool.yaml").write_text(yaml.safe_dump(manifest))
-        policy = {"version": 1, "default_role": "user", "whitelist": ["*"],
-                  "roles": {"user": {"allow": ["*"]}}, "defaults": {"retries": 0, "deadline_ms": 10000},
-                  "circuit_breaker": {"failure_threshold": 1000, "reset_timeout_ms": 1000}}
+        policy = {
+            "version": 1,
+            "default_role": "user",
+            "whitelist": ["*"],
+            "roles": {"user": {"allow": ["*"]}},
+            "defaults": {"retries": 0, "deadline_ms": 10000},
+            "circuit_breaker": {"failure_threshold": 1000, "reset_timeout_ms": 1000},
+        }
         (root / "policies.yaml").write_text(yaml.safe_dump(policy))
         runner = Runner.load(tools=root / "tools", policies=root / "policies.yaml", audit_log=os.devnull)
         runner.call("bomb", {})  # first use: set-up off the measurement

@@ -74,8 +74,13 @@ async def over_stdio(n: int) -> tuple[list[float], list[float]]:
 
 
 async def over_http(n: int) -> tuple[list[float], list[float]]:
-    added = subprocess.run([*SERVE, "tokens", "add", "bench", "--role", "user"], env=ENV,
-                           capture_output=True, text=True, check=True)
+    added = subprocess.run(
+        [*SERVE, "tokens", "add", "bench", "--role", "user"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     token = added.stdout.strip()
     process = subprocess.Popen([*SERVE, "--http", "127.0.0.1:0"], env=ENV, stderr=subprocess.PIPE, text=True)
     try:
@@ -83,9 +88,10 @@ async def over_http(n: int) -> tuple[list[float], list[float]]:
         select.select([process.stderr], [], [], 30)
         url = process.stderr.readline().split("serving MCP at ", 1)[1].strip()
         headers = {"Authorization": f"Bearer {token}"}
-        async with httpx2.AsyncClient(headers=headers) as http, Client(
-            streamable_http_client(url, http_client=http)
-        ) as client:
+        async with (
+            httpx2.AsyncClient(headers=headers) as http,
+            Client(streamable_http_client(url, http_client=http)) as client,
+        ):
             return await mcp_rows(client, n)
     finally:
         process.terminate()
@@ -111,8 +117,10 @@ async def main() -> None:
     print(row("stdio: protocol overhead per call", stdio_overhead))
     print(row("HTTP: protocol overhead per call", http_overhead))
     base = statistics.median(acall)
-    print(f"p50 round trip - p50 acall: stdio {statistics.median(stdio_trips) - base:+.2f} ms,"
-          f" HTTP {statistics.median(http_trips) - base:+.2f} ms")
+    print(
+        f"p50 round trip - p50 acall: stdio {statistics.median(stdio_trips) - base:+.2f} ms,"
+        f" HTTP {statistics.median(http_trips) - base:+.2f} ms"
+    )
 
 
 if __name__ == "__main__":

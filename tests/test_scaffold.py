@@ -215,3 +215,63 @@ def test_helper_workspace_path_refuses_paths_that_leave_the_workspace(tmp_path: 
         assert json.loads(refused.stdout)["error"]["code"] == "OUTSIDE_WORKSPACE"
     ungranted = call("a.txt", None)
     assert json.loads(ungranted.stdout)["error"]["code"] == "NO_WORKSPACE"
+
+
+# A global whose finalizer speaks: it is heard only when Python's own shutdown runs.
+FINALIZED = """
+import sys
+from runner_tool import ToolError, run
+
+class Speaks:
+    def __del__(self):
+        sys.stderr.write("finalized\\n")
+
+KEEP = Speaks()
+"""
+
+
+ATEXIT = "import atexit\natexit.register(lambda: sys.stderr.write('atexit ran\\n'))\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ("run(lambda params, context: params['x'] + 1)", 0),
+        ("def fail(params, context):\n    raise ToolError('no', code='NO')\nrun(fail)", 1),
+        (ATEXIT + "run(lambda params, context: params['x'] + 1)", 0),
+    ],
+)
+def test_helper_skips_pythons_shutdown_when_it_has_nothing_to_do(
+    tmp_path: Path, body: str, code: int
+) -> None:
+    done = run_helper_tool(tmp_path, FINALIZED + body, REQUEST)
+    assert done.returncode == code, done.stderr
+    assert json.loads(done.stdout) in (3, {"error": {"message": "no", "code": "NO", "retryable": False}})
+    assert "finalized" not in done.stderr  # the objects were left to the kernel, not torn down
+    # The atexit callbacks (logging's flush, say) still run, once.
+    assert done.stderr.count("atexit ran") == (1 if "atexit" in body else 0)
+
+
+@pytest.mark.parametrize(
+    ("setup", "proof"),
+    [
+        # A file object that still holds unwritten data: only the shutdown writes it.
+        ("LOG = open('log.txt', 'w')\nLOG.write('kept')", "log"),
+        (
+            "import threading, time\n"
+            "threading.Thread(target=lambda: (time.sleep(0.2), sys.stderr.write('thread done\\n'))).start()",
+            "thread done",
+        ),
+    ],
+)
+def test_helper_keeps_pythons_shutdown_when_the_tool_left_work_for_it(
+    tmp_path: Path, setup: str, proof: str
+) -> None:
+    done = run_helper_tool(tmp_path, f"{FINALIZED}{setup}\nrun(lambda params, context: 1)", REQUEST)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "1"
+    assert "finalized" in done.stderr
+    if proof == "log":
+        assert (tmp_path / "log.txt").read_text() == "kept"
+    else:
+        assert proof in done.stderr

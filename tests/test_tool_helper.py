@@ -3,6 +3,7 @@ read-only at ``sandboxes.view.LIBRARY_MOUNT``, on ``PYTHONPATH`` after the manif
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -88,3 +89,35 @@ def test_a_python_tool_imports_the_helper_in_a_container_and_cannot_change_it(
     bench.tool("helped", HELPER_USER, sandbox="docker", image="runner/base:latest")
     answer = bench.runner().handle({"toolName": "helped", "params": {}})
     assert_helper_worked_and_stayed_intact(answer, LIBRARY_MOUNT)
+
+
+# Its finalizer is heard only when Python's own shutdown runs (``runner_tool`` skips it
+# when nothing but 0, 1 and 2 is open: true in every sandbox, which leaks no descriptor).
+FINALIZED = """
+import json, os, sys
+from runner_tool import run
+
+class Speaks:
+    def __del__(self):
+        sys.stderr.write("finalized\\n")
+
+KEEP = Speaks()
+run(lambda params, context: sorted(os.listdir("/proc/self/fd")))
+"""
+
+
+def attempt_stderr(bench: ToolBench) -> str:
+    events = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
+    return str(next(event["stderr"] for event in events if event["event"] == "call.attempt"))
+
+
+@pytest.mark.parametrize("backend", ["subprocess", pytest.param("docker", marks=pytest.mark.docker)])
+def test_a_python_tool_ends_without_pythons_shutdown_in_every_sandbox(bench: ToolBench, backend: str) -> None:
+    extra = {"image": "runner/base:latest"} if backend == "docker" else {}
+    bench.tool("speaks", FINALIZED, sandbox=backend, **extra)
+    with bench.runner() as runner:
+        answer = runner.handle({"toolName": "speaks", "params": {}})
+    assert answer["success"] is True, answer
+    assert answer["result"][:3] == ["0", "1", "2"]  # and the listing's own, closed since
+    assert len(answer["result"]) == 4
+    assert "finalized" not in attempt_stderr(bench)
