@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,28 @@ def test_the_pool_refills_after_each_call(pooled: tuple[ToolBench, str]) -> None
         after = set(_warm_pids(mark))
     assert len(after) == 2
     assert len(before & after) == 1  # one taken and destroyed, one new
+
+
+def test_a_taken_sandbox_is_replaced_once_its_call_has_ended_not_while_it_runs(
+    pooled: tuple[ToolBench, str],
+) -> None:
+    # Setting up the replacement takes CPU the call's own tool needs (measured: ~1 ms of a
+    # warm call on two cores), so it waits for the call's end.
+    bench, mark = pooled
+    bench.policy["tools"] = {"trace": {"pool": 1}}
+    with bench.runner() as runner, ThreadPoolExecutor(1) as caller:
+        wait_for(lambda: _idle(runner)["trace"] == 1 and len(_warm_pids(mark)) == 1)
+        (taken,) = _warm_pids(mark)
+        call = caller.submit(runner.handle, {"toolName": "trace", "params": {"sleep": 1.5}})
+        time.sleep(0.8)  # the call runs: its tool sleeps
+        assert not call.done()
+        assert _idle(runner)["trace"] == 0
+        # Only the call's own sandbox (its tool forks a child: same cgroup) runs the tool.
+        cgroups = {_host_cgroup(pid) for pid in _warm_pids(mark)}
+        assert cgroups == {_host_cgroup(taken)}, "a replacement was started while the call ran"
+        assert call.result(timeout=30)["success"]
+        wait_for(lambda: _idle(runner)["trace"] == 1 and len(_warm_pids(mark)) == 1)
+        assert _warm_pids(mark) != [taken]
 
 
 def test_a_sandbox_idle_past_max_idle_ms_is_replaced(pooled: tuple[ToolBench, str]) -> None:
