@@ -1,10 +1,13 @@
 """Many calls at once through one ``Runner``: correctness, latency and leftovers under load.
 
-    python3 bench/load.py [--calls 1000] [--concurrency 64]
+    python3 bench/load.py [--calls 1000] [--concurrency 64] [--rounds 4]
 
 Each call adds two numbers chosen for it, so a wrong or swapped answer is caught. Prints
 p50/p99 of the calls' own durations and the throughput, next to a bare ``python3 main.py``
-spawn of the same tool measured in the same run (the cold-call ratio), the runner's own
+spawn of the same tool measured in the same run (the cold-call ratio). The throughput is
+measured in rounds, each a batch of bare spawns then a batch of runner calls, so that a
+machine that slows down or speeds up during the run (a shared VM does) weighs on both
+rates alike; the ratio is that of the totals. Then the runner's own
 memory and descriptors before and after (psutil), then checks that no sandbox process,
 cgroup or staged workspace of this process is left.
 """
@@ -70,7 +73,7 @@ def leftovers() -> list[str]:
     return found
 
 
-async def load(runner: Runner, calls: int, concurrency: int) -> tuple[list[float], int]:
+async def load(runner: Runner, calls: range, concurrency: int) -> tuple[list[float], int]:
     gate = asyncio.Semaphore(concurrency)
     durations: list[float] = []
     correct = 0
@@ -86,7 +89,7 @@ async def load(runner: Runner, calls: int, concurrency: int) -> tuple[list[float
             elif not result.success:
                 print(f"call {i}: {result.error}", file=sys.stderr)
 
-    await asyncio.gather(*(one(i) for i in range(calls)))
+    await asyncio.gather(*(one(i) for i in calls))
     return durations, correct
 
 
@@ -94,16 +97,26 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
+    per_round = args.calls // args.rounds
     runner = Runner.load(tools=STARTER / "tools", policies=STARTER / "policies.yaml", audit_log=os.devnull)
     bare_ms = statistics.median(timed(bare, 20))
-    ceiling = bare_rate(args.calls, args.concurrency)
     cold_ms = statistics.median(timed(lambda: runner.call("add_numbers", {"a": 1, "b": 2}), 20))
     me = psutil.Process()
     rss_before, fds_before = me.memory_info().rss, me.num_fds()
-    started = time.perf_counter()
-    durations, correct = asyncio.run(load(runner, args.calls, args.concurrency))
-    wall = time.perf_counter() - started
+    durations: list[float] = []
+    correct = 0
+    wall = bare_wall = 0.0
+    for start in range(0, per_round * args.rounds, per_round):
+        bare_wall += per_round / bare_rate(per_round, args.concurrency)
+        started = time.perf_counter()
+        done, right = asyncio.run(load(runner, range(start, start + per_round), args.concurrency))
+        wall += time.perf_counter() - started
+        durations += done
+        correct += right
+    calls = per_round * args.rounds
+    ceiling = calls / bare_wall
     rss_after, fds_after = me.memory_info().rss, me.num_fds()
     ordered = sorted(durations)
     p50 = ordered[len(ordered) // 2]
@@ -111,12 +124,12 @@ def main() -> None:
     print(f"bare python3 main.py      median {bare_ms:7.1f} ms")
     print(f"Runner.call, one at once  median {cold_ms:7.1f} ms   {cold_ms / bare_ms:5.2f}x bare")
     print(
-        f"{args.calls} calls at concurrency {args.concurrency}: {correct} correct, "
-        f"p50 {p50:.0f} ms, p99 {p99:.0f} ms, {args.calls / wall:.0f} calls/s"
+        f"{calls} calls at concurrency {args.concurrency} in {args.rounds} rounds: {correct} correct, "
+        f"p50 {p50:.0f} ms, p99 {p99:.0f} ms, {calls / wall:.0f} calls/s"
     )
     print(
         f"bare spawns at concurrency {args.concurrency}: {ceiling:.0f}/s; "
-        f"the runner's throughput is {args.calls / wall / ceiling:.2f}x that"
+        f"the runner's throughput is {calls / wall / ceiling:.2f}x that"
     )
     print(
         f"runner process: RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB, "
@@ -124,7 +137,7 @@ def main() -> None:
     )
     left = leftovers()
     print(f"leftovers: {left or 'none'}")
-    sys.exit(0 if correct == args.calls and not left else 1)
+    sys.exit(0 if correct == calls and not left else 1)
 
 
 if __name__ == "__main__":

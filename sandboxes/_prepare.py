@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
 from sandboxes.base import LaunchSpec, SandboxUnavailable
@@ -25,11 +27,43 @@ C = TypeVar("C", bound=_Closable)
 S = TypeVar("S", bound=_Startable)
 
 
-async def prepare_in_thread(prepare: Callable[[], C]) -> C:
-    """Run the blocking ``prepare()`` (files, mounts, cgroups, daemon calls) in a thread. A
-    caller cancelled meanwhile does not stop the thread, so what it made is closed before
-    the cancellation goes on."""
-    work = asyncio.ensure_future(asyncio.to_thread(prepare))
+# Preparations at once per backend: more only queue for the same cores and locks.
+PREPARE_THREADS = 4
+
+
+class Preparers:
+    """A backend's own threads for preparing sandboxes, kept from one call to the next.
+
+    Not the event loop's default executor: a synchronous ``Runner.call`` runs each call on
+    a fresh loop, whose default executor is made (a thread started) and shut down (another
+    thread, to join it) around every call. Measured, that was ~0.5 ms of CPU per cold call.
+    Made on first use; ``shutdown`` (the backend's ``aclose``) joins them, and a later use
+    makes new ones."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix=self._name)
+            return self._pool
+
+    def shutdown(self) -> None:
+        """Join the threads (blocking), after the preparations under way."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
+async def prepare_in_thread(prepare: Callable[[], C], threads: Preparers) -> C:
+    """Run the blocking ``prepare()`` (files, mounts, cgroups, daemon calls) in one of
+    ``threads``. A caller cancelled meanwhile does not stop the thread, so what it made is
+    closed before the cancellation goes on."""
+    work = asyncio.get_running_loop().run_in_executor(threads.pool(), prepare)
     try:
         return await asyncio.shield(work)
     except asyncio.CancelledError:

@@ -17,6 +17,7 @@ from sandboxes._deferred import DeferredTeardown
 from sandboxes._streams import TailBuffer
 from sandboxes.docker._trailer import MARKER, TrailerReader, both_said
 from sandboxes.subprocess._cgroup import CgroupFactory
+from sandboxes.subprocess.sandbox import SubprocessSandbox
 from sandboxes.testing import processes_with_env
 
 TOKEN = "ab" * 16
@@ -121,8 +122,15 @@ def test_right_after_a_call_nothing_of_it_runs_and_after_close_nothing_is_left(
             assert len(alive) <= pool, alive
             busy = [g for g in our_cgroups(os.getpid()) if _members(g)]
             assert len(busy) <= pool * (3 if CgroupFactory().version == 1 else 1), busy
+        # Cold calls are prepared by the backend's own threads, kept from call to call.
+        backend = runner._sandbox_factory("subprocess")
+        assert isinstance(backend, SubprocessSandbox)
+        preparers = backend.preparers
+        assert (preparers._pool is not None) == (pool == 0)
+        threads = list(preparers._pool._threads) if preparers._pool is not None else []
     finally:
         runner.close()
+    assert all(not thread.is_alive() for thread in threads)  # joined by the close
     assert processes_with_env(f"DEFER_MARK={mark}") == []
     assert our_cgroups(os.getpid()) == []
     wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith("runner-teardown")], 1.0)

@@ -56,7 +56,7 @@ from sandboxes._exec_status import EXEC_GUARD, exec_failure, new_token, token_li
 from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import pid_alive
-from sandboxes._prepare import prepare_in_thread, start_ahead
+from sandboxes._prepare import Preparers, prepare_in_thread, start_ahead
 from sandboxes._priming import Opened, prime_with
 from sandboxes._staging import STAGING_ROOT
 from sandboxes._streams import OutputOverflow, TailBuffer
@@ -189,10 +189,16 @@ class DockerSandbox:
         self._sequence = itertools.count(1)
         # Removing containers already dead (``PreparedContainer.close``), off the call's path.
         self.teardowns = DeferredTeardown("runner-teardown-docker")
+        self.preparers = Preparers("runner-prepare-docker")
 
     async def aclose(self) -> None:
-        """Wait until every deferred removal is done (``sandboxes._deferred``)."""
-        await asyncio.to_thread(self.teardowns.wait)
+        """Wait until every deferred removal is done (``sandboxes._deferred``), and join
+        the preparation threads."""
+        await asyncio.to_thread(self._join_threads)
+
+    def _join_threads(self) -> None:
+        self.preparers.shutdown()
+        self.teardowns.wait()
 
     def tool_problems(self, tool: ToolRequirements) -> list[str]:
         return [] if tool.image else ["image: required when sandbox is docker"]
@@ -212,7 +218,7 @@ class DockerSandbox:
         return client
 
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedContainer:
-        prepared = await prepare_in_thread(lambda: self._prepare(spec, limits))
+        prepared = await prepare_in_thread(lambda: self._prepare(spec, limits), self.preparers)
         prepared.egress = spec.egress
         return prepared
 

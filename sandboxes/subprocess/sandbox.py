@@ -41,7 +41,7 @@ from sandboxes._exec_status import exec_failure, new_token, token_line
 from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
 from sandboxes._owners import owner_alive, remove_folders
-from sandboxes._prepare import prepare_in_thread, start_ahead
+from sandboxes._prepare import Preparers, prepare_in_thread, start_ahead
 from sandboxes._priming import Opened, prime_with
 from sandboxes._staging import STAGING_ROOT
 from sandboxes._staging import remove_stale as remove_stale_staging
@@ -121,10 +121,16 @@ class SubprocessSandbox:
         self._sequence = itertools.count(1)
         # What is left of a sandbox once all its processes are dead (``PreparedSubprocess.close``).
         self.teardowns = DeferredTeardown("runner-teardown-subprocess")
+        self.preparers = Preparers("runner-prepare-subprocess")
 
     async def aclose(self) -> None:
-        """Wait until every sandbox's deferred teardown is done (``sandboxes._deferred``)."""
-        await asyncio.to_thread(self.teardowns.wait)
+        """Wait until every sandbox's deferred teardown is done (``sandboxes._deferred``),
+        and join the preparation threads."""
+        await asyncio.to_thread(self._join_threads)
+
+    def _join_threads(self) -> None:
+        self.preparers.shutdown()
+        self.teardowns.wait()
 
     def set_up(self) -> None:
         """Look at the machine, sweep what dead runners left, start the watchdog. Once;
@@ -201,7 +207,7 @@ class SubprocessSandbox:
         return refused
 
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
-        prepared = await prepare_in_thread(lambda: self._prepare(spec, limits))
+        prepared = await prepare_in_thread(lambda: self._prepare(spec, limits), self.preparers)
         try:
             await prepared.attach_egress()
         except BaseException:
@@ -307,10 +313,9 @@ class PreparedSubprocess:
         self._teardown_lock = threading.Lock()
         self._scratch: Path | None = None
         self._pgid: int | None = None
-        self._launched: asyncio.subprocess.Process | None = None  # a cold run's launcher
         self._started_read: int | None = None
-        # Started ahead of the call (``start_waiting``): the process, and the token the
-        # exec guard already read.
+        # The launcher (started ahead of the call by ``start_waiting``, or by the call), and
+        # the token the exec guard reads first.
         self._popen: subprocess.Popen[bytes] | None = None
         self._token = ""
         self._opened: Opened | None = None  # primed: what the opening left for the call
@@ -340,29 +345,15 @@ class PreparedSubprocess:
         Raises:
             SandboxUnavailable: the launcher could not be started.
         """
-        if self._popen is not None:
-            return await self._run_started(self._popen, exchange)
-        started = time.monotonic()
-        token = new_token()
-        argv, env, pass_fds = self._launch_command()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=env,
-                cwd="/",
-                start_new_session=True,
-                pass_fds=pass_fds,
-            )
-        except (OSError, ValueError) as exc:
-            raise SandboxUnavailable(f"cannot start the sandbox launcher: {type(exc).__name__}") from exc
-        finally:
-            for fd in pass_fds:  # the launcher has its copies (or never will)
-                os.close(fd)
-        self._pgid, self._launched = proc.pid, proc
-        return await self._drive(proc, exchange, token_line(token), token, started)
+        started: float | None = None
+        if self._popen is None:
+            # Cold: the timeout counts from the launch. Started the way a warm sandbox is
+            # (its exit watched through a pidfd), not by asyncio's own subprocess support,
+            # whose child watcher starts a thread per process.
+            started = time.monotonic()
+            self._start()
+        assert self._popen is not None
+        return await self._run_started(self._popen, exchange, started)
 
     # -- started ahead of the call (SPEC 11) --------------------------------------------
 
@@ -370,6 +361,15 @@ class PreparedSubprocess:
         """Start the tool now, blocked on its stdin until ``run`` writes the payload
         (blocking: the pool's thread). The exec guard's token goes in at once: it is this
         sandbox's own, and the sandbox serves one call only."""
+        self._start()
+        # Ready once the sandbox is built and its shim runs (it then writes the started
+        # byte, read by ``_drive`` later: only waited for here). This also paces the pool:
+        # its next sandbox is not begun while this one still takes the CPU to set up.
+        assert self._started_read is not None
+        select.select([self._started_read], [], [], STARTED_WAIT_S)
+
+    def _start(self) -> None:
+        """Start the launcher, its stdin beginning with the exec guard's token line."""
         self._token = new_token()
         argv, env, pass_fds = self._launch_command()
         try:
@@ -387,17 +387,12 @@ class PreparedSubprocess:
         except (OSError, ValueError) as exc:
             raise SandboxUnavailable(f"cannot start the sandbox launcher: {type(exc).__name__}") from exc
         finally:
-            for fd in pass_fds:
+            for fd in pass_fds:  # the launcher has its copies (or never will)
                 os.close(fd)
         self._popen, self._pgid = popen, popen.pid
         assert popen.stdin is not None
         with contextlib.suppress(BrokenPipeError):  # died already: its run says how
             popen.stdin.write(token_line(self._token))  # one line, far below PIPE_BUF: atomic
-        # Ready once the sandbox is built and its shim runs (it then writes the started
-        # byte, read by ``_drive`` later: only waited for here). This also paces the pool:
-        # its next sandbox is not begun while this one still takes the CPU to set up.
-        assert self._started_read is not None
-        select.select([self._started_read], [], [], STARTED_WAIT_S)
 
     def prime(self, opening: Opening, timeout_s: float) -> None:
         """Hold ``opening`` with the tool started ahead (blocking: the pool's thread).
@@ -420,15 +415,18 @@ class PreparedSubprocess:
         self._close_fds()
         self._teardown()
 
-    async def _run_started(self, popen: subprocess.Popen[bytes], exchange: Exchange) -> SandboxOutcome:
-        # The timeout, too, counts from here: the payload's moment, or the dialogue's start.
-        started = time.monotonic()
+    async def _run_started(
+        self, popen: subprocess.Popen[bytes], exchange: Exchange, started: float | None
+    ) -> SandboxOutcome:
+        if started is None:
+            # Warm: the timeout counts from here, the payload's moment or the dialogue's start.
+            started = time.monotonic()
         try:
             proc = await attach(popen)
         except OSError as exc:
             raise SandboxUnavailable(f"cannot attach the started sandbox: {exc.strerror}") from exc
         try:
-            return await self._drive(proc, exchange, b"", self._token, started)
+            return await self._drive(proc, exchange, self._token, started)
         finally:
             proc.detach()
 
@@ -451,14 +449,12 @@ class PreparedSubprocess:
         env["RUNNER_PID"] = str(os.getpid())
         return launcher_argv(SHELL, argv, unshare), env, pass_fds
 
-    async def _drive(
-        self, proc: Driven, exchange: Exchange, preamble: bytes, token: str, started: float
-    ) -> SandboxOutcome:
+    async def _drive(self, proc: Driven, exchange: Exchange, token: str, started: float) -> SandboxOutcome:
         try:
             result = await drive(
                 proc,
                 exchange,
-                preamble,
+                b"",  # the token line is in already (``_start``)
                 self._limits.timeout_ms / 1000,
                 self._kill_now,
                 self._breached if self._cgroup else None,
@@ -679,9 +675,8 @@ class PreparedSubprocess:
         cgroup (degraded) nothing proves it: False."""
         if self._cgroup is None or self._workspace is not None or self.network is not None:
             return False
-        for launcher in (self._popen, self._launched):
-            if launcher is not None and launcher.returncode is None:
-                return False
+        if self._popen is not None and self._popen.returncode is None:
+            return False
         return not self._cgroup.members()
 
     def _teardown(self) -> None:
