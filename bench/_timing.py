@@ -82,6 +82,26 @@ def timed(fn: Callable[[], object], n: int) -> list[float]:
     return samples
 
 
+def timed_together(
+    fns: list[Callable[[], object]], n: int, before: Callable[[], object] | None = None
+) -> list[list[float]]:
+    """Milliseconds of ``n`` runs of each of ``fns``, taken in turns (one of each per round,
+    ``before()`` untimed ahead of each run) after one warm-up run of each: a machine
+    that speeds up or slows down during the run (a shared VM does) weighs on every row
+    alike, so their ratios hold."""
+    for fn in fns:
+        fn()
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(n):
+        for fn, into in zip(fns, samples, strict=True):
+            if before is not None:
+                before()
+            started = time.perf_counter()
+            fn()
+            into.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
 def print_table(rows: list[tuple[str, list[float]]], baseline: str) -> None:
     """Median and p90 of each row, as a ratio of and a difference from the first row."""
     base = statistics.median(rows[0][1])

