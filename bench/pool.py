@@ -84,20 +84,6 @@ def wait_full(r: Runner, tool: str = "add_numbers") -> None:
     time.sleep(CALL_GAP_S)
 
 
-def sample(fn, n: int, before=None) -> list[float]:  # type: ignore[no-untyped-def]
-    """``n`` timed runs of ``fn`` (ms), each after an untimed ``before()``, after one
-    warm-up run."""
-    fn()  # warm-up
-    samples = []
-    for _ in range(n):
-        if before is not None:
-            before()
-        started = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - started) * 1000)
-    return samples
-
-
 def call(r: Runner) -> None:
     result = r.call("add_numbers", PARAMS)
     if not result.success:
@@ -162,10 +148,11 @@ def docker_rows(n: int) -> tuple[list[float], list[float], int, tuple[float, flo
             if not result.success:
                 raise SystemExit(f"docker call failed: {result.error}")
 
-        run_ms = sample(docker_run, n)
+        (run_ms,) = timed_together([docker_run], n)
         audit = Path(tmp) / "audit.log"
         with Runner.load(tools=tools, policies=policy, audit_log=audit) as warm_runner:
-            warm_ms = sample(lambda: warm_call(warm_runner), n, lambda: wait_full(warm_runner, "dadd"))
+            refilled = lambda: wait_full(warm_runner, "dadd")  # noqa: E731
+            (warm_ms,) = timed_together([lambda: warm_call(warm_runner)], n, refilled)
             wait_full(warm_runner, "dadd")
             memory = warm_container_memory()
         attempts = [json.loads(line) for line in audit.read_text().splitlines() if '"call.attempt"' in line]
