@@ -29,6 +29,7 @@ its pool backs off as after a failed start; calls meanwhile start it cold.
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 import time
 from collections import deque
@@ -64,6 +65,10 @@ if TYPE_CHECKING:
 # After a tool's sandbox could not be started ahead, its pool waits this long before the
 # next try: a machine without the isolation must not be asked twenty times a second.
 RETRY_AFTER_FAILURE_S = 5.0
+# A taken sandbox is replaced once its call has ended, or this long after it was taken,
+# whichever comes first: a warm call (~7 ms) is not slowed by its own replacement being
+# set up beside it, and calls that come while a long one runs still find a warm sandbox.
+REFILL_DEFER_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,8 @@ class _Pool:
     plan: PoolPlan
     idle: deque[Ready] = field(default_factory=deque)
     preparing: int = 0
-    in_use: int = 0  # taken by calls still running: replaced once their call ends
+    # Taken by calls still running, by a key of their own: when each was taken.
+    in_use: dict[int, float] = field(default_factory=dict)
     retry_at: float = 0.0
     warned: bool = False  # of a failed handshake: once per pool
 
@@ -184,6 +190,7 @@ class WarmPools:
         self._keeper: threading.Thread | None = None
         self._closing = False
         self._priming: Primes | None = None  # the sandbox the keeper is priming now
+        self._keys = itertools.count()
 
     # -- the runner's side ---------------------------------------------------------
 
@@ -224,9 +231,10 @@ class WarmPools:
         the call's), now the caller's alone, and what to call once its call has ended (then
         it is replaced); None when there is none.
 
-        The replacement waits for the call's end: started at once, it would set up a
-        sandbox (a dozen processes, ~10 ms of CPU) and hold the GIL on the call's two
-        cores just while the call's own tool runs. Measured, that cost a warm call ~1 ms."""
+        The replacement waits for the call's end (at most ``REFILL_DEFER_S``): started at
+        once, it would set up a sandbox (a dozen processes, ~10 ms of CPU) and hold the
+        GIL on the call's two cores just while the call's own tool runs. Measured, that
+        cost a warm call ~1 ms."""
         with self._cond:
             pool = self._pools.get(tool_name)
             if pool is None or replace(limits, timeout_ms=pool.plan.limits.timeout_ms) != pool.plan.limits:
@@ -243,13 +251,15 @@ class WarmPools:
                 self._cond.notify_all()  # stale ones to discard, or an empty pool to fill
             if taken is None:
                 return None
-            pool.in_use += 1
-            return taken, functools.partial(self._release, pool)
+            key = next(self._keys)
+            pool.in_use[key] = self._clock()
+            self._cond.notify_all()  # the keeper's next wake: REFILL_DEFER_S from now
+            return taken, functools.partial(self._release, pool, key)
 
-    def _release(self, pool: _Pool) -> None:
+    def _release(self, pool: _Pool, key: int) -> None:
         """The call that took a sandbox of ``pool`` has ended: the keeper replaces it."""
         with self._cond:
-            pool.in_use -= 1
+            pool.in_use.pop(key, None)
             self._cond.notify_all()
 
     def counts(self) -> dict[str, int]:
@@ -301,19 +311,24 @@ class WarmPools:
         total = sum(len(pool.idle) + pool.preparing for pool in self._pools.values())
         if total >= self._max_total:
             return None
-        wanting = [
-            pool for pool in self._pools.values() if _held(pool) < pool.plan.size and pool.retry_at <= now
-        ]
+        pools = self._pools.values()
+        wanting = [pool for pool in pools if _held(pool, now) < pool.plan.size and pool.retry_at <= now]
         if not wanting:
             return None
-        job = min(wanting, key=lambda pool: _held(pool) / pool.plan.size)
+        job = min(wanting, key=lambda pool: _held(pool, now) / pool.plan.size)
         job.preparing += 1
         return job
 
     def _next_wake(self) -> float | None:
-        """Seconds until the next sandbox goes stale or a failed pool may try again."""
+        """Seconds until the next sandbox goes stale, a failed pool may try again, or a
+        taken sandbox's replacement may start."""
         times = [ready.made + self._max_idle_s for pool in self._pools.values() for ready in pool.idle]
         times += [pool.retry_at for pool in self._pools.values() if pool.retry_at > 0]
+        now = self._clock()
+        # A taken sandbox still deferring its replacement stops deferring then (once past
+        # it, it no longer counts, and needs no wake).
+        ends = (taken + REFILL_DEFER_S for pool in self._pools.values() for taken in pool.in_use.values())
+        times += [end for end in ends if end > now]
         if not times:
             return None
         return max(0.0, min(times) - self._clock()) + 0.001
@@ -391,9 +406,11 @@ class WarmPools:
                 self._fault(exc)
 
 
-def _held(pool: _Pool) -> int:
-    """What counts against a pool's size: idle, being prepared, and serving a call."""
-    return len(pool.idle) + pool.preparing + pool.in_use
+def _held(pool: _Pool, now: float) -> int:
+    """What counts against a pool's size: idle, being prepared, and serving a call taken
+    less than ``REFILL_DEFER_S`` ago."""
+    deferring = sum(1 for taken in pool.in_use.values() if taken > now - REFILL_DEFER_S)
+    return len(pool.idle) + pool.preparing + deferring
 
 
 class _PoolingSandbox:

@@ -228,20 +228,18 @@ class Speaks:
 
 KEEP = Speaks()
 """
-
-
 ATEXIT = "import atexit\natexit.register(lambda: sys.stderr.write('atexit ran\\n'))\n"
 
 
 @pytest.mark.parametrize(
     ("body", "code"),
     [
-        ("run(lambda params, context: params['x'] + 1)", 0),
-        ("def fail(params, context):\n    raise ToolError('no', code='NO')\nrun(fail)", 1),
-        (ATEXIT + "run(lambda params, context: params['x'] + 1)", 0),
+        ("run(lambda params, context: params['x'] + 1, fast_exit=True)", 0),
+        ("def fail(params, context):\n    raise ToolError('no', code='NO')\nrun(fail, fast_exit=True)", 1),
+        (ATEXIT + "run(lambda params, context: params['x'] + 1, fast_exit=True)", 0),
     ],
 )
-def test_helper_skips_pythons_shutdown_when_it_has_nothing_to_do(
+def test_helper_with_fast_exit_skips_pythons_shutdown_when_it_has_nothing_to_do(
     tmp_path: Path, body: str, code: int
 ) -> None:
     done = run_helper_tool(tmp_path, FINALIZED + body, REQUEST)
@@ -257,6 +255,8 @@ def test_helper_skips_pythons_shutdown_when_it_has_nothing_to_do(
     [
         # A file object that still holds unwritten data: only the shutdown writes it.
         ("LOG = open('log.txt', 'w')\nLOG.write('kept')", "log"),
+        # The same, on the descriptor that was stdin's: still a file, not the standard stream.
+        ("", "log"),
         (
             "import threading, time\n"
             "threading.Thread(target=lambda: (time.sleep(0.2), sys.stderr.write('thread done\\n'))).start()",
@@ -264,10 +264,11 @@ def test_helper_skips_pythons_shutdown_when_it_has_nothing_to_do(
         ),
     ],
 )
-def test_helper_keeps_pythons_shutdown_when_the_tool_left_work_for_it(
+def test_helper_with_fast_exit_keeps_pythons_shutdown_when_the_tool_left_work_for_it(
     tmp_path: Path, setup: str, proof: str
 ) -> None:
-    done = run_helper_tool(tmp_path, f"{FINALIZED}{setup}\nrun(lambda params, context: 1)", REQUEST)
+    body = FINALIZED + (f"{setup}\nrun(lambda params, context: 1, fast_exit=True)" if setup else CLOSES_STDIN)
+    done = run_helper_tool(tmp_path, body, REQUEST)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "1"
     assert "finalized" in done.stderr
@@ -275,3 +276,32 @@ def test_helper_keeps_pythons_shutdown_when_the_tool_left_work_for_it(
         assert (tmp_path / "log.txt").read_text() == "kept"
     else:
         assert proof in done.stderr
+
+
+# The tool's own code closes stdin (already read) and opens a file, which takes fd 0.
+CLOSES_STDIN = """
+import os
+
+def main(params, context):
+    global LOG
+    os.close(0)
+    LOG = open("log.txt", "w")
+    assert LOG.fileno() == 0
+    LOG.write("kept")
+    return 1
+
+run(main, fast_exit=True)
+"""
+
+
+def test_helper_without_fast_exit_exits_the_ordinary_way(tmp_path: Path) -> None:
+    # SystemExit is raised, so code around run() (a finally, a test harness) still runs.
+    body = (
+        FINALIZED
+        + "try:\n    run(lambda params, context: 1)\nfinally:\n    sys.stderr.write('finally ran\\n')"
+    )
+    done = run_helper_tool(tmp_path, body, REQUEST)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "1"
+    assert "finally ran" in done.stderr
+    assert "finalized" in done.stderr

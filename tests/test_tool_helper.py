@@ -91,8 +91,9 @@ def test_a_python_tool_imports_the_helper_in_a_container_and_cannot_change_it(
     assert_helper_worked_and_stayed_intact(answer, LIBRARY_MOUNT)
 
 
-# Its finalizer is heard only when Python's own shutdown runs (``runner_tool`` skips it
-# when nothing but 0, 1 and 2 is open: true in every sandbox, which leaks no descriptor).
+# Its finalizer is heard only when Python's own shutdown runs (``run(..., fast_exit=True)``
+# skips it when nothing but 0, 1 and 2 is open: true in every sandbox, which leaks no
+# descriptor to the tool).
 FINALIZED = """
 import json, os, sys
 from runner_tool import run
@@ -102,7 +103,7 @@ class Speaks:
         sys.stderr.write("finalized\\n")
 
 KEEP = Speaks()
-run(lambda params, context: sorted(os.listdir("/proc/self/fd")))
+run(lambda params, context: sorted(os.listdir("/proc/self/fd")), fast_exit=True)
 """
 
 
@@ -112,7 +113,9 @@ def attempt_stderr(bench: ToolBench) -> str:
 
 
 @pytest.mark.parametrize("backend", ["subprocess", pytest.param("docker", marks=pytest.mark.docker)])
-def test_a_python_tool_ends_without_pythons_shutdown_in_every_sandbox(bench: ToolBench, backend: str) -> None:
+def test_a_python_tool_with_fast_exit_ends_without_pythons_shutdown_in_every_sandbox(
+    bench: ToolBench, backend: str
+) -> None:
     extra = {"image": "runner/base:latest"} if backend == "docker" else {}
     bench.tool("speaks", FINALIZED, sandbox=backend, **extra)
     with bench.runner() as runner:

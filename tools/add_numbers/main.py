@@ -8,4 +8,5 @@ def main(params, context):
 
 
 if __name__ == "__main__":
-    run(main)
+    # Nothing is left open or running at the end: the process may skip Python's shutdown.
+    run(main, fast_exit=True)
