@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +30,9 @@ C = TypeVar("C", bound=_Closable)
 S = TypeVar("S", bound=_Startable)
 
 
-# Preparations at once per backend: more only queue for the same cores and locks.
-PREPARE_THREADS = 4
+# Preparations at once per backend: as many as an event loop's default executor would
+# run (a slow daemon or network set-up must not hold up every other cold call).
+PREPARE_THREADS = min(32, (os.cpu_count() or 1) + 4)
 
 
 class Preparers:
@@ -62,8 +66,16 @@ class Preparers:
 async def prepare_in_thread(prepare: Callable[[], C], threads: Preparers) -> C:
     """Run the blocking ``prepare()`` (files, mounts, cgroups, daemon calls) in one of
     ``threads``. A caller cancelled meanwhile does not stop the thread, so what it made is
-    closed before the cancellation goes on."""
-    work = asyncio.get_running_loop().run_in_executor(threads.pool(), prepare)
+    closed before the cancellation goes on.
+
+    Raises:
+        SandboxUnavailable: as ``prepare``, or the backend is closing.
+    """
+    in_context = functools.partial(contextvars.copy_context().run, prepare)  # as asyncio.to_thread
+    try:
+        work = asyncio.get_running_loop().run_in_executor(threads.pool(), in_context)
+    except RuntimeError as exc:  # its threads were just shut down: the backend is closing
+        raise SandboxUnavailable("the sandbox backend is closing") from exc
     try:
         return await asyncio.shield(work)
     except asyncio.CancelledError:

@@ -7,13 +7,21 @@ running tool and require each to sit in the call's own cgroup, in every hierarch
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import os
+import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
-from conftest import ToolBench
+import pytest
+from conftest import ToolBench, wait_for
 
+from sandboxes.subprocess._attach import UNKNOWN_STATUS, attach
 from sandboxes.subprocess._cgroup import CALLS_DIR, V1_CONTROLLERS, detect_version
 from sandboxes.testing import processes_with_env
 
@@ -68,3 +76,56 @@ def test_every_thread_of_every_tool_process_is_in_the_calls_own_cgroup(bench: To
         paths = {task[name] for task in seen}
         assert len(paths) == 1, f"the tool's tasks are in different cgroups of {name!r}: {paths}"
         assert f"/{CALLS_DIR}/" in paths.pop(), f"a task of the tool is outside the call's cgroup ({name!r})"
+
+
+# Cold calls start the way warm ones do (``Popen``, the exit watched through a pidfd):
+# where that is refused, or the exit status cannot be had, no call may pass for a success.
+FAILING = "import sys\nsys.stdin.read()\nprint('42')\nsys.exit(3)\n"
+
+
+@pytest.mark.parametrize("pool", [0, 1])
+def test_calls_still_work_where_pidfd_open_is_refused(
+    bench: ToolBench, pool: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", refused)
+    bench.tool("answers", "import sys\nsys.stdin.read()\nprint('42')\n")
+    bench.tool("fails", FAILING)
+    bench.policy["tools"] = {"answers": {"pool": pool}}
+    with bench.runner() as runner:
+        if pool:
+            wait_for(lambda: runner._pools.counts()["answers"] == 1)
+        answer = runner.handle({"toolName": "answers", "params": {}})
+        failed = runner.handle({"toolName": "fails", "params": {}, "options": {"retries": 0}})
+    assert answer["success"] is True and answer["result"] == 42, answer
+    assert failed["success"] is False and failed["error"]["details"]["exitCode"] == 3, failed
+
+
+def test_a_status_the_runner_cannot_get_is_a_failure_not_a_clean_exit() -> None:
+    # Reaped by someone else first (as when a process ignores SIGCHLD): Popen.poll would
+    # say 0, a success. The runner says 255, as asyncio does.
+    async def status() -> int:
+        popen = subprocess.Popen(["/bin/sh", "-c", "exit 3"], stdin=PIPE, stdout=PIPE, stderr=PIPE)
+        os.waitpid(popen.pid, 0)  # someone else reaps it
+        proc = await attach(popen)
+        try:
+            return await asyncio.wait_for(proc.wait(), 5)
+        finally:
+            proc.detach()
+
+    assert asyncio.run(status()) == UNKNOWN_STATUS != 0
+
+
+def test_a_runner_whose_process_ignores_sigchld_refuses_to_run_tools(bench: ToolBench) -> None:
+    bench.tool("fails", FAILING)
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        with bench.runner() as runner:
+            answer = runner.handle({"toolName": "fails", "params": {}, "options": {"retries": 0}})
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+    assert answer["success"] is False, answer
+    assert answer["error"]["details"]["reason"] == "sandbox_unavailable"
+    assert "ignores SIGCHLD" in answer["error"]["message"]

@@ -2,9 +2,12 @@
 
 A warm sandbox is started by ``subprocess.Popen`` in the pool's thread, on no event
 loop: the loop that will serve its call does not exist yet (a synchronous
-``Runner.call`` runs each call on a fresh one). When the call takes it, its pipes become
-the loop's streams and its exit is watched through a pidfd, so ``_process.drive`` runs it
-exactly as a process asyncio started itself.
+``Runner.call`` runs each call on a fresh one); a cold one is started the same way by
+its call. When the call runs it, its pipes become the loop's streams and its exit is
+watched through a pidfd (or, where ``pidfd_open`` is refused, by a thread waiting for
+the exit without reaping), so ``_process.drive`` runs it exactly as a process asyncio
+started itself. The runner reaps it itself: a status it cannot get (another waiter
+reaped it) is ``UNKNOWN_STATUS``, a failure, never a success.
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ import asyncio
 import contextlib
 import os
 import subprocess
+import threading
 from typing import IO
 
 from sandboxes.view import READ_CHUNK
+
+# The exit status of a process reaped by someone else: what asyncio reports then too.
+UNKNOWN_STATUS = 255
 
 
 class _Pipes:
@@ -44,9 +51,14 @@ class AttachedProcess:
         self.stderr: asyncio.StreamReader | None = None
         self._transport = _Pipes()  # the name ``drive`` closes at its end
         self._exited: asyncio.Future[int] = loop.create_future()
-        # Readable from the moment the process ends (at once if it already has).
-        self._pidfd: int | None = os.pidfd_open(popen.pid)
-        loop.add_reader(self._pidfd, self._readable)
+        self._pidfd: int | None = None
+        try:
+            # Readable from the moment the process ends (at once if it already has).
+            self._pidfd = os.pidfd_open(popen.pid)
+        except OSError:  # refused (a kernel before 5.3, a seccomp profile): a thread waits
+            threading.Thread(target=self._await_exit, name="runner-exit-waiter", daemon=True).start()
+        else:
+            loop.add_reader(self._pidfd, self._readable)
 
     @property
     def returncode(self) -> int | None:
@@ -65,12 +77,37 @@ class AttachedProcess:
         self._stop_watching()
         self._transport.close()
 
+    def _await_exit(self) -> None:
+        """Wait (in a thread of its own) until the process has exited, leaving it to be
+        reaped on the loop. Ends with the process, which the sandbox's teardown kills."""
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the run is over
+            self._loop.call_soon_threadsafe(self._readable)
+
     def _readable(self) -> None:
-        returncode = self._popen.poll()  # reaps it
+        returncode = self._reap()
         if returncode is not None:
             self._stop_watching()
             if not self._exited.done():
                 self._exited.set_result(returncode)
+
+    def _reap(self) -> int | None:
+        """The exit status, reaping the process; None while it runs. Not ``Popen.poll``,
+        which reads "reaped by someone else" (a process that ignores SIGCHLD has its
+        children reaped by the kernel) as a clean exit 0."""
+        if self._popen.returncode is not None:
+            return self._popen.returncode
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            returncode = UNKNOWN_STATUS
+        else:
+            if pid == 0:
+                return None
+            returncode = os.waitstatus_to_exitcode(status)
+        self._popen.returncode = returncode
+        return returncode
 
     def _stop_watching(self) -> None:
         if self._pidfd is not None:

@@ -369,7 +369,18 @@ class PreparedSubprocess:
         select.select([self._started_read], [], [], STARTED_WAIT_S)
 
     def _start(self) -> None:
-        """Start the launcher, its stdin beginning with the exec guard's token line."""
+        """Start the launcher, its stdin beginning with the exec guard's token line.
+
+        Raises:
+            SandboxUnavailable: the launcher could not be started, or this process ignores
+                SIGCHLD (the kernel would then reap the launcher, and bubblewrap's own
+                children, before anyone learns how they ended).
+        """
+        if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+            raise SandboxUnavailable(
+                "this process ignores SIGCHLD, so no sandbox's exit status could be known: "
+                "restore its default handler (signal.signal(signal.SIGCHLD, signal.SIG_DFL))"
+            )
         self._token = new_token()
         argv, env, pass_fds = self._launch_command()
         try:
