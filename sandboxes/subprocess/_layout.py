@@ -45,6 +45,25 @@ class Sources:
     workspace: Path | None
     etc_dir: Path
     library_dir: Path
+    # Host /etc files of which ``etc_dir`` holds a copy (``_etc``): linked, not bound.
+    etc_copies: frozenset[str] = frozenset()
+
+
+def _etc_argv(spec: LaunchSpec, limits: Limits, src: Sources) -> list[str]:
+    """The sandbox's /etc: a link into the runner's folder for each file it holds a copy
+    of (one bind for them all), a read-only bind for the others."""
+    etc: tuple[str, ...] = ETC_FILES
+    if limits.network:
+        etc += NETWORK_ETC_FILES
+    elif spec.egress is not None:
+        etc += TLS_ETC_FILES
+    argv: list[str] = []
+    for name in etc:
+        if name in src.etc_copies:
+            argv += ["--symlink", f"/run/runner-etc/{name}", f"/etc/{name}"]
+        else:
+            argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    return [*argv, "--ro-bind", str(src.etc_dir), "/run/runner-etc"]
 
 
 def bwrap_argv(
@@ -79,14 +98,7 @@ def bwrap_argv(
             argv += ["--symlink", f"usr/{link}", f"/{link}"]
         else:
             argv += ["--ro-bind-try", f"/{link}", f"/{link}"]
-    etc: tuple[str, ...] = ETC_FILES
-    if limits.network:
-        etc += NETWORK_ETC_FILES
-    elif spec.egress is not None:
-        etc += TLS_ETC_FILES
-    for name in etc:
-        argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    argv += ["--ro-bind", str(src.etc_dir), "/run/runner-etc"]
+    argv += _etc_argv(spec, limits, src)
     argv += ["--symlink", "/run/runner-etc/passwd", "/etc/passwd"]
     argv += ["--symlink", "/run/runner-etc/group", "/etc/group"]
     if limits.network:

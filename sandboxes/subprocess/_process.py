@@ -183,7 +183,9 @@ async def _watch(
                 return Ending.OUTPUT_LIMIT
         if waiter in done:
             return Ending.EXITED
-        if breached is not None and (ending := breached()) is not None:
+        # Polled when the poll's time is up, not on every wake (the payload written, the
+        # end of stdout): each look reads two cgroup files.
+        if breached is not None and not done and (ending := breached()) is not None:
             return ending
 
 

@@ -60,6 +60,7 @@ from sandboxes.base import (
 )
 from sandboxes.subprocess._attach import attach
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory, CgroupUnavailable
+from sandboxes.subprocess._etc import SandboxEtc
 from sandboxes.subprocess._launch import (
     carried_env,
     drop_privileges_argv,
@@ -158,7 +159,7 @@ class SubprocessSandbox:
             self.cgroups.remove_stale()
         except (CgroupUnavailable, OSError) as exc:
             self.cgroup_problem = str(exc)
-        self.etc_dir = self._write_etc()
+        self.etc = self._write_etc()
         self.library_dir = publish_library(self.state_dir / "python")
         self.stage_dir = self._make_stage()
         self._remove_stale_scratch()
@@ -221,6 +222,7 @@ class SubprocessSandbox:
 
     def _prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
         self.set_up()
+        self.etc.refresh()  # the host's /etc files as they are now
         missing = self.missing_layers()
         if missing and not self.config.allow_degraded:
             raise SandboxUnavailable("hardened sandbox unavailable: " + "; ".join(missing))
@@ -254,19 +256,11 @@ class SubprocessSandbox:
 
     # -- housekeeping -------------------------------------------------------------------
 
-    def _write_etc(self) -> Path:
-        etc = self.state_dir / "etc"
-        etc.mkdir(parents=True, exist_ok=True)
-        for name, text in (("passwd", PASSWD), ("group", GROUP), ("resolv.conf", RESOLV_CONF)):
-            path = etc / name
-            if not path.exists() or path.read_text() != text:
-                # Atomically: another runner may be binding this very file right now.
-                partial = path.with_name(f".{name}.{os.getpid()}")
-                partial.write_text(text)
-                partial.chmod(0o644)
-                partial.replace(path)
+    def _write_etc(self) -> SandboxEtc:
+        runner_files = {"passwd": PASSWD, "group": GROUP, "resolv.conf": RESOLV_CONF}
+        etc = SandboxEtc(self.state_dir / "etc", runner_files)
+        etc.write()
         self.state_dir.chmod(0o755)
-        etc.chmod(0o755)
         return etc
 
     def _make_stage(self) -> Path:
@@ -507,7 +501,7 @@ class PreparedSubprocess:
         workspace = self._workspace.source if self._workspace is not None else None
         launcher_env = self._launcher_env({"PATH": "/usr/bin:/bin"})
         tool_dir, workspace = self._stage(launcher_env, workspace)
-        sources = Sources(tool_dir, workspace, owner.etc_dir, owner.library_dir)
+        sources = Sources(tool_dir, workspace, owner.etc.path, owner.library_dir, owner.etc.copies)
         # Secrets too: bubblewrap's arguments reach it through a sealed memfd, not argv.
         env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace else None) | dict(spec.secrets)
         command = started_shim_argv(SHELL, list(spec.command))
