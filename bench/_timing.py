@@ -73,12 +73,7 @@ def bare_env() -> dict[str, str]:
 
 def timed(fn: Callable[[], object], n: int) -> list[float]:
     """Milliseconds of ``n`` runs of ``fn``, after one warm-up run."""
-    fn()
-    samples = []
-    for _ in range(n):
-        started = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - started) * 1000)
+    (samples,) = timed_together([fn], n)
     return samples
 
 

@@ -247,13 +247,13 @@ class WarmPools:
                     taken = ready
                 else:
                     self._doomed.append(ready.warm)
-            if self._doomed or taken is None:
-                self._cond.notify_all()  # stale ones to discard, or an empty pool to fill
+            # Stale ones to discard, an empty pool to fill, or the keeper's next wake:
+            # REFILL_DEFER_S from now.
+            self._cond.notify_all()
             if taken is None:
                 return None
             key = next(self._keys)
             pool.in_use[key] = self._clock()
-            self._cond.notify_all()  # the keeper's next wake: REFILL_DEFER_S from now
             return taken, functools.partial(self._release, pool, key)
 
     def _release(self, pool: _Pool, key: int) -> None:
@@ -331,7 +331,7 @@ class WarmPools:
         times += [end for end in ends if end > now]
         if not times:
             return None
-        return max(0.0, min(times) - self._clock()) + 0.001
+        return max(0.0, min(times) - now) + 0.001
 
     def _prepare(self, pool: _Pool) -> None:
         plan = pool.plan

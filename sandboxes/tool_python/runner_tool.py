@@ -50,6 +50,7 @@ EXIT_OK, EXIT_FAILED = 0, 1
 
 
 def _identity(fd: int) -> tuple[int, int] | None:
+    """What ``fd`` is open on; None when it is not open."""
     try:
         info = os.fstat(fd)
     except OSError:
@@ -156,17 +157,9 @@ def _nothing_left_to_shut_down() -> bool:
     except (OSError, ValueError):
         return False
     # The listing's own descriptor is in it, and closed by now.
-    if any(_is_open(fd) for fd in listed if fd > 2):
+    if any(_identity(fd) is not None for fd in listed if fd > 2):
         return False
     return all(_identity(fd) == known for fd, known in _STANDARD_FDS.items())
-
-
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
 
 
 def _print(document: object) -> None:
