@@ -73,6 +73,7 @@ from sandboxes.subprocess._network import SandboxNetwork
 from sandboxes.subprocess._prime import FdPipe
 from sandboxes.subprocess._process import EXIT_GRACE_S, Driven, Ending, ProcessResult, drive
 from sandboxes.subprocess._seccomp import SeccompUnavailable, filter_fd, sealed_memfd
+from sandboxes.subprocess._staged_folders import FolderId, NoNamespace, StagedFolders, folder_id
 from sandboxes.view import SCRATCH_MOUNT, WORKSPACE_MOUNT, tool_env
 
 SHELL = "/bin/sh"
@@ -123,6 +124,7 @@ class SubprocessSandbox:
         # What is left of a sandbox once all its processes are dead (``PreparedSubprocess.close``).
         self.teardowns = DeferredTeardown("runner-teardown-subprocess")
         self.preparers = Preparers("runner-prepare-subprocess")
+        self.staged: StagedFolders | None = None  # as root, made by the set-up
 
     async def aclose(self) -> None:
         """Wait until every sandbox's deferred teardown is done (``sandboxes._deferred``),
@@ -132,6 +134,8 @@ class SubprocessSandbox:
     def _join_threads(self) -> None:
         self.preparers.shutdown()
         self.teardowns.wait()
+        if self.staged is not None:
+            self.staged.shutdown()  # last: every sandbox started from it is gone
 
     def set_up(self) -> None:
         """Look at the machine, sweep what dead runners left, start the watchdog. Once;
@@ -162,6 +166,8 @@ class SubprocessSandbox:
         self.etc = self._write_etc()
         self.library_dir = publish_library(self.state_dir / "python")
         self.stage_dir = self._make_stage()
+        if self.unshare is not None:
+            self.staged = StagedFolders(self.stage_dir / "tools")
         self._remove_stale_scratch()
         self.watch_problem: str | None = None
         try:
@@ -252,7 +258,23 @@ class SubprocessSandbox:
             raise
         prepared = PreparedSubprocess(self, spec, limits, cgroup, tuple(missing), lease, workspace)
         prepared.network = network
+        prepared.stage_id = self._stage_id(spec, hardened=not missing, workspace=workspace)
         return prepared
+
+    def _stage_id(
+        self, spec: LaunchSpec, hardened: bool, workspace: GrantedWorkspace | None
+    ) -> FolderId | None:
+        """The tool folder's id when the sandbox is to start from the launch thread, its
+        folder bound there once (``_staged_folders``): hardened, no workspace, a folder the
+        sandbox user cannot reach. Read here, in the caller's mount namespace."""
+        if self.staged is None or not self.staged.available or not hardened:
+            return None
+        if workspace is not None or _reachable_by_others(spec.tool_dir):
+            return None
+        try:
+            return folder_id(spec.tool_dir)
+        except OSError:
+            return None  # the launcher says what is wrong with it
 
     # -- housekeeping -------------------------------------------------------------------
 
@@ -301,6 +323,8 @@ class PreparedSubprocess:
         self._cgroup = cgroup
         self._missing = missing
         self._hardened = not missing
+        self.stage_id: FolderId | None = None  # set: start from the launch thread
+        self._staged_point: Path | None = None  # where that thread bound the tool folder
         self._lease: IdentityLease | None = lease
         self._workspace = workspace
         self._fds: list[int] = []
@@ -345,7 +369,7 @@ class PreparedSubprocess:
             # (its exit watched through a pidfd), not by asyncio's own subprocess support,
             # whose child watcher starts a thread per process.
             started = time.monotonic()
-            self._start()
+            await self._astart()
         assert self._popen is not None
         return await self._run_started(self._popen, exchange, started)
 
@@ -355,12 +379,44 @@ class PreparedSubprocess:
         """Start the tool now, blocked on its stdin until ``run`` writes the payload
         (blocking: the pool's thread). The exec guard's token goes in at once: it is this
         sandbox's own, and the sandbox serves one call only."""
-        self._start()
+        self._start_blocking()
         # Ready once the sandbox is built and its shim runs (it then writes the started
         # byte, read by ``_drive`` later: only waited for here). This also paces the pool:
         # its next sandbox is not begun while this one still takes the CPU to set up.
         assert self._started_read is not None
         select.select([self._started_read], [], [], STARTED_WAIT_S)
+
+    def _start_blocking(self) -> None:
+        """``_start``, from the launch thread when the tool folder is bound there."""
+        staged = self._owner.staged
+        if self.stage_id is not None and staged is not None:
+            with contextlib.suppress(NoNamespace):
+                if staged.run(self._start_staged):
+                    return
+        self._start()
+
+    async def _astart(self) -> None:
+        """``_start``, from the launch thread when the tool folder is bound there."""
+        staged = self._owner.staged
+        if self.stage_id is not None and staged is not None:
+            with contextlib.suppress(NoNamespace):
+                if await staged.arun(self._start_staged):
+                    return
+        self._start()
+
+    def _start_staged(self) -> bool:
+        """``_start`` on the launch thread, with the tool folder bound in its namespace;
+        False, and nothing started, when it cannot be bound there."""
+        assert self._owner.staged is not None and self.stage_id is not None
+        try:
+            point = self._owner.staged.point(self._spec.tool_dir, self.stage_id)
+        except OSError:
+            point = None  # the launcher binds it for this call, and says what fails
+        if point is None:
+            return False
+        self._staged_point = point
+        self._start()
+        return True
 
     def _start(self) -> None:
         """Start the launcher, its stdin beginning with the exec guard's token line.
@@ -540,6 +596,8 @@ class PreparedSubprocess:
         spec, owner = self._spec, self._owner
         if owner.unshare is None or (workspace is None and _reachable_by_others(spec.tool_dir)):
             return spec.tool_dir, workspace
+        if self._staged_point is not None:  # bound once, in the launch thread's namespace
+            return self._staged_point, None
         stage = owner.stage_dir
         launcher_env["RUNNER_STAGE"] = str(stage)
         launcher_env["RUNNER_TOOL_DIR"] = str(spec.tool_dir)

@@ -1,0 +1,118 @@
+"""Tool folders the sandbox user cannot reach, bound once in the launch thread's own mount
+namespace (``sandboxes.subprocess._staged_folders``), not by the launcher for every call."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import ToolBench
+
+from sandboxes.subprocess._staged_folders import StagedFolders, folder_id
+from sandboxes.subprocess.sandbox import _reachable_by_others
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="only a root runner stages tool folders")
+
+LOOKS_AROUND = """
+import glob, json, os, sys
+params = json.load(sys.stdin)["params"]
+tried = {}
+for path in [params["other"] + "/secret.txt", *glob.glob("/run/runner/stage/tools/*/secret.txt")]:
+    try:
+        tried[path] = open(path).read()
+    except OSError as exc:
+        tried[path] = exc.strerror
+print(json.dumps({
+    "mine": open("/tool/secret.txt").read(),
+    "tried": tried,
+    "stage_mounted": "stage/tools" in open("/proc/self/mountinfo").read(),
+}))
+"""
+
+ANSWERS = """
+import json, sys
+sys.stdin.read()
+print(json.dumps(open("/tool/answer.txt").read()))
+"""
+
+
+def _threads_with_stage_binds() -> list[str]:
+    """The runner's threads whose mount namespace has a tool folder bound (each thread's
+    view: ``/proc/self/task/<tid>/mountinfo``)."""
+    found = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            mounts = Path(f"/proc/self/task/{tid}/mountinfo").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        binds = [line for line in mounts.splitlines() if "/stage/tools/" in line]
+        if binds:
+            assert all(line.split()[5].split(",")[0] == "ro" for line in binds), binds
+            found.append(tid)
+    return found
+
+
+def test_a_tool_sees_its_own_folder_and_no_other_tools(bench: ToolBench) -> None:
+    other = bench.tool("other", LOOKS_AROUND, parameters={"type": "object"})
+    (other / "secret.txt").write_text("other's secret")
+    mine = bench.tool("mine", LOOKS_AROUND, parameters={"type": "object"})
+    (mine / "secret.txt").write_text("my secret")
+    assert not _reachable_by_others(mine)  # pytest's folders are root's own (0700)
+    runner = bench.runner()
+    try:
+        first = runner.handle({"toolName": "other", "params": {"other": str(mine)}})
+        answer = runner.handle({"toolName": "mine", "params": {"other": str(other)}})
+        # Both folders are bound now, in one thread of the runner only, read-only; not in
+        # the runner's main thread, and not on the host.
+        assert len(_threads_with_stage_binds()) == 1
+        assert "/stage/tools/" not in Path("/proc/self/mountinfo").read_text()
+        assert "/stage/tools/" not in Path("/proc/1/mountinfo").read_text()
+    finally:
+        runner.close()
+    for result in (first, answer):
+        assert result["success"], result
+        assert not result["result"]["stage_mounted"]
+        assert result["result"]["tried"]  # the other's folder, by its host path
+        assert not [text for text in result["result"]["tried"].values() if "secret" in text]
+    assert answer["result"]["mine"] == "my secret"
+    assert first["result"]["mine"] == "other's secret"
+    # Closed: the thread is joined, and its namespace went with the last sandbox.
+    assert not [t for t in threading.enumerate() if t.name.startswith("runner-launch")]
+    assert _threads_with_stage_binds() == []
+
+
+def test_a_tool_folder_replaced_between_calls_is_bound_again(bench: ToolBench) -> None:
+    folder = bench.tool("swap", ANSWERS)
+    (folder / "answer.txt").write_text("old")
+    runner = bench.runner()
+    try:
+        assert runner.handle({"toolName": "swap", "params": {}})["result"] == "old"
+        folder.rename(bench.root / "swap-old")
+        shutil.copytree(bench.root / "swap-old", folder)
+        (folder / "answer.txt").write_text("new")
+        assert runner.handle({"toolName": "swap", "params": {}})["result"] == "new"
+    finally:
+        runner.close()
+
+
+def test_a_bind_is_read_only_and_refused_when_the_thread_sees_another_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "tool"
+    folder.mkdir()
+    staged = StagedFolders(tmp_path / "points")
+    try:
+        # The caller's id for the path does not match what the thread's namespace sees.
+        assert staged.run(lambda: staged.point(folder, (0, 0))) is None
+        point = staged.run(lambda: staged.point(folder, folder_id(folder)))
+        assert point is not None
+        assert staged.run(lambda: staged.point(folder, folder_id(folder))) == point  # once
+        assert not os.path.ismount(point)  # nothing is mounted where the caller looks
+        with pytest.raises(OSError) as refused:
+            staged.run(lambda: (point / "planted").write_text("x"))
+        assert refused.value.errno == errno.EROFS
+        assert not (folder / "planted").exists()
+    finally:
+        staged.shutdown()
