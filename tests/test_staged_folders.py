@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
@@ -40,18 +39,22 @@ print(json.dumps(open("/tool/answer.txt").read()))
 """
 
 
-def _threads_with_stage_binds() -> list[str]:
-    """The runner's threads whose mount namespace has a tool folder bound (each thread's
-    view: ``/proc/self/task/<tid>/mountinfo``)."""
+def _threads_with_binds_of(*folders: Path) -> list[str]:
+    """The runner's threads whose mount namespace has one of ``folders`` bound onto a
+    point (each thread's view: ``/proc/self/task/<tid>/mountinfo``), each checked to be
+    read-only."""
+    roots = {str(folder) for folder in folders}
     found = []
     for tid in os.listdir("/proc/self/task"):
         try:
             mounts = Path(f"/proc/self/task/{tid}/mountinfo").read_text()
         except OSError:
             continue  # ended meanwhile
-        binds = [line for line in mounts.splitlines() if "/stage/tools/" in line]
+        # Fields: id, parent, device, root (the folder bound), mount point, options, ...
+        binds = [line.split() for line in mounts.splitlines() if "/stage/tools/" in line]
+        binds = [fields for fields in binds if fields[3] in roots]
         if binds:
-            assert all(line.split()[5].split(",")[0] == "ro" for line in binds), binds
+            assert all(fields[5].split(",")[0] == "ro" for fields in binds), binds
             found.append(tid)
     return found
 
@@ -68,9 +71,9 @@ def test_a_tool_sees_its_own_folder_and_no_other_tools(bench: ToolBench) -> None
         answer = runner.handle({"toolName": "mine", "params": {"other": str(other)}})
         # Both folders are bound now, in one thread of the runner only, read-only; not in
         # the runner's main thread, and not on the host.
-        assert len(_threads_with_stage_binds()) == 1
-        assert "/stage/tools/" not in Path("/proc/self/mountinfo").read_text()
-        assert "/stage/tools/" not in Path("/proc/1/mountinfo").read_text()
+        assert len(_threads_with_binds_of(mine, other)) == 1
+        assert str(mine) not in Path("/proc/self/mountinfo").read_text()
+        assert str(mine) not in Path("/proc/1/mountinfo").read_text()
     finally:
         runner.close()
     for result in (first, answer):
@@ -81,8 +84,7 @@ def test_a_tool_sees_its_own_folder_and_no_other_tools(bench: ToolBench) -> None
     assert answer["result"]["mine"] == "my secret"
     assert first["result"]["mine"] == "other's secret"
     # Closed: the thread is joined, and its namespace went with the last sandbox.
-    assert not [t for t in threading.enumerate() if t.name.startswith("runner-launch")]
-    assert _threads_with_stage_binds() == []
+    assert _threads_with_binds_of(mine, other) == []
 
 
 def test_a_tool_folder_replaced_between_calls_is_bound_again(bench: ToolBench) -> None:

@@ -161,6 +161,56 @@ def test_spinning_past_the_cpu_limit_is_a_cpu_limit_kill(
     no_survivors("req_spin")
 
 
+SPINNING_CHILDREN = """
+import os, sys
+sys.stdin.read()
+for _ in range(8):
+    if os.fork() == 0:
+        while True:
+            pass
+for _ in range(8):
+    os.wait()
+"""
+
+HOARDING_CHILDREN = """
+import os, sys, time
+sys.stdin.read()
+for _ in range(3):
+    if os.fork() == 0:
+        hoard = []
+        while True:
+            hoard.append(bytearray(8 * 1024 * 1024))
+    time.sleep(0.2)
+time.sleep(60)  # the parent itself stays well under the limit and never exits
+"""
+
+
+def test_eight_spinning_children_are_stopped_at_the_cpu_budget_of_the_whole_tool(
+    bench: ToolBench, no_survivors: Callable[[str], None]
+) -> None:
+    # Each child stays far below the per-process CPU limit (a quarter of the budget at
+    # most): only the cgroup's total, polled by the runner, can stop them.
+    bench.tool("spinners", SPINNING_CHILDREN, limits={"cpu_seconds": 2, "timeout_ms": 20000})
+    started = time.monotonic()
+    answer = call(bench, "spinners", "req_spinners")
+    assert answer["error"]["code"] == "EXECUTION_ERROR"
+    assert answer["error"]["details"]["reason"] == "cpu_limit"
+    assert time.monotonic() - started < 8  # 2 CPU-seconds take ~1 s on two cores
+    no_survivors("req_spinners")
+
+
+def test_a_child_killed_for_memory_while_its_parent_waits_ends_the_call_with_memory_limit(
+    bench: ToolBench, no_survivors: Callable[[str], None]
+) -> None:
+    bench.tool("hog_children", HOARDING_CHILDREN, limits={"memory_mb": 64, "timeout_ms": 10000})
+    started = time.monotonic()
+    answer = call(bench, "hog_children", "req_hog_children")
+    assert answer["error"]["code"] == "EXECUTION_ERROR"
+    assert answer["error"]["details"]["reason"] == "memory_limit"
+    assert time.monotonic() - started < 6
+    no_survivors("req_hog_children")
+
+
 def test_two_hundred_sequential_calls_of_a_healthy_tool_succeed(bench: ToolBench) -> None:
     bench.tool("ok", "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n")
     runner = bench.runner()

@@ -107,9 +107,17 @@ class CallCgroup:
         pids = self.dirs[1] if self.version == 1 else self.dirs[0]
         return read_keyed(pids / "pids.events", "max")
 
-    def members(self) -> set[int]:
+    def members(self, everywhere: bool = True) -> set[int]:
+        """The processes in the attempt's cgroups. ``everywhere=False`` reads only the one
+        the launcher joins first (what runs on the event loop: one file, not three).
+
+        That one holds them all: on v1 the launcher joins every hierarchy before it
+        starts anything, so its descendants are born in all of them, and the tool has no
+        cgroup filesystem to move a process with. Only a launcher killed halfway through
+        its joins is in the first and not the others. The teardown still reads them all.
+        """
         pids: set[int] = set()
-        for procs in self.procs_files:
+        for procs in self.procs_files if everywhere else self.procs_files[:1]:
             with contextlib.suppress(OSError):
                 pids.update(int(p) for p in procs.read_text().split())
         return pids
@@ -129,7 +137,7 @@ class CallCgroup:
         """One round of kills, never sleeping: what may run on an event loop. ``kill_all``
         (in a thread) makes sure later."""
         if not self._kernel_kill():
-            kill_members_once(self)
+            kill_members_once(self, everywhere=False)
 
     def kill_all(self) -> None:
         """SIGKILL every member until none is left (or give up after a bounded wait).
@@ -161,9 +169,10 @@ class CallCgroup:
                     time.sleep(KILL_PAUSE_S)
 
 
-def kill_members_once(group: CallCgroup) -> bool:
-    """One round of pidfd-pinned kills; False when the cgroup had no member left."""
-    listed = group.members()
+def kill_members_once(group: CallCgroup, everywhere: bool = True) -> bool:
+    """One round of pidfd-pinned kills; False when the cgroup had no member left
+    (``everywhere``: as ``CallCgroup.members``)."""
+    listed = group.members(everywhere)
     if not listed:
         return False
     pinned: dict[int, int] = {}
@@ -172,7 +181,7 @@ def kill_members_once(group: CallCgroup) -> bool:
             with contextlib.suppress(OSError):  # gone already, or not ours to see
                 pinned[pid] = os.pidfd_open(pid)
         # A pid still listed after its pidfd was opened is the process that fd pins.
-        still = group.members()
+        still = group.members(everywhere)
         for pid, fd in pinned.items():
             if pid in still:
                 with contextlib.suppress(OSError):

@@ -337,6 +337,7 @@ class PreparedSubprocess:
         self._popen: subprocess.Popen[bytes] | None = None
         self._token = ""
         self._opened: Opened | None = None  # primed: what the opening left for the call
+        self._cpu_look_at = 0.0  # when ``_breached`` next reads the CPU time
         self.network: SandboxNetwork | None = None
 
     async def attach_egress(self) -> None:
@@ -539,12 +540,20 @@ class PreparedSubprocess:
         return self._outcome(result, tool_started, token, duration_ms, not exchange.ends_by_exit)
 
     def _breached(self) -> Ending | None:
-        """A limit of the tool as a whole that is already broken (polled while it runs)."""
+        """A limit of the tool as a whole that is already broken (polled while it runs).
+
+        The CPU time is read again only once it could have run out: all the tool's
+        processes together use at most one second per CPU per second.
+        """
         assert self._cgroup is not None
         if self._cgroup.oom_kills() > 0:
             return Ending.MEMORY_LIMIT
-        if self._cgroup.cpu_seconds() > self._limits.cpu_seconds:
-            return Ending.CPU_BUDGET
+        now = time.monotonic()
+        if now >= self._cpu_look_at:
+            left = self._limits.cpu_seconds - self._cgroup.cpu_seconds()
+            if left < 0:
+                return Ending.CPU_BUDGET
+            self._cpu_look_at = now + left / (os.cpu_count() or 1)
         return None
 
     @property
@@ -734,13 +743,13 @@ class PreparedSubprocess:
     def _all_dead(self) -> bool:
         """Whether nothing of this sandbox runs any more and its teardown would only remove
         and release (no staged writes to apply, no network to close): its launcher reaped
-        and its cgroup empty (one read of ``cgroup.procs``, fine on the loop). Without a
+        and its cgroup empty (one ``cgroup.procs`` read, fine on the loop). Without a
         cgroup (degraded) nothing proves it: False."""
         if self._cgroup is None or self._workspace is not None or self.network is not None:
             return False
         if self._popen is not None and self._popen.returncode is None:
             return False
-        return not self._cgroup.members()
+        return not self._cgroup.members(everywhere=False)
 
     def _teardown(self) -> None:
         with self._teardown_lock:  # a second close (after a cancel) may run at the same time
