@@ -57,6 +57,7 @@ MS_SLAVE = 0x80000
 MAX_POINTS = 1024
 
 FolderId = tuple[int, int]
+_this_thread = threading.local()  # ``own_namespace``: on a launch thread, in its namespace
 
 
 class NoNamespace(Exception):
@@ -80,7 +81,6 @@ class StagedFolders:
         self._root = points_root
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._thread: threading.Thread | None = None
         self.problem: str | None = None  # why this machine cannot have it (then never again)
         self._points: dict[Path, tuple[Path, FolderId]] = {}
         self._made = 0
@@ -131,7 +131,7 @@ class StagedFolders:
         Raises:
             OSError: the bind failed.
         """
-        assert threading.current_thread() is self._thread, "binds are made on the thread"
+        assert getattr(_this_thread, "own_namespace", False), "binds are made on the launch thread"
         known = self._points.get(folder)
         if known is not None and known[1] == expected and folder_id(known[0]) == expected:
             return known[0]
@@ -157,10 +157,12 @@ class StagedFolders:
         """Let the thread end (blocking), after the work under way. Its namespace, and the
         binds in it, go with the last process started from it."""
         with self._lock:
-            pool, self._pool, self._thread = self._pool, None, None
-            self._points.clear()
+            pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+        with self._lock:
+            if self._pool is None:  # not started again meanwhile
+                self._points.clear()
 
     def _started(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -169,7 +171,7 @@ class StagedFolders:
             if self._pool is None:
                 pool = ThreadPoolExecutor(1, thread_name_prefix="runner-launch")
                 try:
-                    self._thread = pool.submit(_enter_own_namespace).result()
+                    pool.submit(_enter_own_namespace).result()
                 except OSError as exc:
                     pool.shutdown(wait=True)  # the thread ends, and its namespace with it
                     self.problem = f"cannot make the launch thread's mount namespace: {exc.strerror}"
@@ -178,7 +180,7 @@ class StagedFolders:
             return self._pool
 
 
-def _enter_own_namespace() -> threading.Thread:
+def _enter_own_namespace() -> None:
     """Move the calling thread into a mount namespace of its own whose mounts receive the
     host's changes and never send any back."""
     if _libc().unshare(CLONE_NEWNS) != 0:
@@ -186,7 +188,7 @@ def _enter_own_namespace() -> threading.Thread:
     # Until this succeeds the copies are peers of the host's mounts: if it fails, the
     # thread must end (its caller shuts it down) without mounting anything.
     _mount(None, Path("/"), MS_REC | MS_SLAVE)
-    return threading.current_thread()
+    _this_thread.own_namespace = True
 
 
 def _mount(source: str | None, target: Path, flags: int) -> None:
