@@ -3,9 +3,14 @@ namespace (``sandboxes.subprocess._staged_folders``), not by the launcher for ev
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import shutil
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +33,7 @@ for path in [params["other"] + "/secret.txt", *glob.glob("/run/runner/stage/tool
 print(json.dumps({
     "mine": open("/tool/secret.txt").read(),
     "tried": tried,
-    "stage_mounted": "stage/tools" in open("/proc/self/mountinfo").read(),
+    "other_mounted": params["other"] in open("/proc/self/mountinfo").read(),
 }))
 """
 
@@ -78,7 +83,7 @@ def test_a_tool_sees_its_own_folder_and_no_other_tools(bench: ToolBench) -> None
         runner.close()
     for result in (first, answer):
         assert result["success"], result
-        assert not result["result"]["stage_mounted"]
+        assert not result["result"]["other_mounted"]
         assert result["result"]["tried"]  # the other's folder, by its host path
         assert not [text for text in result["result"]["tried"].values() if "secret" in text]
     assert answer["result"]["mine"] == "my secret"
@@ -118,3 +123,100 @@ def test_a_bind_is_read_only_and_refused_when_the_thread_sees_another_folder(tmp
         assert not (folder / "planted").exists()
     finally:
         staged.shutdown()
+
+
+def test_a_bind_is_made_on_the_launch_thread_only(tmp_path: Path) -> None:
+    folder = tmp_path / "tool"
+    folder.mkdir()
+    staged = StagedFolders(tmp_path / "points")
+    try:
+        staged.run(lambda: None)  # the thread exists
+        with pytest.raises(RuntimeError, match="launch thread"):
+            staged.point(folder, folder_id(folder))  # here: the host's namespace
+        assert not list((tmp_path / "points").glob("*"))
+    finally:
+        staged.shutdown()
+
+
+# Run as a program of its own in a mount namespace whose mounts are shared (as on a
+# systemd host; pytest's own may be private, where nothing would propagate anyway).
+BINDS_STAY_IN_THE_THREAD = """
+import sys
+from pathlib import Path
+from sandboxes.subprocess._staged_folders import StagedFolders, folder_id
+folder, points = Path(sys.argv[1]), Path(sys.argv[2])
+staged = StagedFolders(points)
+point = staged.run(lambda: staged.point(folder, folder_id(folder)))
+seen_by_thread = staged.run(lambda: str(folder) in Path("/proc/thread-self/mountinfo").read_text())
+seen_here = str(folder) in Path("/proc/self/mountinfo").read_text()
+staged.shutdown()
+print(point is not None, seen_by_thread, seen_here)
+"""
+
+
+def test_binds_do_not_propagate_out_of_the_launch_thread_where_mounts_are_shared(tmp_path: Path) -> None:
+    folder = tmp_path / "tool"
+    folder.mkdir()
+    unshare = shutil.which("unshare")
+    assert unshare is not None
+    argv = [
+        unshare,
+        "--mount",
+        "--propagation",
+        "shared",
+        "--",
+        sys.executable,
+        "-c",
+        BINDS_STAY_IN_THE_THREAD,
+    ]
+    done = subprocess.run(
+        [*argv, str(folder), str(tmp_path / "points")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "False"]
+
+
+def test_a_cancelled_start_still_waits_for_the_thread_to_finish(tmp_path: Path) -> None:
+    staged = StagedFolders(tmp_path / "points")
+    finished = threading.Event()
+
+    def slow_start() -> None:
+        time.sleep(0.3)
+        finished.set()
+
+    async def cancel_twice() -> None:
+        started = asyncio.create_task(staged.arun(slow_start))
+        await asyncio.sleep(0.05)
+        started.cancel()
+        await asyncio.sleep(0.05)
+        started.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await started
+        # What the start made is known before the caller goes on to clean up.
+        assert finished.is_set()
+
+    try:
+        asyncio.run(cancel_twice())
+    finally:
+        staged.shutdown()
+
+
+def test_a_runner_with_umask_077_and_a_fresh_state_folder_still_runs_staged_tools(
+    bench: ToolBench,
+) -> None:
+    bench.tool("answers", ANSWERS)
+    (bench.tools / "answers" / "answer.txt").write_text("ok")
+    state = Path("/run") / f"runner-test-umask-{os.getpid()}-{time.monotonic_ns()}"
+    bench.policy["sandbox"] = {"backends": {"subprocess": {"state_dir": str(state)}}}
+    previous = os.umask(0o077)
+    try:
+        runner = bench.runner()
+        try:
+            answer = runner.handle({"toolName": "answers", "params": {}})
+        finally:
+            runner.close()
+    finally:
+        os.umask(previous)
+        shutil.rmtree(state, ignore_errors=True)
+    assert answer["success"], answer
+    assert answer["result"] == "ok"

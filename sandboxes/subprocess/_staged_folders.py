@@ -31,7 +31,6 @@ itself, as before.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import functools
 import os
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from sandboxes.base import SandboxUnavailable
+from sandboxes.cancellation import finish_shielded
 
 T = TypeVar("T")
 
@@ -104,23 +104,21 @@ class StagedFolders:
         return future.result()
 
     async def arun(self, work: Callable[[], T]) -> T:
-        """``work()`` on the thread, awaited. A caller cancelled meanwhile still waits for
-        it to end: what it started must be known before the caller cleans up.
+        """``work()`` on the thread, awaited. A caller cancelled meanwhile (any number of
+        times) still waits for it to end: what it started must be known before the caller
+        cleans up.
 
         Raises:
-            SandboxUnavailable: as ``run``.
+            NoNamespace, SandboxUnavailable: as ``run``.
         """
-        pool = await asyncio.to_thread(self._started) if self._pool is None else self._pool
+        pool = self._pool  # read once: a close may set it to None meanwhile
+        if pool is None:
+            pool = await asyncio.to_thread(self._started)
         try:
             running = asyncio.get_running_loop().run_in_executor(pool, work)
-        except RuntimeError as exc:
+        except RuntimeError as exc:  # shut down meanwhile: the backend is closing
             raise SandboxUnavailable("the sandbox backend is closing") from exc
-        try:
-            return await asyncio.shield(running)
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                await running
-            raise
+        return await finish_shielded(running)
 
     def point(self, folder: Path, expected: FolderId) -> Path | None:
         """Where ``folder`` is bound in this thread's namespace, bound now if need be; None
@@ -131,7 +129,9 @@ class StagedFolders:
         Raises:
             OSError: the bind failed.
         """
-        assert getattr(_this_thread, "own_namespace", False), "binds are made on the launch thread"
+        if not getattr(_this_thread, "own_namespace", False):
+            # Anywhere else the bind would land in the host's namespace, for everyone.
+            raise RuntimeError("tool folders are bound on the launch thread only")
         known = self._points.get(folder)
         if known is not None and known[1] == expected and folder_id(known[0]) == expected:
             return known[0]
@@ -143,7 +143,8 @@ class StagedFolders:
                 return None  # this namespace sees another folder at that path
             point = self._root / str(self._made)
             self._made += 1
-            point.mkdir(mode=0o755, parents=True, exist_ok=True)
+            point.mkdir(parents=True, exist_ok=True)  # under the backend's folder of points (0755)
+            point.chmod(0o755)  # whatever the runner's umask: the sandbox user passes here
             # The descriptor, not the path: bound is what was checked (as root, a path
             # could be swapped for a symlink between the check and the mount).
             _mount(f"/proc/self/fd/{fd}", point, MS_BIND)

@@ -286,11 +286,13 @@ class SubprocessSandbox:
         return etc
 
     def _make_stage(self) -> Path:
-        # Empty mount points; each launcher binds onto them in its own mount namespace.
+        # Empty mount points; each launcher binds onto them in its own mount namespace,
+        # and the launch thread binds tool folders onto points under ``tools`` in its own.
         stage = self.state_dir / "stage"
-        for name in ("tool", "workspace"):
+        for name in ("tool", "workspace", "tools"):
             (stage / name).mkdir(parents=True, exist_ok=True)
-        stage.chmod(0o755)
+        for folder in (stage, stage / "tools"):
+            folder.chmod(0o755)  # whatever the runner's umask: the sandbox user passes here
         return stage
 
     @property
@@ -603,10 +605,10 @@ class PreparedSubprocess:
         not resolved again by someone less careful.
         """
         spec, owner = self._spec, self._owner
-        if owner.unshare is None or (workspace is None and _reachable_by_others(spec.tool_dir)):
-            return spec.tool_dir, workspace
         if self._staged_point is not None:  # bound once, in the launch thread's namespace
             return self._staged_point, None
+        if owner.unshare is None or (workspace is None and _reachable_by_others(spec.tool_dir)):
+            return spec.tool_dir, workspace
         stage = owner.stage_dir
         launcher_env["RUNNER_STAGE"] = str(stage)
         launcher_env["RUNNER_TOOL_DIR"] = str(spec.tool_dir)
