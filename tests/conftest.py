@@ -49,6 +49,32 @@ BASE_POLICY: dict[str, Any] = {
 }
 
 
+# Hostile tools of both backends' limit tests: children that break the whole tool's CPU
+# budget or memory limit while their parent waits (each child alone stays under its own).
+SPINNING_CHILDREN = """
+import os, sys
+sys.stdin.read()
+for _ in range(8):
+    if os.fork() == 0:
+        while True:
+            pass
+for _ in range(8):
+    os.wait()
+"""
+
+HOARDING_CHILDREN = """
+import os, sys, time
+sys.stdin.read()
+for _ in range(3):
+    if os.fork() == 0:
+        hoard = []
+        while True:
+            hoard.append(bytearray(8 * 1024 * 1024))
+    time.sleep(0.2)
+time.sleep(60)  # the parent itself stays well under the limit and never exits
+"""
+
+
 # A pooled tool for the single-use tests (SPEC 11) of both backends: everything a previous
 # call could have left (a marker and a file of its own in /tmp, a child that stays alive),
 # and what this call sees, as its answer (its hostname is its container's id in docker).

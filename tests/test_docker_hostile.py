@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ToolBench
+from conftest import HOARDING_CHILDREN, SPINNING_CHILDREN, ToolBench
 from docker import APIClient
 
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome
@@ -160,17 +160,7 @@ sys.stderr.buffer.write(b"END-OF-FLOOD\\n")
 def test_eight_spinning_processes_are_stopped_at_the_cpu_budget_of_the_whole_container(
     bench: ToolBench, docker_client: APIClient
 ) -> None:
-    spinners = """
-import os, sys
-sys.stdin.read()
-for _ in range(8):
-    if os.fork() == 0:
-        while True:
-            pass
-for _ in range(8):
-    os.wait()
-"""
-    docker_tool(bench, "spinners", spinners, limits={"cpu_seconds": 2})
+    docker_tool(bench, "spinners", SPINNING_CHILDREN, limits={"cpu_seconds": 2})
     answer, elapsed = call(bench, "spinners", timeout_ms=20000)
     assert answer["error"]["code"] == "EXECUTION_ERROR"
     assert answer["error"]["details"]["reason"] == "cpu_limit"
@@ -180,18 +170,7 @@ for _ in range(8):
 def test_a_child_killed_for_memory_while_its_parent_waits_ends_the_call_with_memory_limit(
     bench: ToolBench, docker_client: APIClient
 ) -> None:
-    parent = """
-import os, sys, time
-sys.stdin.read()
-for _ in range(3):
-    if os.fork() == 0:
-        hoard = []
-        while True:
-            hoard.append(bytearray(8 * 1024 * 1024))
-    time.sleep(0.2)
-time.sleep(60)  # the parent itself stays well under the limit and never exits
-"""
-    docker_tool(bench, "hog_children", parent, limits={"memory_mb": 64})
+    docker_tool(bench, "hog_children", HOARDING_CHILDREN, limits={"memory_mb": 64})
     answer, elapsed = call(bench, "hog_children", timeout_ms=10000)
     assert answer["error"]["code"] == "EXECUTION_ERROR"
     assert answer["error"]["details"]["reason"] == "memory_limit"

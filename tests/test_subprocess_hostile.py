@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from conftest import ToolBench
+from conftest import HOARDING_CHILDREN, SPINNING_CHILDREN, ToolBench
 
 IGNORE_SIGTERM_AND_DAEMONIZE = """
 import os, signal, sys, time
@@ -159,30 +159,6 @@ def test_spinning_past_the_cpu_limit_is_a_cpu_limit_kill(
     assert answer["error"]["details"]["reason"] == "cpu_limit"
     assert time.monotonic() - started < 5.0
     no_survivors("req_spin")
-
-
-SPINNING_CHILDREN = """
-import os, sys
-sys.stdin.read()
-for _ in range(8):
-    if os.fork() == 0:
-        while True:
-            pass
-for _ in range(8):
-    os.wait()
-"""
-
-HOARDING_CHILDREN = """
-import os, sys, time
-sys.stdin.read()
-for _ in range(3):
-    if os.fork() == 0:
-        hoard = []
-        while True:
-            hoard.append(bytearray(8 * 1024 * 1024))
-    time.sleep(0.2)
-time.sleep(60)  # the parent itself stays well under the limit and never exits
-"""
 
 
 def test_eight_spinning_children_are_stopped_at_the_cpu_budget_of_the_whole_tool(
