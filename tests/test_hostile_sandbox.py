@@ -386,7 +386,7 @@ def test_teardown_never_signals_a_pid_that_left_the_cgroup(monkeypatch: pytest.M
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         listings = iter([{bystander.pid}])
-        monkeypatch.setattr(CallCgroup, "members", lambda self: next(listings, set()))
+        monkeypatch.setattr(CallCgroup, "members", lambda self, everywhere=True: next(listings, set()))
         CallCgroup(1, []).kill_all()
         assert bystander.poll() is None, "the bystander was killed"
     finally:
