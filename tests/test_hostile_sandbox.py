@@ -394,6 +394,30 @@ def test_teardown_never_signals_a_pid_that_left_the_cgroup(monkeypatch: pytest.M
         bystander.wait()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the hardened sandbox runs as root here")
+def test_a_finished_call_never_signals_its_launchers_group_by_a_number_that_may_be_reused(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pid reuse: once the launcher is reaped, its group's number may lead another group
+    # (another call's launcher) by the time the call is closed.
+    bench.tool("ok", "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n")
+    runner = bench.runner()
+    signalled: list[int] = []
+    real_killpg = os.killpg
+
+    def killpg(pgid: int, sig: int) -> None:
+        signalled.append(pgid)
+        real_killpg(pgid, sig)
+
+    monkeypatch.setattr(os, "killpg", killpg)
+    try:
+        for i in range(3):
+            assert runner.handle({"toolName": "ok", "params": {"i": i}})["result"] == {"i": i}
+    finally:
+        runner.close()
+    assert signalled == []
+
+
 def test_a_forged_user_opaque_attribute_cannot_make_the_apply_delete_roots_files(bench: ToolBench) -> None:
     workspace = bench.root / "workspace"
     (workspace / "d" / "protected").mkdir(parents=True)

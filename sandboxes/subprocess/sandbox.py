@@ -323,6 +323,7 @@ class PreparedSubprocess:
         self._spec = spec
         self._limits = limits
         self._cgroup = cgroup
+        self._has_cgroup = cgroup is not None  # ``_cgroup`` is None again after the teardown
         self._missing = missing
         self._hardened = not missing
         self.stage_id: FolderId | None = None  # set: start from the launch thread
@@ -654,10 +655,18 @@ class PreparedSubprocess:
         return env
 
     def _kill_now(self) -> None:
-        """Kill what can be killed without waiting (on the event loop, at the end of a run)."""
+        """Kill what can be killed without waiting (on the event loop, at the end of a run).
+
+        The launcher's process group is signalled by its number only while the launcher
+        is not reaped, when that number is surely still its group's. Once reaped, the
+        number may already lead another group (another call's launcher: ``pid_max`` is
+        small), and a sandbox with a cgroup has its every process killed through it. Only
+        a run without one still signals the group then: there, nothing else would.
+        """
         if self._cgroup is not None:
             self._cgroup.kill_once()
-        if self._pgid is not None:
+        launcher_unreaped = self._popen is not None and self._popen.returncode is None
+        if self._pgid is not None and (launcher_unreaped or not self._has_cgroup):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._pgid, signal.SIGKILL)
 
