@@ -10,7 +10,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
 from sandboxes.base import LaunchSpec, SandboxUnavailable
@@ -28,6 +28,7 @@ class _Startable(Protocol):
 
 C = TypeVar("C", bound=_Closable)
 S = TypeVar("S", bound=_Startable)
+T = TypeVar("T")
 
 
 # Preparations at once per backend: as many as an event loop's default executor would
@@ -63,6 +64,18 @@ class Preparers:
             pool.shutdown(wait=True)
 
 
+def submit(pool: ThreadPoolExecutor, work: Callable[[], T]) -> Future[T]:
+    """``work()`` handed to one of a backend's own threads.
+
+    Raises:
+        SandboxUnavailable: the threads were just shut down: the backend is closing.
+    """
+    try:
+        return pool.submit(work)
+    except RuntimeError as exc:
+        raise SandboxUnavailable("the sandbox backend is closing") from exc
+
+
 async def prepare_in_thread(prepare: Callable[[], C], threads: Preparers) -> C:
     """Run the blocking ``prepare()`` (files, mounts, cgroups, daemon calls) in one of
     ``threads``. A caller cancelled meanwhile does not stop the thread, so what it made is
@@ -72,10 +85,7 @@ async def prepare_in_thread(prepare: Callable[[], C], threads: Preparers) -> C:
         SandboxUnavailable: as ``prepare``, or the backend is closing.
     """
     in_context = functools.partial(contextvars.copy_context().run, prepare)  # as asyncio.to_thread
-    try:
-        work = asyncio.get_running_loop().run_in_executor(threads.pool(), in_context)
-    except RuntimeError as exc:  # its threads were just shut down: the backend is closing
-        raise SandboxUnavailable("the sandbox backend is closing") from exc
+    work = asyncio.wrap_future(submit(threads.pool(), in_context))
     try:
         return await asyncio.shield(work)
     except asyncio.CancelledError:

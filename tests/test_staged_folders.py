@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -106,36 +107,44 @@ def test_a_tool_folder_replaced_between_calls_is_bound_again(bench: ToolBench) -
         runner.close()
 
 
-def test_a_bind_is_read_only_and_refused_when_the_thread_sees_another_folder(tmp_path: Path) -> None:
-    folder = tmp_path / "tool"
-    folder.mkdir()
-    staged = StagedFolders(tmp_path / "points")
-    try:
-        # The caller's id for the path does not match what the thread's namespace sees.
-        assert staged.run(lambda: staged.point(folder, (0, 0))) is None
-        point = staged.run(lambda: staged.point(folder, folder_id(folder)))
-        assert point is not None
-        assert staged.run(lambda: staged.point(folder, folder_id(folder))) == point  # once
-        assert not os.path.ismount(point)  # nothing is mounted where the caller looks
-        with pytest.raises(OSError) as refused:
-            staged.run(lambda: (point / "planted").write_text("x"))
-        assert refused.value.errno == errno.EROFS
-        assert not (folder / "planted").exists()
-    finally:
-        staged.shutdown()
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A tool folder of the test's own."""
+    made = tmp_path / "tool"
+    made.mkdir()
+    return made
 
 
-def test_a_bind_is_made_on_the_launch_thread_only(tmp_path: Path) -> None:
-    folder = tmp_path / "tool"
-    folder.mkdir()
-    staged = StagedFolders(tmp_path / "points")
-    try:
-        staged.run(lambda: None)  # the thread exists
-        with pytest.raises(RuntimeError, match="launch thread"):
-            staged.point(folder, folder_id(folder))  # here: the host's namespace
-        assert not list((tmp_path / "points").glob("*"))
-    finally:
-        staged.shutdown()
+@pytest.fixture
+def staged(tmp_path: Path) -> Iterator[StagedFolders]:
+    """Launch thread of the test's own, its points in ``tmp_path``, shut down after."""
+    folders = StagedFolders(tmp_path / "points")
+    yield folders
+    folders.shutdown()
+
+
+def test_a_bind_is_read_only_and_refused_when_the_thread_sees_another_folder(
+    folder: Path, staged: StagedFolders
+) -> None:
+    # The caller's id for the path does not match what the thread's namespace sees.
+    assert staged.run(lambda: staged.point(folder, (0, 0))) is None
+    point = staged.run(lambda: staged.point(folder, folder_id(folder)))
+    assert point is not None
+    assert staged.run(lambda: staged.point(folder, folder_id(folder))) == point  # once
+    assert not os.path.ismount(point)  # nothing is mounted where the caller looks
+    with pytest.raises(OSError) as refused:
+        staged.run(lambda: (point / "planted").write_text("x"))
+    assert refused.value.errno == errno.EROFS
+    assert not (folder / "planted").exists()
+
+
+def test_a_bind_is_made_on_the_launch_thread_only(
+    folder: Path, staged: StagedFolders, tmp_path: Path
+) -> None:
+    staged.run(lambda: None)  # the thread exists
+    with pytest.raises(RuntimeError, match="launch thread"):
+        staged.point(folder, folder_id(folder))  # here: the host's namespace
+    assert not list((tmp_path / "points").glob("*"))
 
 
 # Run as a program of its own in a mount namespace whose mounts are shared (as on a
@@ -154,9 +163,9 @@ print(point is not None, seen_by_thread, seen_here)
 """
 
 
-def test_binds_do_not_propagate_out_of_the_launch_thread_where_mounts_are_shared(tmp_path: Path) -> None:
-    folder = tmp_path / "tool"
-    folder.mkdir()
+def test_binds_do_not_propagate_out_of_the_launch_thread_where_mounts_are_shared(
+    folder: Path, tmp_path: Path
+) -> None:
     unshare = shutil.which("unshare")
     assert unshare is not None
     argv = [
@@ -176,8 +185,7 @@ def test_binds_do_not_propagate_out_of_the_launch_thread_where_mounts_are_shared
     assert done.stdout.split() == ["True", "True", "False"]
 
 
-def test_a_cancelled_start_still_waits_for_the_thread_to_finish(tmp_path: Path) -> None:
-    staged = StagedFolders(tmp_path / "points")
+def test_a_cancelled_start_still_waits_for_the_thread_to_finish(staged: StagedFolders) -> None:
     finished = threading.Event()
 
     def slow_start() -> None:
@@ -195,10 +203,7 @@ def test_a_cancelled_start_still_waits_for_the_thread_to_finish(tmp_path: Path) 
         # What the start made is known before the caller goes on to clean up.
         assert finished.is_set()
 
-    try:
-        asyncio.run(cancel_twice())
-    finally:
-        staged.shutdown()
+    asyncio.run(cancel_twice())
 
 
 def test_a_runner_with_umask_077_and_a_fresh_state_folder_still_runs_staged_tools(

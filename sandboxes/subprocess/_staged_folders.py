@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from sandboxes.base import SandboxUnavailable
+from sandboxes._prepare import submit
 from sandboxes.cancellation import finish_shielded
 
 T = TypeVar("T")
@@ -97,12 +97,7 @@ class StagedFolders:
             NoNamespace: no mount namespace for the thread here.
             SandboxUnavailable: the backend is closing.
         """
-        pool = self._started()
-        try:
-            future = pool.submit(work)
-        except RuntimeError as exc:  # shut down meanwhile: the backend is closing
-            raise SandboxUnavailable("the sandbox backend is closing") from exc
-        return future.result()
+        return submit(self._started(), work).result()
 
     async def arun(self, work: Callable[[], T]) -> T:
         """``work()`` on the thread, awaited. A caller cancelled meanwhile (any number of
@@ -115,11 +110,7 @@ class StagedFolders:
         pool = self._pool  # read once: a close may set it to None meanwhile
         if pool is None:
             pool = await asyncio.to_thread(self._started)
-        try:
-            running = asyncio.get_running_loop().run_in_executor(pool, work)
-        except RuntimeError as exc:  # shut down meanwhile: the backend is closing
-            raise SandboxUnavailable("the sandbox backend is closing") from exc
-        return await finish_shielded(running)
+        return await finish_shielded(asyncio.wrap_future(submit(pool, work)))
 
     def point(self, folder: Path, expected: FolderId) -> Path | None:
         """Where ``folder`` is bound in this thread's namespace, bound now if need be; None
