@@ -16,7 +16,7 @@ from pathlib import Path
 def starter_folder() -> Path:
     """The shipped policy and tools, as `runner init` writes them, in a folder removed at exit
     (never the installed copies themselves)."""
-    from runner.starter import write_starter
+    from runner.config.starter import write_starter
 
     folder = Path(tempfile.mkdtemp(prefix="runner-bench-"))
     write_starter(folder)

@@ -22,8 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from runner.audit import AuditLog  # noqa: E402
-from runner.audit_verify import verify  # noqa: E402
+from runner.audit.log import AuditLog  # noqa: E402
+from runner.audit.verify import verify  # noqa: E402
 
 FIELDS = {
     "toolName": "add_numbers",
@@ -39,7 +39,7 @@ WRITER = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
-from runner.audit import AuditLog
+from runner.audit.log import AuditLog
 audit = AuditLog(Path(sys.argv[1]), chain=True)
 sys.stdin.read()
 fields = {"toolName": "add_numbers", "role": "user", "decision": "allow", "params": {"a": 1, "b": 2}}

@@ -31,7 +31,7 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from runner import Runner  # noqa: E402
-from runner.serve.app import DURATION_META  # noqa: E402
+from runner.mcp.serve.app import DURATION_META  # noqa: E402
 
 STARTER = starter_folder()
 POLICY = STARTER / "policies.yaml"

@@ -11,21 +11,21 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from runner.answers import AnswerMetadata, CallResult, ErrorInfo
     from runner.api import Runner
+    from runner.call.answers import AnswerMetadata, CallResult, ErrorInfo
+    from runner.config.locations import examples_dir
     from runner.errors import CallError, ConfigError, ErrorCode, RunnerError
-    from runner.locations import examples_dir
 
 _HOMES = {
-    "AnswerMetadata": "runner.answers",
-    "CallResult": "runner.answers",
-    "ErrorInfo": "runner.answers",
+    "AnswerMetadata": "runner.call.answers",
+    "CallResult": "runner.call.answers",
+    "ErrorInfo": "runner.call.answers",
     "Runner": "runner.api",
     "CallError": "runner.errors",
     "ConfigError": "runner.errors",
     "ErrorCode": "runner.errors",
     "RunnerError": "runner.errors",
-    "examples_dir": "runner.locations",
+    "examples_dir": "runner.config.locations",
 }
 
 __all__ = [

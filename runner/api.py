@@ -24,32 +24,32 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from runner.answers import AnswerMetadata, CallResult
-from runner.audit import AuditLog, iso_now
-from runner.backends import Backends
-from runner.breaker import BreakerState, CircuitBreaker, CircuitOpen, tool_verdict
+from runner.audit.log import AuditLog, iso_now
+from runner.call.answers import AnswerMetadata, CallResult
+from runner.call.backends import Backends
+from runner.call.breaker import BreakerState, CircuitBreaker, CircuitOpen, tool_verdict
+from runner.call.egress import ConnectAttempt, call_egress
+from runner.call.executor import CallContext, Execution, Executor, Progress
+from runner.call.faults import OperatorLog, internal_error
+from runner.call.plan import CallPlan, launch_spec, resolve_plan
+from runner.call.pools import WarmPools
+from runner.call.requests import CallOptions, CallRequest, DiscoverRequest, parse_request, peek
 from runner.clock import Clock, SystemClock
-from runner.dispatch.settings import dispatched_sandbox
-from runner.egress import ConnectAttempt, call_egress
+from runner.config.locations import find_policy, tool_dirs
+from runner.config.policy import Policy
+from runner.dispatch.config import dispatched_sandbox
 from runner.errors import CallError, ConfigError, ErrorCode
-from runner.executor import CallContext, Execution, Executor, Progress
-from runner.faults import OperatorLog, internal_error
-from runner.hosted.listing import ServerLister
-from runner.locations import find_policy, tool_dirs
-from runner.manifest import Tool
-from runner.models import CallOptions, CallRequest, DiscoverRequest, parse_request, peek
-from runner.plan import CallPlan, launch_spec, resolve_plan
-from runner.policy import Policy
-from runner.pools import WarmPools
-from runner.redaction import Scrubber, nodes_at, redact_nodes
-from runner.registry import Registry, matches_filter
-from runner.secrets import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
+from runner.mcp.hosted.listing import ServerLister
+from runner.secrets.redaction import Scrubber, nodes_at, redact_nodes
+from runner.secrets.sources import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
 from runner.telemetry.calls import CallTelemetry, Telemetry
 from runner.telemetry.labels import CANCELLED, RunnerState
+from runner.tools.manifest import Tool
+from runner.tools.registry import Registry, matches_filter
 from sandboxes import Closable, Sandbox
 
 if TYPE_CHECKING:
-    from runner.schemas import ParamsCheck
+    from runner.schema.compiled import ParamsCheck
     from runner.telemetry.metrics import RunnerMetrics
 
 SandboxFactory = Callable[[str], Sandbox]
@@ -130,7 +130,7 @@ class Runner:
         metrics: RunnerMetrics | None = None,
     ) -> Runner:
         """Load tools and policy (arguments, then ``RUNNER_*`` variables, then the search of
-        ``runner.locations``: ``./policies.yaml``, ``~/.config/runner/``, ``/etc/runner/``;
+        ``runner.config.locations``: ``./policies.yaml``, ``~/.config/runner/``, ``/etc/runner/``;
         tools default to ``tools/`` beside the policy file). With ``warm_pools`` the
         policy's pools (SPEC 11) start filling in the background at once. ``metrics``
         (``runner.telemetry.RunnerMetrics``) receives the runner's Prometheus series.
@@ -310,13 +310,13 @@ class Runner:
 
     def tool_definitions(self, format: str, role: str | None = None) -> list[dict[str, Any]]:
         """The tools ``role`` may call as definitions for an agent: ``openai``, ``anthropic``
-        or ``mcp`` (SPEC 10; ``runner.serve.definitions`` says what each format leaves out).
+        or ``mcp`` (SPEC 10; ``runner.tools.definitions`` says what each format leaves out).
 
         Raises:
             ValueError: ``format`` is not one of those.
             CallError: PERMISSION_DENIED when the role is unknown or missing.
         """
-        from runner.serve.definitions import definitions
+        from runner.tools.definitions import definitions
 
         return definitions(self.callable_tools(role), format).tools
 
@@ -463,7 +463,7 @@ class Runner:
         Runs before the policy decision is written, whatever the decision: the decision's
         audit event needs the request's sensitive values, which only validation finds.
         """
-        from runner.schemas import ParamsCheck, check_params  # jsonschema: only once a call needs it
+        from runner.schema.compiled import ParamsCheck, check_params  # jsonschema: only once a call needs it
 
         budget_s = max(0.0, deadline_at - self._clock.monotonic())
 

@@ -27,7 +27,7 @@ import yaml
 from docker import APIClient
 
 from runner import Runner
-from runner.starter import write_starter
+from runner.config.starter import write_starter
 from sandboxes.testing import processes_with_env
 
 # The suite runs against the installed package, from a copy of tests/ outside the

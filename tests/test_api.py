@@ -12,7 +12,7 @@ import pytest
 from conftest import ToolBench
 
 from runner import CallError, Runner
-from runner.answers import CallResult
+from runner.call.answers import CallResult
 
 ECHO = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
 SLOW_ECHO = (

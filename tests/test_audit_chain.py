@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from conftest import ToolBench
 
-from runner import audit as audit_module
-from runner import audit_chain
-from runner.audit import AuditLog
-from runner.audit_chain import GENESIS
-from runner.audit_verify import ChainVerdict, verify
+from runner.audit import chain as audit_chain
+from runner.audit import log as audit_module
+from runner.audit.chain import GENESIS
+from runner.audit.log import AuditLog
+from runner.audit.verify import ChainVerdict, verify
+from runner.call.faults import OperatorLog
 from runner.errors import CallError, ConfigError
-from runner.faults import OperatorLog
 
 OK = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -524,7 +524,7 @@ def test_every_dropped_event_is_warned_about_at_most_once_a_second(
 EMITTER = """
 import sys
 from pathlib import Path
-from runner.audit import AuditLog
+from runner.audit.log import AuditLog
 audit = AuditLog(Path(sys.argv[1]), chain=True)
 sys.stdin.read()  # start together
 for index in range(int(sys.argv[2])):

@@ -22,8 +22,8 @@ from structlog.testing import CapturingLoggerFactory
 from structlog.typing import EventDict, WrappedLogger
 
 from runner import Runner
-from runner.audit import AuditLog, MemorySink
-from runner.faults import OperatorLog
+from runner.audit.log import AuditLog, MemorySink
+from runner.call.faults import OperatorLog
 
 REQUIRED = {"timestamp", "event", "requestId", "traceId", "toolName", "role"}
 CALL_EVENTS = ["policy.decision", "call.attempt", "call.finished"]

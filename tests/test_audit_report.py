@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from runner import audit_report
-from runner.audit_report import DurationHistogram, report_file
+from runner.audit import report as audit_report
+from runner.audit.report import DurationHistogram, report_file
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 START = datetime(2026, 12, 1, tzinfo=UTC)
@@ -238,7 +238,7 @@ def test_group_names_codes_and_reasons_are_cut_so_memory_stays_bounded(tmp_path:
 
 
 def _chained_with_forged_prefix(log: Path) -> None:
-    from runner.audit import AuditLog
+    from runner.audit.log import AuditLog
 
     audit = AuditLog(log, chain=True)
     for _ in range(3):

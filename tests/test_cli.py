@@ -148,7 +148,7 @@ def test_hostile_cli_input_is_a_usage_error_not_a_traceback(tmp_path: Path) -> N
 def test_list_warns_on_stderr_about_manifests_left_out_and_exec_says_why_a_tool_is_missing(
     tmp_path: Path,
 ) -> None:
-    from runner.starter import write_starter
+    from runner.config.starter import write_starter
 
     write_starter(tmp_path)
     broken = tmp_path / "tools" / "broken"

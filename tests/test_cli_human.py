@@ -28,8 +28,8 @@ import pytest
 import yaml
 from conftest import ToolBench, starter_dir
 
-from runner.audit_follow import follow
-from runner.audit_query import AuditFilter
+from runner.audit.follow import follow
+from runner.audit.query import AuditFilter
 
 RUNNER = [sys.executable, "-m", "runner"]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

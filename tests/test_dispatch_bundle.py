@@ -16,6 +16,7 @@ import pytest
 import yaml
 from conftest import BASE_POLICY, ToolBench, write_tool
 
+from runner.config.policy import Policy
 from runner.dispatch.bundle import (
     MAX_ENTRIES,
     MAX_PATH_BYTES,
@@ -27,7 +28,6 @@ from runner.dispatch.bundle import (
     unpack,
 )
 from runner.errors import ConfigError
-from runner.policy import Policy
 from sandboxes import SandboxUnavailable
 
 
@@ -175,7 +175,7 @@ def test_a_policy_that_dispatches_without_a_token_does_not_load(
 
 def test_dispatch_covers_the_tools_its_rules_match(tmp_path: Path) -> None:
     from runner.dispatch import covers
-    from runner.manifest import load_tool
+    from runner.tools.manifest import load_tool
 
     (tmp_path / "token").write_text("t" * 64)
     policy = Policy.load(policy_file(tmp_path, token_file="token", tools=["web_*", "tag:heavy"]))

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import write_tool
 
-from runner.egress import EgressRefused, parse_head
-from runner.egress_rules import EgressRules, is_public, parse_destination
-from runner.manifest import ManifestError, load_tool
+from runner.call.egress import EgressRefused, parse_head
+from runner.config.egress import EgressRules, is_public, parse_destination
+from runner.tools.manifest import ManifestError, load_tool
 
 
 def rules(*entries: str) -> EgressRules:

@@ -7,7 +7,7 @@ from conftest import ToolBench
 from fakes import FakeSandbox, ManualClock, Script, failed, ok, timed_out
 
 from runner import Runner
-from runner.breaker import CircuitOpen
+from runner.call.breaker import CircuitOpen
 
 
 def runner_with(

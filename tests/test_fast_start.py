@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import ToolBench, starter_dir, write_tool
 
-from runner.manifest import ManifestError, load_tool
-from runner.manifest_cache import CACHE_FILE, ManifestCache
-from runner.registry import Registry
+from runner.tools.cache import CACHE_FILE, ManifestCache
+from runner.tools.manifest import ManifestError, load_tool
+from runner.tools.registry import Registry
 
 HEAVY = ("pydantic", "jsonschema", "structlog", "docker", "psutil", "yaml", "asyncio")
 # Prints the top-level packages a command imported, after running it in this process.
@@ -70,7 +70,7 @@ def test_a_manifest_is_checked_once_then_taken_from_the_cache_by_its_bytes(
     assert (tmp_path / "cache" / CACHE_FILE).stat().st_mode & 0o077 == 0
 
     checked: list[object] = []
-    monkeypatch.setattr("runner.schemas.check_schema", checked.append)
+    monkeypatch.setattr("runner.schema.compiled.check_schema", checked.append)
     again = load_tool(folder, ManifestCache.open(tmp_path / "cache"))
     assert checked == []
     assert again == first
@@ -122,13 +122,13 @@ def test_a_cache_file_others_could_write_vouches_for_nothing(tmp_path: Path, for
 
 
 def yaml_document(folder: Path) -> object:
-    from runner.yaml_files import load_yaml_file
+    from runner.config.yaml_files import load_yaml_file
 
     return load_yaml_file(folder / "tool.yaml")
 
 
 def digest_of(folder: Path) -> str:
-    from runner.manifest_cache import digest
+    from runner.tools.cache import digest
 
     return digest((folder / "tool.yaml").read_bytes())
 

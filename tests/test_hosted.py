@@ -17,9 +17,9 @@ import yaml
 from conftest import ToolBench, assert_nothing_survives, docker_ready, runner_argv, wait_for
 
 from runner import Runner
-from runner.hosted.listing import ServerLister
-from runner.manifest import load_entry
-from runner.manifest_cache import ManifestCache
+from runner.mcp.hosted.listing import ServerLister
+from runner.tools.cache import ManifestCache
+from runner.tools.manifest import load_entry
 
 SERVER = Path(__file__).parent / "servers" / "stateful_mcp.py"
 NAMES = {
@@ -220,7 +220,7 @@ async def test_through_runner_serve_a_client_sees_hosted_tools_next_to_ours_per_
     from mcp import Client
     from mcp_harness import ECHO, stdio_server
 
-    from runner.hosted.calls import MAX_PROGRESS
+    from runner.mcp.hosted.dialogue import MAX_PROGRESS
 
     bench.tool("echo", ECHO)
     add_server(bench)
@@ -347,7 +347,7 @@ def test_a_listing_failure_is_remembered_so_other_commands_do_not_wait_for_it(be
 
 
 def test_a_server_is_listed_with_at_most_max_tools_and_the_rest_reported(bench: ToolBench) -> None:
-    from runner.hosted.tools import MAX_SERVER_TOOLS
+    from runner.mcp.hosted.tools import MAX_SERVER_TOOLS
 
     folder = add_server(bench)
     (folder / "server.py").write_text(
@@ -367,8 +367,8 @@ def test_a_server_is_listed_with_at_most_max_tools_and_the_rest_reported(bench: 
 def test_progress_passed_on_is_bounded_per_call_finite_and_scrubbed() -> None:
     import asyncio
 
-    from runner.hosted.calls import CALL_PROGRESS, MAX_PROGRESS, HostedCall
-    from runner.redaction import Scrubber
+    from runner.mcp.hosted.dialogue import CALL_PROGRESS, MAX_PROGRESS, HostedCall
+    from runner.secrets.redaction import Scrubber
 
     got: list[tuple[float, float | None, str | None]] = []
 

@@ -14,7 +14,7 @@ import yaml
 from conftest import answer_of, installed_command
 
 import runner
-from runner.locations import find_policy, search_dirs, tool_dirs
+from runner.config.locations import find_policy, search_dirs, tool_dirs
 
 ADD = ("exec", "add_numbers", "--params", '{"a": 1, "b": 2}')
 

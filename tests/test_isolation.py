@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from conftest import ToolBench, starter_dir
 
-from runner.answers import CallResult
+from runner.call.answers import CallResult
 from sandboxes._identity import UID_BASE, UID_COUNT
 from sandboxes.testing import processes_with_env
 
@@ -367,7 +367,7 @@ def test_leftovers_of_a_killed_runner_are_removed_on_start(tmp_path: Path) -> No
 
 
 def test_sandbox_unavailable_messages_show_no_host_paths(bench: ToolBench) -> None:
-    from runner.outcomes import failure_error
+    from runner.call.outcomes import failure_error
     from sandboxes import SandboxOutcome, StopReason
 
     bench.tool("ok", "print('{}')\n")

@@ -21,9 +21,9 @@ import pytest
 import yaml
 from conftest import FILES, TIME, answer_of, installed_command, new_project, runner_command
 
-from runner.hosted.grants import needed_grants
-from runner.hosted.install import McpAddError, check_module, node_program
-from runner.policy import Policy, PolicyModel
+from runner.config.policy import Policy, PolicyModel
+from runner.mcp.hosted.grants import needed_grants
+from runner.mcp.hosted.install import McpAddError, check_module, node_program
 
 # A normal tool that starts the installed server's command as its child and speaks MCP to
 # it over pipes; it reports what the server listed and answered, and its peak memory.

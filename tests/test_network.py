@@ -22,7 +22,7 @@ import pytest
 from conftest import ToolBench
 from docker import APIClient
 
-from runner.egress import EgressBounds
+from runner.call.egress import EgressBounds
 
 PROBE = """
 import json, os, socket, sys

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from conftest import ToolBench, write_tool
 
-from runner.registry import Registry
+from runner.tools.registry import Registry
 
 
 def test_bad_manifests_are_reported_with_path_and_reason_and_the_rest_load(bench: ToolBench) -> None:

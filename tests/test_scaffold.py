@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import answer_of, installed_command
 
-from runner.scaffold import SAMPLE_FILE
+from runner.tools.scaffold import SAMPLE_FILE
 from sandboxes.view import LIBRARY_SOURCE
 
 

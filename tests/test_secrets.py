@@ -21,8 +21,8 @@ import yaml
 from conftest import ToolBench, answer_of
 from docker import APIClient
 
+from runner.config.policy import Policy
 from runner.errors import ConfigError
-from runner.policy import Policy
 from sandboxes.base import LaunchSpec, Limits
 from sandboxes.docker import DockerSandbox
 
@@ -312,7 +312,7 @@ def test_a_runner_fault_that_quotes_a_secret_leaves_it_out_of_the_operator_log(
     def broken(*args: object) -> object:
         raise RuntimeError(f"a bug that quotes {os.environ[HOST_VARIABLE]}")
 
-    monkeypatch.setattr("runner.executor.parse_result", broken)
+    monkeypatch.setattr("runner.call.executor.parse_result", broken)
     answer = bench.runner().handle({"toolName": "shows"})
     assert answer["error"]["details"]["reason"] == "internal"
     err = capsys.readouterr().err

@@ -13,7 +13,7 @@ import pytest
 from conftest import ToolBench
 
 from runner.errors import CallError, ErrorCode
-from runner.serve.definitions import definitions
+from runner.tools.definitions import definitions
 
 # The shapes each provider documents for a tool definition (OpenAI Chat Completions
 # `tools[]`, Anthropic Messages `tools[]`): names ^[a-zA-Z0-9_-]{1,64}$, a root object schema.

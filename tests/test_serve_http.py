@@ -16,7 +16,7 @@ from conftest import ToolBench
 from mcp import Client
 from mcp_harness import ECHO, OBJECT_OUT, SLEEPER, SLOW, HttpServer, add_token, audit_events
 
-from runner.serve.app import DURATION_META
+from runner.mcp.serve.app import DURATION_META
 
 pytestmark = pytest.mark.anyio
 

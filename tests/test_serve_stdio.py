@@ -18,7 +18,7 @@ from conftest import ToolBench
 from mcp import Client
 from mcp_harness import ECHO, OBJECT_OUT, SLEEPER, SLOW, audit_events, server_argv, server_pid, stdio_server
 
-from runner.serve.app import ERROR_META, REQUEST_ID_META
+from runner.mcp.serve.app import ERROR_META, REQUEST_ID_META
 
 pytestmark = pytest.mark.anyio
 ERAS = ["auto", "legacy"]  # auto: 2026-07-28 (server/discover); legacy: the 2025-11-25 handshake

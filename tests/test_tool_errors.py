@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import ToolBench, answer_of
 
-from runner.tool_errors import MAX_DETAILS_BYTES, MAX_MESSAGE, NotAReport, ToolReport, read_report
+from runner.call.tool_errors import MAX_DETAILS_BYTES, MAX_MESSAGE, NotAReport, ToolReport, read_report
 from sandboxes import LaunchSpec, Limits, SandboxOutcome
 
 RETRIES = 2  # so a retried failure makes 3 attempts and one that is not makes 1
@@ -438,7 +438,7 @@ def test_the_attempt_event_names_the_tool_error(bench: ToolBench) -> None:
 
 
 def test_messages_mask_host_paths_but_keep_image_names() -> None:
-    from runner.outcomes import mask_host_paths
+    from runner.call.outcomes import mask_host_paths
 
     masked = mask_host_paths(
         'image runner/nope:latest not found; cannot read /etc/shadow or "/root/key" (/tmp/x)'

@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from runner.serve.app import TRACE_ID_META
+from runner.mcp.serve.app import TRACE_ID_META
 from runner.telemetry.tracing import active_tracer
 
 CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"

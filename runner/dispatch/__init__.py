@@ -14,6 +14,6 @@ imported only by ``cluster`` and ``sandbox``, and only when a dispatched call ne
     doctor     the ``ray cluster`` line of ``runner doctor``
 """
 
-from runner.dispatch.settings import DispatchModel, covers
+from runner.dispatch.config import DispatchModel, covers
 
 __all__ = ["DispatchModel", "covers"]

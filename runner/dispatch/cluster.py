@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.dispatch.config import DEFAULT_TOKEN_FILE, DispatchModel, token_path
 from runner.dispatch.node import NodeJob, node_task
-from runner.dispatch.settings import DEFAULT_TOKEN_FILE, DispatchModel, token_path
 from sandboxes import SandboxUnavailable
 
 _lock = threading.Lock()

@@ -73,7 +73,7 @@ def run_job(job: NodeJob) -> SandboxOutcome:
 
 
 async def _attempt(backend: Any, spec: LaunchSpec, limits: Limits, payload: bytes) -> SandboxOutcome:
-    from runner.executor import run_attempt
+    from runner.call.executor import run_attempt
 
     try:
         return await run_attempt(backend, spec, limits, payload)

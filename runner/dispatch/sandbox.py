@@ -29,8 +29,8 @@ from typing import Any
 
 from runner.dispatch.bundle import ToolBundle, pack
 from runner.dispatch.cluster import join, submit
+from runner.dispatch.config import DispatchModel
 from runner.dispatch.node import NodeJob
-from runner.dispatch.settings import DispatchModel
 from sandboxes import Dialogue, LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
 from sandboxes.cancellation import finish_shielded
 

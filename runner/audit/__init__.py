@@ -1,0 +1,1 @@
+"""The audit trail: the log, its hash chain, and reading it back."""

@@ -1,0 +1,1 @@
+"""The call path: plan, attempts, breaker, warm pools, backends, and the call's answer."""

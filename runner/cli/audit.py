@@ -1,0 +1,313 @@
+"""The ``runner audit`` commands (registered by ``runner.cli``): search and follow the trail,
+``verify`` its hash chain, ``report`` what the calls did.
+
+Each reads the log at ``--log``, else where the runner writes (``--audit-log``,
+``RUNNER_AUDIT_LOG``, the policy's ``audit.path``). Exit codes as everywhere: 0, 1 (verify:
+the chain is broken), 2 (misuse: no log, an unreadable one, a bad option).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn, cast
+
+import click
+
+from runner.cli import EXIT_FAILED, EXIT_OK, _Command, _fail_usage, _location_options, _print_json
+from runner.errors import ConfigError
+
+if TYPE_CHECKING:
+    from runner.audit.report import AuditReport, GroupBy, GroupStats
+    from runner.audit.verify import ChainVerdict
+    from runner.cli.terminal import Cell, Output
+
+_LOG_HELP = "The log to read (default: where the runner writes)."
+
+
+def _log_option(command: _Command) -> _Command:
+    option = click.option("--log", "log_path", default=None, type=click.Path(path_type=Path), help=_LOG_HELP)
+    return option(command)
+
+
+@click.group("audit", invoke_without_command=True)
+@_location_options
+@click.option("--request-id", default=None, help="A request id, or the start of one.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Print at most this many events.")
+@click.option("--tool", default=None, help="Only events of this tool.")
+@click.option("--role", default=None, help="Only events of calls made as this role.")
+@click.option(
+    "--decision",
+    type=click.Choice(["allow", "deny"]),
+    default=None,
+    help="Only policy decisions that allowed, or denied.",
+)
+@click.option("--code", default=None, help="Error code, e.g. TIMEOUT.")
+@click.option("--since", default=None, help="Only events at or after this ISO 8601 time.")
+@click.option("--until", default=None, help="Only events at or before this ISO 8601 time.")
+@click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Keep printing matching events as they are appended, until Ctrl-C (like tail -f).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one event a line.")
+@_log_option
+@click.pass_context
+def audit_group(
+    ctx: click.Context,
+    request_id: str | None,
+    limit: int | None,
+    tool: str | None,
+    role: str | None,
+    decision: str | None,
+    code: str | None,
+    since: str | None,
+    until: str | None,
+    follow: bool,
+    as_json: bool,
+    log_path: Path | None,
+) -> None:
+    """Search the audit trail (a table, coloured on a terminal; --json for JSON lines);
+    verify its hash chain; report per tool, role or client."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from runner.audit.follow import follow as follow_log
+    from runner.audit.follow import pipe_reader_gone
+    from runner.audit.query import AuditFilter, query, write_table
+    from runner.cli.terminal import Output, audit_row, audit_table
+
+    path = _log(ctx, log_path)
+    wanted = AuditFilter(
+        request_id=request_id,
+        tool=tool,
+        role=role,
+        decision=decision,
+        code=code,
+        since=_time_option(since, "--since"),
+        until=_time_option(until, "--until"),
+    )
+    out = Output.detect()
+    if follow and isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)  # a followed event is wanted now, not when a buffer fills
+    try:
+        found = follow_log(path, wanted, pipe_reader_gone(sys.stdout)) if follow else query(path, wanted)
+        events = itertools.islice(found, limit)
+        if as_json:
+            for event in events:
+                _print_json(event)
+        elif out.human:
+            table = audit_table(out)
+            table.header()
+            for event in events:
+                table.row(audit_row(event))
+        else:
+            write_table(events, sys.stdout)
+    except KeyboardInterrupt:
+        if not follow:  # Ctrl-C is how --follow ends, not an error; elsewhere it cuts a search short
+            sys.exit(130)
+    except BrokenPipeError:
+        _reader_gone()
+    except OSError as exc:
+        _unreadable(path, exc)
+
+
+@audit_group.command("verify")
+@_location_options
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as one JSON object.")
+@click.option(
+    "--allow-unchained-prefix",
+    is_flag=True,
+    help="Accept (and count) unchained lines before the first chained one: "
+    "a log written before audit.chain was turned on.",
+)
+@_log_option
+@click.pass_context
+def verify_command(
+    ctx: click.Context, as_json: bool, allow_unchained_prefix: bool, log_path: Path | None
+) -> None:
+    """Check the hash chain of the whole log: exit 0 when intact, 1 when a line was changed,
+    removed, inserted or unchained, or the tail was cut."""
+    from runner.audit.verify import verify
+    from runner.cli.terminal import Output
+
+    path = _log(ctx, log_path)
+    try:
+        verdict = verify(path, allow_unchained_prefix)
+    except OSError as exc:
+        _unreadable(path, exc)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    if as_json:
+        _print_json(verdict.as_json())
+    else:
+        _print_verdict(verdict, path, Output.detect())
+    sys.exit(EXIT_OK if verdict.intact else EXIT_FAILED)
+
+
+@audit_group.command("report")
+@_location_options
+@click.option("--since", default=None, help="Only events at or after this ISO 8601 time.")
+@click.option(
+    "--by",
+    "by",
+    type=click.Choice(["tool", "role", "client"]),
+    default="tool",
+    help="Group the calls by tool (default), role or client (the HTTP token's name).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@_log_option
+@click.pass_context
+def report_command(
+    ctx: click.Context, since: str | None, by: str, as_json: bool, log_path: Path | None
+) -> None:
+    """Per group: calls, successes, denials by reason, errors by code and reason, p50/p95 duration."""
+    from runner.audit.report import report_file
+    from runner.cli.terminal import Output
+
+    path = _log(ctx, log_path)
+    try:
+        report = report_file(path, cast("GroupBy", by), _time_option(since, "--since"))
+    except OSError as exc:
+        _unreadable(path, exc)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    try:
+        if as_json:
+            _print_json(report.as_json())
+        else:
+            _print_report(report, Output.detect())
+    except BrokenPipeError:
+        _reader_gone()
+    sys.exit(EXIT_OK)
+
+
+# -- what the commands share ----------------------------------------------------------------
+
+
+def _log(ctx: click.Context, log_path: Path | None) -> Path:
+    path = log_path or ctx.obj["audit_log"] or _policy_audit_path(ctx)
+    if path is None:
+        _fail_usage("no audit log file is configured (events go to stderr); pass --log")
+    if not path.is_file():
+        _fail_usage(f"audit log {path} does not exist")
+    return cast(Path, path)
+
+
+def _time_option(value: str | None, flag: str) -> datetime | None:
+    from runner.audit.query import parse_time
+
+    if value is None:
+        return None
+    when = parse_time(value)
+    if when is None:
+        _fail_usage(f"{flag} is not an ISO 8601 time: {value}")
+    return when
+
+
+def _policy_audit_path(ctx: click.Context) -> Path | None:
+    from runner.config.locations import find_policy
+    from runner.config.policy import Policy
+
+    try:
+        return Policy.load(find_policy(ctx.obj["policies"])).audit_path
+    except ConfigError as exc:
+        _fail_usage(" ".join(str(exc).split()))
+
+
+def _unreadable(path: Path, exc: OSError) -> NoReturn:
+    _fail_usage(f"cannot read audit log {path}: {exc.strerror or 'read failed'}")
+
+
+def _reader_gone() -> None:
+    # The reader went away (`runner audit | head`): not an error. Point stdout at
+    # /dev/null so that the interpreter's last flush does not complain either.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+# -- human output ----------------------------------------------------------------------------
+
+
+def _print_verdict(verdict: ChainVerdict, path: Path, out: Output) -> None:
+    from runner.audit.query import escape_cell
+
+    shown = escape_cell(str(path))
+    counts = f"{verdict.lines} lines, {verdict.chained} chained"
+    if verdict.unchained_prefix:
+        counts += f" ({verdict.unchained_prefix} unchained before the first chained one, allowed)"
+    if not verdict.lines:
+        out.write(f"{out.paint('empty', 'warn')}: {shown}: 0 lines")
+        out.write("an emptied log cannot be told from a new one: compare with a head recorded elsewhere")
+        return
+    if verdict.intact:
+        out.write(f"{out.paint('intact', 'ok')}: {shown}: {counts}")
+        if verdict.head:
+            out.write(f"head {verdict.head}  (record it elsewhere: removed last lines show only against it)")
+        return
+    first = verdict.problems[0]
+    out.write(f"{out.paint('NOT intact', 'bad')}: {shown}: line {first.line}: {first.kind}: {first.detail}")
+    out.write(f"{counts}; {verdict.problem_count} problem(s):")
+    for problem in verdict.problems:
+        out.write(f"  line {problem.line}: {out.paint(problem.kind, 'warn')}: {problem.detail}")
+    if verdict.problem_count > len(verdict.problems):
+        out.write(f"  ... and {verdict.problem_count - len(verdict.problems)} more")
+
+
+def _print_report(report: AuditReport, out: Output) -> None:
+    from runner.cli.terminal import Cell, Column, Table
+
+    columns = [
+        Column(report.by.upper()),
+        Column("CALLS"),
+        Column("OK"),
+        Column("DENIED"),
+        Column("ERRORS"),
+        Column("P50 MS"),
+        Column("P95 MS"),
+        Column("DENIALS AND ERRORS"),
+    ]
+    rows = [_report_row(Cell(name, "key"), stats) for name, stats in report.sorted_groups()]
+    rows.append(_report_row(Cell("(all)", "head"), report.total))
+    Table(out, columns).print(rows)
+    if report.chained:
+        out.write(
+            out.paint(
+                f"a chained log: only chained lines counted, {report.unchained_skipped} unchained "
+                "skipped (runner audit verify checks the chain)",
+                "dim",
+            )
+        )
+    if report.since is not None:
+        out.write(out.paint(f"since {report.since.isoformat()}", "dim"))
+
+
+def _report_row(name: Cell, stats: GroupStats) -> list[Cell | str]:
+    from runner.cli.terminal import Cell
+
+    denied = sum(stats.denials.values())
+    errors = sum(sum(reasons.values()) for reasons in stats.errors.values())
+    why = [f"denied {reason} {count}" for reason, count in stats.denials.most_common()]
+    why += [
+        f"{code} {reason} {count}"
+        for code, reasons in sorted(stats.errors.items())
+        for reason, count in reasons.most_common()
+    ]
+    p50, p95 = stats.durations.percentile(0.5), stats.durations.percentile(0.95)
+    return [
+        name,
+        str(stats.calls),
+        Cell(str(stats.successes), "ok") if stats.successes else "0",
+        Cell(str(denied), "bad") if denied else "0",
+        Cell(str(errors), "bad") if errors else "0",
+        _ms(p50),
+        _ms(p95),
+        "; ".join(why) or "-",
+    ]
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"

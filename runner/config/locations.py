@@ -1,0 +1,87 @@
+"""Where the policy file and the tools are (SPEC 1 and 6).
+
+A flag (or an argument of ``Runner.load``) wins, then ``RUNNER_POLICIES``/``RUNNER_TOOLS``,
+then the search: ``./policies.yaml``, ``$XDG_CONFIG_HOME/runner/`` (default
+``~/.config/runner/``), ``/etc/runner/``. Tools default to ``tools/`` beside the policy file.
+
+The example tools, the starter policy and the image build contexts ship inside the
+package (``runner/_bundled/``, copied there when the wheel is built); ``examples_dir``
+finds them, or the repository's own copies when running from a source checkout.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from runner.errors import ConfigError
+
+POLICY_FILE = "policies.yaml"
+TOOLS_DIR = "tools"
+SYSTEM_DIR = Path("/etc/runner")
+_PACKAGE = Path(__file__).resolve().parents[1]  # runner/, where _bundled/ is
+
+
+def search_dirs(env: Mapping[str, str] | None = None) -> list[Path]:
+    """The folders searched for ``policies.yaml``, in order."""
+    env = os.environ if env is None else env
+    config_home = env.get("XDG_CONFIG_HOME") or ""
+    # The XDG rule: a relative value is invalid and ignored.
+    base = Path(config_home) if Path(config_home).is_absolute() else Path.home() / ".config"
+    return [Path.cwd(), base / "runner", SYSTEM_DIR]
+
+
+def find_policy(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """The policy file to load: ``explicit``, else ``RUNNER_POLICIES``, else the search.
+
+    Raises:
+        ConfigError: none was given and the search found none.
+    """
+    env = os.environ if env is None else env
+    given = explicit or env.get("RUNNER_POLICIES")
+    if given:
+        return Path(given)
+    folders = search_dirs(env)
+    for folder in folders:
+        candidate = folder / POLICY_FILE
+        if candidate.is_file():
+            return candidate
+    looked = ", ".join(f"{folder}/" for folder in folders)
+    raise ConfigError(
+        POLICY_FILE,
+        f"not found (looked in {looked}); run 'runner init' to write a starter policy and "
+        "example tools here, or pass --policies",
+    )
+
+
+def tool_dirs(
+    explicit: str | Path | Iterable[str | Path] | None, policy: Path, env: Mapping[str, str] | None = None
+) -> list[Path]:
+    """The tool directories: ``explicit``, else ``RUNNER_TOOLS`` (``:``-joined), else ``tools/``
+    beside the policy file."""
+    env = os.environ if env is None else env
+    value = explicit if explicit is not None else env.get("RUNNER_TOOLS")
+    if not value:
+        return [policy.parent / TOOLS_DIR]
+    if isinstance(value, str):
+        return [Path(part) for part in value.split(":") if part]
+    if isinstance(value, Path):
+        return [value]
+    return [Path(part) for part in value]
+
+
+def examples_dir() -> Path:
+    """The shipped starter policy (``policies.yaml``), example tools (``tools/``) and image
+    build contexts (``tool_images/``). Read-only: ``runner init`` copies them to use them.
+
+    Raises:
+        FileNotFoundError: the installation lacks them (a broken build).
+    """
+    bundled = _PACKAGE / "_bundled"
+    if (bundled / POLICY_FILE).is_file():
+        return bundled
+    checkout = _PACKAGE.parent  # a source checkout (editable install or the repository itself)
+    if (checkout / "pyproject.toml").is_file() and (checkout / POLICY_FILE).is_file():
+        return checkout
+    raise FileNotFoundError(f"the runner's bundled examples are missing from {bundled}")

@@ -1,0 +1,283 @@
+"""The MCP handlers in front of one long-lived ``Runner`` (SPEC 10).
+
+``tools/list`` gives what the caller's role may call; ``tools/call`` goes through the whole
+guard (``Runner.ahandle``) and maps the answer shell onto MCP: a success is the result as
+JSON text (and ``structuredContent`` when the tool has an object output schema), a failure
+``isError`` with text that begins with the error code. The SDK turns what the protocol
+itself rejects (unknown method, malformed params) into JSON-RPC errors. A cancelled request
+cancels its handler, and a cancelled ``ahandle`` kills its sandbox before it re-raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server.connection import Connection
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from runner.api import Runner
+from runner.audit.log import AUDIT_CLIENT
+from runner.call.plan import resolve_plan
+from runner.call.requests import CallOptions
+from runner.errors import CallError
+from runner.mcp.hosted.dialogue import CALL_PROGRESS
+from runner.telemetry.labels import role_label
+from runner.telemetry.tracing import TRACEPARENT, TRACESTATE
+from runner.tools.definitions import mcp_definition
+from runner.tools.manifest import Tool
+
+SERVER_NAME = "runner"
+# Keys of ours in an MCP request's or result's `_meta` (namespaced, as MCP asks).
+REQUEST_ID_META = "dev.runner/requestId"
+ERROR_META = "dev.runner/error"
+DURATION_META = "dev.runner/durationMs"  # the runner's own time for the call (the answer's duration)
+TRACE_ID_META = "dev.runner/traceId"  # the answer's traceId: the call's W3C trace id (SPEC 13)
+# A call that runs longer than this gets progress notifications (when the client sent a
+# progressToken), one per interval: the client sees that it is alive.
+PROGRESS_INTERVAL_S = 1.0
+# JSON-RPC error (implementation-defined range) for a call that arrives while the server drains.
+SHUTTING_DOWN = -32001
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a request is served for: the role its calls get, and its name in the audit trail."""
+
+    role: str | None
+    client: str | None = None
+
+
+CallerOf = Callable[[ServerRequestContext[Any, Any]], Caller]
+
+
+class ToolService:
+    """``tools/list`` and ``tools/call`` of one runner, with a bound on calls running at once.
+
+    ``caller_of`` says who sent a request (stdio: the ``--role``; HTTP: the bearer token's
+    entry, see ``runner.mcp.serve.auth``).
+    """
+
+    def __init__(self, runner: Runner, caller_of: CallerOf, max_concurrent: int) -> None:
+        self.runner = runner
+        self._caller_of = caller_of
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._draining = False
+        # 2026-07-28 clients hear of changes on `subscriptions/listen` streams; handshake-era
+        # connections on their standalone stream (the ones seen so far, while they live).
+        self._bus = InMemorySubscriptionBus()
+        self._listen = ListenHandler(self._bus)
+        self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+    def server(self) -> Server[Any]:
+        """The SDK's low-level server with this service's handlers."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            ours = version("sandboxed-tool-runner")
+        except PackageNotFoundError:
+            ours = ""
+        return Server(
+            SERVER_NAME,
+            version=ours,
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+            on_subscriptions_listen=self._listen,
+        )
+
+    @staticmethod
+    def initialization_options(server: Server[Any]) -> InitializationOptions:
+        return server.create_initialization_options(NotificationOptions(tools_changed=True))
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        self._remember(ctx)
+        try:
+            tools = self.runner.callable_tools(self._caller_of(ctx).role)
+        except CallError as exc:  # an unknown role: nothing to list, and the client is told why
+            raise MCPError(types.INVALID_REQUEST, exc.message) from None
+        definitions = [types.Tool.model_validate(mcp_definition(tool)) for tool in tools]
+        return types.ListToolsResult(tools=definitions)
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        self._remember(ctx)
+        if self._draining:
+            raise MCPError(SHUTTING_DOWN, "the server is shutting down; call again on a new one")
+        caller = self._caller_of(ctx)
+        meta = _raw_meta(ctx)
+        request: dict[str, Any] = {
+            "toolName": params.name,
+            "params": params.arguments or {},
+            "role": caller.role,
+        }
+        if isinstance(meta.get(REQUEST_ID_META), str):
+            request["requestId"] = meta[REQUEST_ID_META]
+        trace_context = _trace_context(ctx, meta)
+        if trace_context:
+            request["metadata"] = trace_context
+        tool = self.runner.registry.get(params.name)
+        wants_progress = meta.get("progressToken") is not None
+        # A hosted MCP server's tool reports its own progress (SPEC 12): passed through.
+        hosted = tool is not None and tool.hosted is not None
+        client_token = AUDIT_CLIENT.set(caller.client)
+        progress_token = CALL_PROGRESS.set(ctx.session.report_progress if hosted and wants_progress else None)
+        try:
+            with self._counted():
+                async with anyio.create_task_group() as tasks:
+                    if wants_progress and not hosted:
+                        tasks.start_soon(_tick_progress, ctx, params.name)
+                    answer = await self._run(request, tool)
+                    tasks.cancel_scope.cancel()
+        finally:
+            CALL_PROGRESS.reset(progress_token)
+            AUDIT_CLIENT.reset(client_token)
+        return _to_result(answer, tool)
+
+    async def _run(self, request: dict[str, Any], tool: Tool | None) -> dict[str, Any]:
+        """Run the call once a slot is free; waiting counts against the call's deadline."""
+        if tool is None:  # refused at once (TOOL_NOT_FOUND): no sandbox, no slot needed
+            return await self.runner.ahandle(request)
+        deadline_ms = resolve_plan(tool, self.runner.policy, CallOptions()).deadline_ms
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(deadline_ms / 1000):
+                await self._slots.acquire()
+        except TimeoutError:
+            return self._queued_out(request, deadline_ms)
+        try:
+            waited_ms = round((time.monotonic() - started) * 1000)
+            if waited_ms:
+                request["options"] = {"deadline": max(1, deadline_ms - waited_ms)}
+            return await self.runner.ahandle(request)
+        finally:
+            self._slots.release()
+
+    def _queued_out(self, request: dict[str, Any], deadline_ms: int) -> dict[str, Any]:
+        """The answer of a call whose deadline ran out while it waited for a slot."""
+        message = f"{request['toolName']} waited {deadline_ms} ms for a free slot (serve.max_concurrent)"
+        error = {"code": "TIMEOUT", "message": message, "details": {"reason": "queued"}, "retryable": True}
+        self.runner.audit.emit(
+            "call.finished",
+            toolName=request["toolName"],
+            requestId=request.get("requestId"),
+            role=request["role"],
+            success=False,
+            code="TIMEOUT",
+            reason="queued",
+            attempts=0,
+            duration=deadline_ms,
+        )
+        metrics = self.runner.metrics
+        if metrics is not None:  # a registered tool (a slot is waited for only then)
+            role = role_label(request["role"], lambda role: role in self.runner.policy.model.roles)
+            metrics.count_call(request["toolName"], "TIMEOUT", role, deadline_ms / 1000)
+        return {
+            "success": False,
+            "result": None,
+            "error": error,
+            "metadata": {"requestId": request.get("requestId"), "toolName": request["toolName"]},
+        }
+
+    @contextmanager
+    def _counted(self) -> Iterator[None]:
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    async def drain(self) -> None:
+        """Refuse new calls and wait for those in flight (each ends by its deadline)."""
+        self._draining = True
+        await self._idle.wait()
+
+    async def tools_changed(self) -> None:
+        """Tell every client that the tool list changed (best effort: the SDK drops a
+        notification for a connection that is gone)."""
+        await self._bus.publish(ToolsListChanged())
+        for connection in list(self._connections):
+            await connection.send_tool_list_changed()
+
+    def close(self) -> None:
+        self._listen.close()
+
+    def _remember(self, ctx: ServerRequestContext[Any, Any]) -> None:
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            # The SDK hands the connection to handlers only through the request's session
+            # until its Context rework; its standalone stream is where list_changed goes.
+            self._connections.add(ctx.session._connection)
+
+
+def _trace_context(ctx: ServerRequestContext[Any, Any], meta: dict[str, Any]) -> dict[str, str]:
+    """The caller's W3C trace context (SPEC 13): ``_meta.traceparent`` (and ``tracestate``),
+    else the HTTP request's ``traceparent`` header; the runner ignores one that does not parse."""
+    source: Mapping[str, Any] = meta
+    if TRACEPARENT not in meta:
+        request = ctx.request
+        headers = getattr(request, "headers", None)
+        if not isinstance(headers, Mapping) or TRACEPARENT not in headers:
+            return {}
+        source = headers
+    return {key: source[key] for key in (TRACEPARENT, TRACESTATE) if isinstance(source.get(key), str)}
+
+
+def _raw_meta(ctx: ServerRequestContext[Any, Any]) -> dict[str, Any]:
+    meta = (ctx.params or {}).get("_meta")
+    return meta if isinstance(meta, dict) else {}
+
+
+async def _tick_progress(ctx: ServerRequestContext[Any, Any], tool_name: str) -> None:
+    started = time.monotonic()
+    while True:
+        await anyio.sleep(PROGRESS_INTERVAL_S)
+        elapsed = round(time.monotonic() - started, 1)
+        await ctx.session.report_progress(elapsed, None, f"{tool_name} running for {elapsed:g} s")
+
+
+def _to_result(answer: dict[str, Any], tool: Tool | None) -> types.CallToolResult:
+    meta: dict[str, Any] = {
+        REQUEST_ID_META: answer["metadata"].get("requestId"),
+        DURATION_META: answer["metadata"].get("duration"),
+        TRACE_ID_META: answer["metadata"].get("traceId"),
+    }
+    if not answer["success"]:
+        error = answer["error"]
+        meta[ERROR_META] = error
+        text = f"{error['code']}: {error['message']}"
+        failure = types.TextContent(type="text", text=text)
+        return types.CallToolResult(content=[failure], is_error=True, _meta=meta)
+    result = answer["result"]
+    text = json.dumps(result, ensure_ascii=False, allow_nan=False)
+    structured = None
+    if tool is not None and isinstance(result, dict) and _has_object_output(tool):
+        structured = result
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)], structured_content=structured, _meta=meta
+    )
+
+
+def _has_object_output(tool: Tool) -> bool:
+    schema = tool.manifest.output_schema
+    return isinstance(schema, dict) and schema.get("type") == "object"

@@ -1,0 +1,89 @@
+"""``runner serve --http HOST:PORT``: MCP streamable HTTP at ``/mcp`` behind bearer tokens.
+
+Loopback by default. uvicorn serves the SDK's Starlette app; its own signal handling is
+off, as the server's drain (``runner.mcp.serve.lifecycle``) decides when it stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+from mcp.server.context import ServerRequestContext
+
+from runner.mcp.serve.app import Caller, ToolService
+from runner.mcp.serve.auth import BearerAuth, token_of
+
+MCP_PATH = "/mcp"
+DEFAULT_HOST = "127.0.0.1"
+# How long uvicorn waits for open connections (a client's event stream) after a stop.
+GRACEFUL_S = 3
+
+
+class HttpAddressError(ValueError):
+    """``--http`` is not ``HOST:PORT`` or ``PORT``."""
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[V6]:PORT`` or ``PORT`` (loopback).
+
+    Raises:
+        HttpAddressError: anything else.
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = DEFAULT_HOST, text
+    host = host.strip("[]") or DEFAULT_HOST
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise HttpAddressError(f"--http {text!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def http_caller(ctx: ServerRequestContext[Any, Any]) -> Caller:
+    """The caller of an HTTP request: its token's role and name (``BearerAuth`` let it in)."""
+    request = ctx.request
+    entry = token_of(request.scope) if request is not None and hasattr(request, "scope") else None
+    if entry is None:  # not through BearerAuth: no role, so the policy denies everything
+        return Caller(role=None, client=None)
+    return Caller(role=entry.role, client=entry.name)
+
+
+class _QuietServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the lifecycle handles SIGTERM/SIGINT/SIGHUP
+
+
+class HttpTransport:
+    """The streamable HTTP app on a socket bound at construction (so the port is known)."""
+
+    def __init__(self, service: ToolService, host: str, port: int) -> None:
+        """Raises ``OSError`` when the address cannot be bound."""
+        server = service.server()
+        app = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.create_server((host, port), family=family)
+        # Answers go out as several small writes (an SSE event stream): without this,
+        # Nagle's algorithm and the client's delayed ACK hold each answer back ~40 ms.
+        # Accepted connections inherit it.
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        config = uvicorn.Config(
+            BearerAuth(app, service.runner),
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=GRACEFUL_S,
+        )
+        self._server = _QuietServer(config)
+        bound_host, bound_port = self._socket.getsockname()[:2]
+        shown = f"[{bound_host}]" if family == socket.AF_INET6 else bound_host
+        self.url = f"http://{shown}:{bound_port}{MCP_PATH}"
+
+    async def serve(self) -> None:
+        with self._socket:
+            await self._server.serve(sockets=[self._socket])
+
+    def stop(self) -> None:
+        self._server.should_exit = True

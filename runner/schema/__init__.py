@@ -1,0 +1,1 @@
+"""JSON Schema made safe for hostile input, and strict JSON at the edges."""

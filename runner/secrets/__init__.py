@@ -1,0 +1,1 @@
+"""Secrets: where values come from, and keeping them out of answers and logs."""

@@ -1,0 +1,1 @@
+"""Tools: manifests, the registry of tool folders, definitions for agents, new folders."""
