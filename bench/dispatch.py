@@ -2,7 +2,7 @@
 and the dispatch overhead per call against the same call run locally.
 
 Each cluster (head without slots + 1 or 2 worker nodes, 2 ``runner_sandbox`` slots each,
-token auth) runs in a loopback-only network namespace (tests/ray_agent.py), with the
+token auth) runs in a loopback-only network namespace (tests/support/ray_agent.py), with the
 runner client beside it; the local baseline is measured by that same client in the same
 run. All nodes share this machine's cores: on 2 cores, a second node adds slots but no
 CPU, so throughput is bounded by the machine (bubblewrap + Python start per call), not by
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import yaml
 from conftest import BASE_POLICY, write_tool
-from ray_cluster import RayCluster
+from support.ray_cluster import RayCluster
 
 TRIVIAL = "import json, sys; json.load(sys.stdin); print('{}')\n"
 

@@ -80,9 +80,9 @@ def test_the_manual_never_points_outside_the_repository(page: Path) -> None:
 
 def test_every_test_the_manual_names_exists() -> None:
     """A guarantee cited with its test must keep a test: a renamed test breaks the claim."""
-    sources = "\n".join(path.read_text(encoding="utf-8") for path in (CHECKOUT / "tests").glob("test_*.py"))
+    sources = "\n".join(path.read_text(encoding="utf-8") for path in (CHECKOUT / "tests").rglob("test_*.py"))
     defined = set(re.findall(r"^(?:async )?def (test_[a-z0-9_]+)", sources, re.MULTILINE))
-    files = {path.stem for path in (CHECKOUT / "tests").glob("test_*.py")}
+    files = {path.stem for path in (CHECKOUT / "tests").rglob("test_*.py")}
     missing = set()
     for page in manual_pages():
         text = page.read_text(encoding="utf-8")

@@ -28,7 +28,7 @@ from runner.call.faults import OperatorLog
 from runner.errors import CallError, ConfigError
 
 OK = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def chained_log(path: Path, count: int = 8) -> list[bytes]:

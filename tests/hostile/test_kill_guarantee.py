@@ -19,7 +19,7 @@ import pytest
 from conftest import ToolBench
 from docker import APIClient
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "support"
 GRACE_S = 1.0
 
 # The tool tries the review's escape first (trace the sandbox's init to clear its

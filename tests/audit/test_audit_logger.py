@@ -17,9 +17,9 @@ import pytest
 import structlog
 import yaml
 from conftest import ToolBench
-from fakes import FakeSandbox, ManualClock, ok
 from structlog.testing import CapturingLoggerFactory
 from structlog.typing import EventDict, WrappedLogger
+from support.fakes import FakeSandbox, ManualClock, ok
 
 from runner import Runner
 from runner.audit.log import AuditLog, MemorySink

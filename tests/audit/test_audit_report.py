@@ -19,7 +19,7 @@ import pytest
 from runner.audit import report as audit_report
 from runner.audit.report import DurationHistogram, report_file
 
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = Path(__file__).resolve().parents[2]
 START = datetime(2026, 12, 1, tzinfo=UTC)
 TOOLS = ("add_numbers", "echo", "fetch")
 ROLES = ("user", "admin")

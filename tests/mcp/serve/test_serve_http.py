@@ -14,7 +14,7 @@ import mcp_types as types
 import pytest
 from conftest import ToolBench
 from mcp import Client
-from mcp_harness import ECHO, OBJECT_OUT, SLEEPER, SLOW, HttpServer, add_token, audit_events
+from support.mcp_harness import ECHO, OBJECT_OUT, SLEEPER, SLOW, HttpServer, add_token, audit_events
 
 from runner.mcp.serve.app import DURATION_META
 

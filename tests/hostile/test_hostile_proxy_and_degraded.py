@@ -1,4 +1,5 @@
-"""Holes found by the hostile review of the secrets, egress, serve and tool-error changes.
+"""Holes found in the secrets, egress, serve and tool-error changes: a tool pinning the runner's descriptors
+or flooding the audit log through its egress proxy, and a degraded run that would run a tool as root.
 
 Each test is a hostile tool or client against real sandboxes; every server is the test's
 own, on the host's loopback.

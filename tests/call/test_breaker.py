@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from conftest import ToolBench
-from fakes import ManualClock, failed, ok
+from support.fakes import ManualClock, failed, ok
 
 from runner import Runner
 from sandboxes import LaunchSpec, Limits, SandboxOutcome, StopReason

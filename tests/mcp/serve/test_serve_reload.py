@@ -13,7 +13,7 @@ import pytest
 from conftest import ToolBench
 from mcp import Client
 from mcp.client.session import IncomingMessage
-from mcp_harness import ECHO, audit_events, server_pid, stdio_server, write_policy
+from support.mcp_harness import ECHO, audit_events, server_pid, stdio_server, write_policy
 
 pytestmark = pytest.mark.anyio
 # The server looks every 0.5 s; a change is announced well within this.

@@ -16,7 +16,16 @@ import mcp_types as types
 import pytest
 from conftest import ToolBench
 from mcp import Client
-from mcp_harness import ECHO, OBJECT_OUT, SLEEPER, SLOW, audit_events, server_argv, server_pid, stdio_server
+from support.mcp_harness import (
+    ECHO,
+    OBJECT_OUT,
+    SLEEPER,
+    SLOW,
+    audit_events,
+    server_argv,
+    server_pid,
+    stdio_server,
+)
 
 from runner.mcp.serve.app import ERROR_META, REQUEST_ID_META
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import ToolBench
-from fakes import FakeSandbox, ManualClock, Script, failed, ok, timed_out
+from support.fakes import FakeSandbox, ManualClock, Script, failed, ok, timed_out
 
 from runner import Runner
 from runner.call.breaker import CircuitOpen

@@ -2,7 +2,7 @@
 
 A head (the control node, no sandbox slots; the runner's client attaches there) and two
 worker nodes with two ``runner_sandbox`` slots each, token authentication on, started once
-for the module by tests/ray_agent.py. The runner client runs in that namespace too; the
+for the module by tests/support/ray_agent.py. The runner client runs in that namespace too; the
 tests see the cluster's processes (same PID namespace) and kill a node's raylet from here.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import assert_nothing_survives, wait_for, write_tool
-from ray_cluster import RayCluster
+from support.ray_cluster import RayCluster
 
 from sandboxes.testing import processes_with_env
 

@@ -17,9 +17,9 @@ import pytest
 from conftest import ToolBench
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp_harness import ECHO, SLEEPER, SLOW, add_token, server_argv
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support.mcp_harness import ECHO, SLEEPER, SLOW, add_token, server_argv
 
 from runner.telemetry import RunnerMetrics
 
@@ -238,7 +238,7 @@ def test_an_attempt_dispatched_to_a_node_is_counted_under_that_node(bench: ToolB
     the real dispatch is in test_dispatch_ray.py, here a backend that says where it ran."""
     from dataclasses import replace
 
-    from fakes import FakeSandbox, ManualClock, failed, ok
+    from support.fakes import FakeSandbox, ManualClock, failed, ok
 
     bench.tool("echo", ECHO)
     bench.policy["defaults"]["retries"] = 1

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from docker import APIClient
-from naive_backend import NaiveSandbox
+from support.naive_backend import NaiveSandbox
 
 from sandboxes import Sandbox, plugins
 from sandboxes.testing import CONTRACT, Harness
@@ -68,7 +68,7 @@ def test_every_check_fails_against_a_backend_that_breaks_it(check: ContractCheck
 
 
 def _kill_what_the_mutant_left(workdir: Path) -> None:
-    from naive_backend import LEAKED, kill_leftovers
+    from support.naive_backend import LEAKED, kill_leftovers
 
     for folder in workdir.iterdir():
         kill_leftovers(folder.name)

@@ -1,5 +1,5 @@
 """Third-party MCP servers as tools (SPEC 12), with a hostile server of the tests' own
-(``servers/stateful_mcp.py``): listing, a fresh sandbox per call, every way a server can
+(``support/servers/stateful_mcp.py``): listing, a fresh sandbox per call, every way a server can
 fail, policy by ``tag:mcp``, warm pools, and both backends. The real third-party servers
 installed by ``runner mcp add`` are in ``test_mcp_add.py``."""
 
@@ -21,7 +21,7 @@ from runner.mcp.hosted.listing import ServerLister
 from runner.tools.cache import ManifestCache
 from runner.tools.manifest import load_entry
 
-SERVER = Path(__file__).parent / "servers" / "stateful_mcp.py"
+SERVER = Path(__file__).resolve().parents[2] / "support" / "servers" / "stateful_mcp.py"
 NAMES = {
     "count",
     "fail",
@@ -218,7 +218,7 @@ async def test_through_runner_serve_a_client_sees_hosted_tools_next_to_ours_per_
     bench: ToolBench, anyio_backend: str
 ) -> None:
     from mcp import Client
-    from mcp_harness import ECHO, stdio_server
+    from support.mcp_harness import ECHO, stdio_server
 
     from runner.mcp.hosted.dialogue import MAX_PROGRESS
 

@@ -1,6 +1,6 @@
 """A Ray cluster and a runner client inside a network namespace of their own (only loopback).
 
-Started by tests/ray_cluster.py as ``unshare --net python ray_agent.py WORKDIR MODE``:
+Started by tests/support/ray_cluster.py as ``unshare --net python ray_agent.py WORKDIR MODE``:
 brings loopback up, starts a Ray head (the control node: no sandbox slots, the client's
 raylet) and, in MODE ``locked``, two worker nodes with two ``runner_sandbox`` slots each, all
 in token mode; in MODE ``open`` one node with slots and no authentication at all. Then it

@@ -20,11 +20,11 @@ from conftest import ToolBench
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp_harness import ECHO, HttpServer, add_token, audit_events, server_argv
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from support.mcp_harness import ECHO, HttpServer, add_token, audit_events, server_argv
 
 from runner.mcp.serve.app import TRACE_ID_META
 from runner.telemetry.tracing import active_tracer

@@ -1,4 +1,4 @@
-"""The host side of tests/ray_agent.py: a Ray cluster in a namespace of its own, and its processes.
+"""The host side of tests/support/ray_agent.py: a Ray cluster in a namespace of its own, and its processes.
 
 The cluster's processes share this machine's PID namespace, so the tests see them in
 /proc: a raylet by its ``--node_id``, a sandbox's node by the raylet among its ancestors.

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from conftest import ToolBench, starter_dir
-from fakes import FakeSandbox, ManualClock, failed
+from support.fakes import FakeSandbox, ManualClock, failed
 
 REQUIRED = {"timestamp", "event", "requestId", "traceId", "toolName", "role"}
 OK = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"

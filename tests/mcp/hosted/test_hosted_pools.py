@@ -1,5 +1,5 @@
 """Warm hosted MCP servers initialized ahead (SPEC 11 + 12), both backends, with the tests'
-own server (``servers/stateful_mcp.py``): a pooled call finds its server initialized
+own server (``support/servers/stateful_mcp.py``): a pooled call finds its server initialized
 before the call was made and says only ``tools/call``; each call still meets a fresh
 server; a server that fails its handshake ahead (silent, or garbage instead of its
 answer) is never handed out, calls run cold, and nothing of it is left after close.

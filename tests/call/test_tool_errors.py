@@ -417,9 +417,9 @@ def test_docker_says_which_program_is_missing(bench: ToolBench, docker_client: A
 
 
 def test_the_cases_cover_the_whole_reason_table_with_its_rules() -> None:
-    """secret_unavailable: tests/test_secrets.py; internal: above; audit_unavailable:
-    tests/test_audit_logger.py (refused before any attempt); node_lost:
-    tests/test_dispatch_ray.py (a Ray node killed under a dispatched call)."""
+    """secret_unavailable: tests/secrets/test_secrets.py; internal: above; audit_unavailable:
+    tests/audit/test_audit_logger.py (refused before any attempt); node_lost:
+    tests/dispatch/test_dispatch_ray.py (a Ray node killed under a dispatched call)."""
     from runner.errors import REASON_RULES
 
     others = {"internal", "secret_unavailable", "audit_unavailable", "node_lost"}

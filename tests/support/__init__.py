@@ -1,0 +1,1 @@
+"""Fakes, harnesses and servers the tests share (no tests here)."""
