@@ -24,22 +24,23 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from runner.audit.log import AuditLog, iso_now
+from runner.audit.faults import OperatorLog, internal_error
+from runner.audit.log import AuditLog
 from runner.call.answers import AnswerMetadata, CallResult
 from runner.call.backends import Backends
 from runner.call.breaker import BreakerState, CircuitBreaker, CircuitOpen, tool_verdict
 from runner.call.egress import ConnectAttempt, call_egress
 from runner.call.executor import CallContext, Execution, Executor, Progress
-from runner.call.faults import OperatorLog, internal_error
 from runner.call.plan import CallPlan, launch_spec, resolve_plan
 from runner.call.pools import WarmPools
 from runner.call.requests import CallOptions, CallRequest, DiscoverRequest, parse_request, peek
-from runner.clock import Clock, SystemClock
+from runner.clock import Clock, SystemClock, iso_now
 from runner.config.locations import find_policy, tool_dirs
 from runner.config.policy import Policy
-from runner.dispatch.config import dispatched_sandbox
+from runner.dispatch.choice import dispatched_sandbox
 from runner.errors import CallError, ConfigError, ErrorCode
 from runner.mcp.hosted.listing import ServerLister
+from runner.mcp.hosted.work import MCP_WORK
 from runner.secrets.redaction import Scrubber, nodes_at, redact_nodes
 from runner.secrets.sources import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
 from runner.telemetry.calls import CallTelemetry, Telemetry
@@ -98,7 +99,7 @@ class Runner:
         self._threads = ThreadPoolExecutor(
             max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="runner-validate"
         )
-        self._executor = Executor(self._clock, audit, self._threads)
+        self._executor = Executor(self._clock, audit, self._threads, MCP_WORK)
         self._breakers: dict[str, CircuitBreaker] = {}
         self._lock = threading.Lock()
         self._in_flight: set[_InFlight] = set()
@@ -106,7 +107,7 @@ class Runner:
         # Warm sandboxes (SPEC 11) for a long-lived runner; a one-shot one (the CLI's
         # ``exec``) would start them only to throw them away.
         self._warm_pools = warm_pools
-        self._pools = WarmPools(audit.operator.warn, audit.operator.fault)
+        self._pools = WarmPools(audit.operator.warn, audit.operator.fault, hosted=MCP_WORK)
         # Prometheus series (SPEC 13), when given; spans whenever a tracer provider is set.
         self.metrics = metrics
         self._telemetry = Telemetry(

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from typing import Protocol
+
+
+def iso_now() -> str:
+    """The wall clock as audit events and answers write it: UTC, milliseconds, ``Z``."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class Clock(Protocol):

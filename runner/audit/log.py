@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextvars import ContextVar
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,7 +39,8 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 
 from runner.audit import chain as audit_chain
 from runner.audit.chain import ChainedFileSink
-from runner.call.faults import OperatorLog
+from runner.audit.faults import OperatorLog
+from runner.clock import iso_now
 from runner.errors import CallError, ErrorCode
 from runner.secrets.redaction import NO_SECRETS, Scrubber
 
@@ -57,10 +57,6 @@ DROP_WARNING_INTERVAL_S = 1.0  # at most one warning line a second about events 
 # The client a call is served for (`runner serve --http`: its token's name). The server sets
 # it around each call; every event written in that context carries it as `client`.
 AUDIT_CLIENT: ContextVar[str | None] = ContextVar("runner_audit_client", default=None)
-
-
-def iso_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def add_timestamp(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:

@@ -11,16 +11,17 @@ import json
 import math
 from concurrent.futures import Executor as ThreadPool
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from runner.audit.log import AuditLog
+from runner.call.hooks import NO_HOOKS, CallHooks
+from runner.call.hosting import NO_HOSTED_WORK, HostedWork
 from runner.call.outcomes import failure_error, parse_result
 from runner.call.plan import CallPlan
 from runner.clock import Clock
 from runner.errors import CallError, ErrorCode
 from runner.secrets.output import scrub_outcome
 from runner.secrets.redaction import NO_SECRETS, Scrubber
-from runner.telemetry import NO_TELEMETRY, CallTelemetry
 from runner.tools.manifest import Tool
 from sandboxes import (
     Converses,
@@ -34,9 +35,6 @@ from sandboxes import (
     StopReason,
 )
 from sandboxes.cancellation import finish_shielded
-
-if TYPE_CHECKING:
-    from runner.mcp.hosted.dialogue import HostedCall
 
 # An attempt with less time than this left before the deadline is not worth starting:
 # it could not even spawn a process.
@@ -59,7 +57,7 @@ class CallContext:
     user_id: str | None
     scrubber: Scrubber = NO_SECRETS
     tool_secrets: Scrubber = NO_SECRETS
-    telemetry: CallTelemetry = NO_TELEMETRY
+    telemetry: CallHooks = NO_HOOKS
 
     def audit_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {
@@ -106,10 +104,13 @@ def final_error(errors: list[CallError]) -> CallError:
 
 
 class Executor:
-    def __init__(self, clock: Clock, audit: AuditLog, threads: ThreadPool) -> None:
+    def __init__(
+        self, clock: Clock, audit: AuditLog, threads: ThreadPool, hosted: HostedWork = NO_HOSTED_WORK
+    ) -> None:
         self._clock = clock
         self._audit = audit
         self._threads = threads  # long results and output_schema: never on the event loop
+        self._hosted = hosted  # a hosted MCP server's tool is spoken with through this
 
     async def execute(
         self,
@@ -141,7 +142,11 @@ class Executor:
             timeout_ms = max(1, min(plan.limits.timeout_ms, math.ceil(left_ms)))
             by_deadline = timeout_ms < plan.limits.timeout_ms
             # A hosted MCP server's tool (SPEC 12) is spoken with; any other is fed its payload.
-            dialogue = _dialogue(tool, params, ctx) if tool.hosted is not None else None
+            dialogue = (
+                self._hosted.dialogue(tool.hosted.tool, params, ctx.tool_secrets)
+                if tool.hosted is not None
+                else None
+            )
             work = dialogue if dialogue is not None else _payload(params, spec, attempt)
             started = clock.monotonic()
             progress.attempts = attempt
@@ -250,13 +255,6 @@ def _payload(params: dict[str, Any], spec: LaunchSpec, attempt: int) -> bytes:
         "context": {"requestId": spec.request_id, "toolName": spec.tool_name, "attempt": attempt},
     }
     return json.dumps(document, ensure_ascii=False, allow_nan=False).encode("utf-8")
-
-
-def _dialogue(tool: Tool, params: dict[str, Any], ctx: CallContext) -> HostedCall:
-    from runner.mcp.hosted.dialogue import HostedCall  # the MCP SDK: only for a hosted server's tool
-
-    assert tool.hosted is not None
-    return HostedCall(tool.hosted.tool, params, ctx.tool_secrets)
 
 
 async def run_attempt(

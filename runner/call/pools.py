@@ -35,8 +35,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
+from runner.call.hosting import NO_HOSTED_WORK, Adopts, HeldOpening, HostedWork
 from runner.call.plan import resolve_plan
 from runner.config.policy import Policy, matching_rule
 from sandboxes import (
@@ -55,10 +56,7 @@ from sandboxes import (
 )
 
 if TYPE_CHECKING:
-    import mcp_types
-
     from runner.call.requests import CallOptions
-    from runner.mcp.hosted.session import Handshake
     from runner.tools.manifest import Tool
     from runner.tools.registry import Registry
 
@@ -89,7 +87,7 @@ class Ready:
 
     warm: WarmSandbox
     made: float
-    handshake: Handshake | None = None
+    handshake: HeldOpening | None = None
 
 
 @dataclass
@@ -101,13 +99,6 @@ class _Pool:
     in_use: dict[int, float] = field(default_factory=dict)
     retry_at: float = 0.0
     warned: bool = False  # of a failed handshake: once per pool
-
-
-@runtime_checkable
-class _Adopts(Protocol):
-    """A dialogue that can start past a handshake done ahead (``runner.mcp.hosted.session``)."""
-
-    def adopt(self, result: mcp_types.InitializeResult) -> None: ...
 
 
 def not_pooled_because(tool: Tool, policy: Policy) -> str | None:
@@ -177,10 +168,12 @@ class WarmPools:
         warn: Callable[[str], None],
         fault: Callable[[BaseException], None],
         clock: Callable[[], float] = time.monotonic,
+        hosted: HostedWork = NO_HOSTED_WORK,
     ) -> None:
         self._warn = warn
         self._fault = fault
         self._clock = clock
+        self._hosted = hosted  # says a hosted server's opening ahead
         self._cond = threading.Condition()
         self._pools: dict[str, _Pool] = {}
         self._doomed: list[WarmSandbox] = []  # to be discarded by the keeper
@@ -336,7 +329,7 @@ class WarmPools:
     def _prepare(self, pool: _Pool) -> None:
         plan = pool.plan
         warm: WarmSandbox | None = None
-        handshake: Handshake | None = None
+        handshake: HeldOpening | None = None
         try:
             warm = plan.backend.prestart(plan.spec, plan.limits)
         except SandboxUnavailable as exc:
@@ -357,13 +350,11 @@ class WarmPools:
                 pool.retry_at = 0.0
                 pool.idle.append(Ready(warm, self._clock(), handshake))
 
-    def _prime(self, pool: _Pool, warm: WarmSandbox) -> Handshake | None:
+    def _prime(self, pool: _Pool, warm: WarmSandbox) -> HeldOpening | None:
         """Initialize the MCP server of ``warm`` (a ``Primes``) within the tool's timeout;
         None when it failed (``warm`` is discarded then)."""
-        from runner.mcp.hosted.session import Handshake  # the MCP SDK: only for hosted tools' pools
-
         assert isinstance(warm, Primes)
-        handshake = Handshake()
+        handshake = self._hosted.opening()
         with self._cond:
             closing = self._closing
             if not closing:
@@ -437,7 +428,7 @@ class _Taken:
     gives its dialogue the handshake's result: its server is not initialized twice."""
 
     def __init__(
-        self, warm: WarmSandbox, release: Callable[[], None], handshake: Handshake | None = None
+        self, warm: WarmSandbox, release: Callable[[], None], handshake: HeldOpening | None = None
     ) -> None:
         self._warm = warm
         self._release: Callable[[], None] | None = release
@@ -450,7 +441,7 @@ class _Taken:
         if not isinstance(self._warm, Converses):
             raise SandboxUnavailable("this warm sandbox cannot host an MCP server")
         if self._handshake is not None:
-            if not isinstance(dialogue, _Adopts) or self._handshake.result is None:
+            if not isinstance(dialogue, Adopts) or self._handshake.result is None:
                 raise SandboxUnavailable("this warm MCP server was initialized ahead for a call only")
             dialogue.adopt(self._handshake.result)
         return replace(await self._warm.converse(dialogue), warm=True)

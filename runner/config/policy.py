@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from runner.config.dispatch import DispatchModel, token_problem
 from runner.config.egress import NetworkAllow
 from runner.config.settings import CallSettings, ResourceSettings
 from runner.config.yaml_files import YamlFileError, load_yaml_file
-from runner.dispatch.config import DispatchModel, token_problem
 from runner.errors import ConfigError
 from runner.secrets.sources import SecretSource, name_problem
 from runner.tools.manifest import Tool

@@ -6,7 +6,8 @@ resource, runs the attempt on its node through that node's own backend and retur
 ``SandboxOutcome``. Ray is an optional extra (``pip install '<dist>[ray]'``) and is
 imported only by ``cluster`` and ``sandbox``, and only when a dispatched call needs it.
 
-    settings   the policy's ``dispatch:`` section, and which tools it covers
+    choice     which tools the policy's ``dispatch:`` section covers (the section itself:
+               ``runner.config.dispatch``), and the sandbox of such a call
     bundle     a tool folder packed with its content hash; unpacked and checked on a node
     node       what runs inside the Ray task, on the node
     cluster    the connection to the cluster: token authentication checked first
@@ -14,6 +15,7 @@ imported only by ``cluster`` and ``sandbox``, and only when a dispatched call ne
     doctor     the ``ray cluster`` line of ``runner doctor``
 """
 
-from runner.dispatch.config import DispatchModel, covers
+from runner.config.dispatch import DispatchModel
+from runner.dispatch.choice import covers
 
 __all__ = ["DispatchModel", "covers"]

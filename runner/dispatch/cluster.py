@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.dispatch.config import DEFAULT_TOKEN_FILE, DispatchModel, token_path
+from runner.config.dispatch import DEFAULT_TOKEN_FILE, DispatchModel, token_path
 from runner.dispatch.node import NodeJob, node_task
 from sandboxes import SandboxUnavailable
 

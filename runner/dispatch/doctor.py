@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runner.dispatch.config import DispatchModel
+from runner.config.dispatch import DispatchModel
 from sandboxes import Check, SandboxUnavailable
 
 

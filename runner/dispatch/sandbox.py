@@ -27,9 +27,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from runner.config.dispatch import DispatchModel
 from runner.dispatch.bundle import ToolBundle, pack
 from runner.dispatch.cluster import join, submit
-from runner.dispatch.config import DispatchModel
 from runner.dispatch.node import NodeJob
 from sandboxes import Dialogue, LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
 from sandboxes.cancellation import finish_shielded

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from runner.tools.manifest import MCP_HINTS
+
 if TYPE_CHECKING:
     from runner.tools.manifest import Tool
 
@@ -50,13 +52,6 @@ _SUBSCHEMA_ONE = frozenset(
         "additionalItems",
     }
 )
-# The MCP annotation each manifest annotation becomes.
-_MCP_HINTS = {
-    "read_only": "readOnlyHint",
-    "destructive": "destructiveHint",
-    "idempotent": "idempotentHint",
-    "open_world": "openWorldHint",
-}
 
 
 @dataclass(frozen=True)
@@ -117,7 +112,7 @@ def mcp_definition(tool: Tool, notes: list[ExportNote] | None = None) -> dict[st
         # travels as JSON text.
         notes.append(ExportNote(tool.name, "output_schema is not an object schema; outputSchema left out"))
     hints = {
-        _MCP_HINTS[key]: value
+        MCP_HINTS[key]: value
         for key, value in manifest.annotations.model_dump().items()
         if value is not None
     }

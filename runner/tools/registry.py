@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from runner.mcp.hosted.tools import server_as_tool
 from runner.tools.cache import ManifestCache
+from runner.tools.hosted import ListingFailed, expand, server_as_tool
 from runner.tools.manifest import MANIFEST_FILE, ManifestError, ServerEntry, Tool, load_entry
 
 
 class Lister(Protocol):
-    """Learns an MCP server's tools (``runner.mcp.hosted.listing.ServerLister``)."""
+    """Learns an MCP server's tools (the MCP side's ``ServerLister``)."""
 
     def __call__(self, entry: ServerEntry, cache: ManifestCache) -> list[dict[str, Any]]: ...
 
@@ -165,9 +165,6 @@ def _server_tools(
 ) -> tuple[list[Tool], list[LoadProblem]]:
     """The tools of an MCP server's folder; what keeps it, or some of its tools, out goes
     to ``problems``."""
-    from runner.mcp.hosted.listing import ListingFailed
-    from runner.mcp.hosted.tools import expand
-
     path = entry.directory / MANIFEST_FILE
     name = entry.manifest.name
     if lister is None:

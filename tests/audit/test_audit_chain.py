@@ -22,9 +22,9 @@ from conftest import ToolBench
 from runner.audit import chain as audit_chain
 from runner.audit import log as audit_module
 from runner.audit.chain import GENESIS
+from runner.audit.faults import OperatorLog
 from runner.audit.log import AuditLog
 from runner.audit.verify import ChainVerdict, verify
-from runner.call.faults import OperatorLog
 from runner.errors import CallError, ConfigError
 
 OK = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"

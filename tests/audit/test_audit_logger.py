@@ -22,8 +22,8 @@ from structlog.typing import EventDict, WrappedLogger
 from support.fakes import FakeSandbox, ManualClock, ok
 
 from runner import Runner
+from runner.audit.faults import OperatorLog
 from runner.audit.log import AuditLog, MemorySink
-from runner.call.faults import OperatorLog
 
 REQUIRED = {"timestamp", "event", "requestId", "traceId", "toolName", "role"}
 CALL_EVENTS = ["policy.decision", "call.attempt", "call.finished"]

@@ -27,8 +27,8 @@ from runner.call.plan import launch_spec, resolve_plan
 from runner.call.requests import CallOptions
 from runner.call.tool_errors import one_line
 from runner.config.policy import Policy
-from runner.mcp.hosted.tools import server_as_tool
 from runner.tools.cache import ManifestCache
+from runner.tools.hosted import ListingFailed, server_as_tool
 from runner.tools.manifest import ServerEntry
 from sandboxes import Converses, LaunchSpec, Limits, Sandbox, SandboxOutcome, SandboxUnavailable
 
@@ -42,10 +42,6 @@ CACHE_PREFIX = "mcp-tools:"
 # manifest): a broken or hanging server must not make every command wait for its timeout.
 FAILURE_MEMORY_S = 60.0
 FAILED_SUFFIX = ":failed"
-
-
-class ListingFailed(Exception):
-    """The server's tools could not be learnt; the message says why, for the operator."""
 
 
 class ServerLister:

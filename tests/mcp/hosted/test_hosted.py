@@ -347,7 +347,7 @@ def test_a_listing_failure_is_remembered_so_other_commands_do_not_wait_for_it(be
 
 
 def test_a_server_is_listed_with_at_most_max_tools_and_the_rest_reported(bench: ToolBench) -> None:
-    from runner.mcp.hosted.tools import MAX_SERVER_TOOLS
+    from runner.tools.hosted import MAX_SERVER_TOOLS
 
     folder = add_server(bench)
     (folder / "server.py").write_text(

@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from runner.clock import iso_now
 from runner.errors import CallError, ConfigError, ErrorCode
 from runner.secrets.redaction import NO_SECRETS, Scrubber
 
@@ -27,12 +28,6 @@ def internal_error(exc: BaseException) -> CallError:
         {"reason": "internal"},
         retryable=False,
     )
-
-
-def _now() -> str:
-    from runner.audit.log import iso_now  # audit imports this module
-
-    return iso_now()
 
 
 class OperatorLog:
@@ -70,14 +65,14 @@ class OperatorLog:
         except Exception as problem:  # a traceback that cannot be formatted
             trace = f"{type(exc).__name__} (traceback unavailable: {type(problem).__name__})\n"
         where = " ".join(f"{key}={value!r}" for key, value in ids.items())
-        text = f"{_now()} runner: internal error {where}\n{trace}"
+        text = f"{iso_now()} runner: internal error {where}\n{trace}"
         self.write(scrubber.scrub_text(text) if scrubber else text)
 
     def warn(self, message: str) -> None:
         """A one-line warning, on standard error, and in the operator's file when there is one."""
         line = f"runner: warning: {' '.join(message.split())}\n"
         if self._fd is not None:
-            self.write(f"{_now()} {line}")
+            self.write(f"{iso_now()} {line}")
         _to_stderr(line)
 
     def write(self, text: str) -> None:

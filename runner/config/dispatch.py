@@ -1,22 +1,16 @@
-"""The policy's ``dispatch:`` section (SPEC 14) and which tools it covers.
+"""The policy's ``dispatch:`` section: its model and the check of the cluster's token.
 
 No Ray here: a policy with a ``dispatch:`` section loads (and is checked) on a host
-without the extra; only a dispatched call needs Ray.
+without the extra; only a dispatched call needs Ray (``runner.dispatch``).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from runner.tools.manifest import Tool
-
-if TYPE_CHECKING:
-    from runner.config.policy import Policy
-    from sandboxes import Sandbox
 
 # Ray's own places for a client's token, read by Ray itself when ``token_file`` is unset.
 TOKEN_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -45,13 +39,6 @@ class DispatchModel(BaseModel):
     connect_timeout_ms: int = Field(default=10000, gt=0, le=120000)
 
 
-def covers(model: DispatchModel | None, tool: Tool) -> bool:
-    """Is ``tool`` dispatched? (``tools`` matched as the policy's rules are.)"""
-    from runner.config.policy import matching_rule  # runner.config.policy imports this module
-
-    return model is not None and matching_rule(model.tools, tool) is not None
-
-
 def token_problem(model: DispatchModel, base_dir: Path) -> str | None:
     """Why this host has no token for the cluster; None when it has one (a file to read, or
     one of Ray's variables). Checked when the policy loads: no dispatch without a token."""
@@ -75,14 +62,3 @@ def token_path(model: DispatchModel, base_dir: Path) -> Path | None:
     if model.token_file is None:
         return None
     return base_dir / Path(model.token_file).expanduser()
-
-
-def dispatched_sandbox(policy: Policy, tool: Tool, backend: str) -> Sandbox | None:
-    """The sandbox of a call of ``tool`` when the policy dispatches it; None when it runs here."""
-    model = policy.model.dispatch
-    if model is None or not covers(model, tool):
-        return None
-    from runner.dispatch.sandbox import DispatchedSandbox  # the packing and the cluster: on use
-
-    config: dict[str, Any] = policy.model.sandbox.backends.get(backend, {})
-    return DispatchedSandbox(backend, config, model, policy.base_dir)

@@ -1,4 +1,4 @@
-"""An MCP server's listed tools as the runner's own tools (SPEC 12).
+"""An MCP server's listed tools as the runner's own tools.
 
 Each listed tool becomes a ``Tool`` whose manifest is the server's (command, sandbox,
 limits, network, workspace, env, secrets) with the listed name, description and schemas,
@@ -15,6 +15,7 @@ from typing import Any
 
 from runner.call.tool_errors import one_line
 from runner.tools.manifest import (
+    MCP_HINTS,
     NAME_PATTERN,
     AnnotationsModel,
     HostedTool,
@@ -29,13 +30,10 @@ MAX_DESCRIPTION = 1000
 # More tools than this from one server are left out (reported): each is checked at every
 # load and exported to agents, and no real server has that many.
 MAX_SERVER_TOOLS = 256
-# MCP's annotation hints, by the manifest's names for them.
-_HINTS = {
-    "read_only": "readOnlyHint",
-    "destructive": "destructiveHint",
-    "idempotent": "idempotentHint",
-    "open_world": "openWorldHint",
-}
+
+
+class ListingFailed(Exception):
+    """The server's tools could not be learnt; the message says why, for the operator."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +122,7 @@ def _annotations(own: AnnotationsModel, listed: object) -> AnnotationsModel:
     """The server's hints, each overridden by the manifest's where it sets one."""
     hints = listed if isinstance(listed, dict) else {}
     values: dict[str, Any] = {}
-    for field, hint in _HINTS.items():
+    for field, hint in MCP_HINTS.items():
         mine = getattr(own, field)
         theirs = hints.get(hint)
         values[field] = mine if mine is not None else theirs if isinstance(theirs, bool) else None

@@ -1,0 +1,66 @@
+"""The work of a hosted MCP server's tool as the call path sees it, without MCP.
+
+A hosted tool is spoken with rather than fed a payload: each attempt gets a fresh
+``HostedDialogue``, and a warm pool may say the server's opening ahead (``HeldOpening``)
+so that its call starts past it. The MCP side supplies both (``runner.mcp.hosted.work``)
+and the ``Runner`` plugs it in; the core never imports the MCP SDK or ``runner.mcp``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from runner.errors import CallError
+from runner.secrets.redaction import Scrubber
+from sandboxes import Dialogue, Opening, SandboxOutcome
+
+
+class HostedDialogue(Dialogue, Protocol):
+    """One attempt's conversation with a hosted server's tool."""
+
+    def settled(self, outcome: SandboxOutcome) -> SandboxOutcome:
+        """The sandbox's outcome with what the server answered as its result."""
+        ...
+
+    def protocol_error(self, tool_name: str, secrets: Scrubber) -> CallError | None:
+        """The error when the server broke the protocol; None when it kept it."""
+        ...
+
+
+class HeldOpening(Opening, Protocol):
+    """An opening said ahead; ``result`` what the server answered (None until it did)."""
+
+    @property
+    def result(self) -> Any: ...
+
+
+@runtime_checkable
+class Adopts(Protocol):
+    """A dialogue that can start past an opening said ahead."""
+
+    def adopt(self, result: Any) -> None: ...
+
+
+class HostedWork(Protocol):
+    """What the call path needs to run a hosted server's tool."""
+
+    def dialogue(self, tool_name: str, params: dict[str, Any], secrets: Scrubber) -> HostedDialogue:
+        """The conversation of one attempt calling ``tool_name`` (the server's own name)."""
+        ...
+
+    def opening(self) -> HeldOpening:
+        """A new opening for a warm sandbox of a hosted server."""
+        ...
+
+
+class NoHostedWork:
+    """The call path without the MCP side: a hosted tool's call is a fault of the runner."""
+
+    def dialogue(self, tool_name: str, params: dict[str, Any], secrets: Scrubber) -> HostedDialogue:
+        raise RuntimeError(f"no hosted work plugged in: cannot call the MCP tool {tool_name!r}")
+
+    def opening(self) -> HeldOpening:
+        raise RuntimeError("no hosted work plugged in: cannot prime a hosted server")
+
+
+NO_HOSTED_WORK: HostedWork = NoHostedWork()

@@ -1,0 +1,26 @@
+"""The hosted side's work for the call path (``runner.call.hosting.HostedWork``): the MCP
+SDK is imported only when a hosted server's tool is called or primed."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from runner.call.hosting import HeldOpening, HostedDialogue
+
+if TYPE_CHECKING:
+    from runner.secrets.redaction import Scrubber
+
+
+class McpWork:
+    def dialogue(self, tool_name: str, params: dict[str, Any], secrets: Scrubber) -> HostedDialogue:
+        from runner.mcp.hosted.dialogue import HostedCall
+
+        return HostedCall(tool_name, params, secrets)
+
+    def opening(self) -> HeldOpening:
+        from runner.mcp.hosted.session import Handshake
+
+        return Handshake()
+
+
+MCP_WORK = McpWork()
