@@ -16,6 +16,7 @@ import importlib
 # (it runs without site, so nothing has imported typing before); mypy knows this name.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from sandboxes._watchdog import prestart as prestart_watchdog
     from sandboxes.base import (
         BackendConfigError,
         Check,
@@ -66,10 +67,13 @@ __all__ = [
     "StopReason",
     "ToolRequirements",
     "WarmSandbox",
+    "prestart_watchdog",
 ]
 
 
 def __getattr__(name: str) -> object:
+    if name == "prestart_watchdog":  # start the reaper ahead (the command line's `exec`)
+        return importlib.import_module("sandboxes._watchdog").prestart
     if name in __all__:
         return getattr(importlib.import_module("sandboxes.base"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

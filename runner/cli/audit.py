@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NoReturn, cast
 
 import click
 
-from runner.cli import EXIT_FAILED, EXIT_OK, _Command, _fail_usage, _location_options, _print_json
+from runner.cli._common import EXIT_FAILED, EXIT_OK, _Command, _fail_usage, _location_options, _print_json
 from runner.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -118,7 +118,7 @@ class ImageProbe:
         Raises:
             SandboxUnavailable: the daemon could not say.
         """
-        from sandboxes.docker._client import image_exists
+        from sandboxes.docker import image_exists
 
         if not image_exists(self._client, image):
             return f"image {image} does not exist; {BUILD_HINT}"
@@ -143,7 +143,7 @@ class ImageProbe:
         return f"command {program!r} is not found in image {image} {where}".rstrip()
 
     def _exists(self, image: str, path: str) -> bool:
-        from sandboxes.docker._client import daemon_call
+        from sandboxes.docker import daemon_call
 
         with daemon_call("look into the image"):
             container = self._container(image)
@@ -153,7 +153,7 @@ class ImageProbe:
         return answer.status_code == 200
 
     def _container(self, image: str) -> str:
-        from sandboxes.docker._client import LABEL_MANAGED, LABEL_OWNER
+        from sandboxes.docker import LABEL_MANAGED, LABEL_OWNER
 
         if image not in self._containers:
             created = self._client.create_container(
@@ -166,7 +166,7 @@ class ImageProbe:
         return self._containers[image]
 
     def close(self) -> None:
-        from sandboxes.docker._client import daemon_failures
+        from sandboxes.docker import daemon_failures
 
         for container in self._containers.values():
             with contextlib.suppress(*daemon_failures()):
@@ -178,7 +178,7 @@ class ImageProbe:
 def image_probe() -> Iterator[ImageProbe | str]:
     """An ``ImageProbe`` on the daemon, or why there is none (the daemon is unreachable)."""
     from sandboxes import SandboxUnavailable
-    from sandboxes.docker._client import api_client
+    from sandboxes.docker import api_client
 
     try:
         client = api_client()

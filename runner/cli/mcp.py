@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from runner.cli import _fail_usage, _load, _location_options, _print_json
+from runner.cli._common import _fail_usage, _load, _location_options, _print_json
 from runner.errors import ConfigError
 
 if TYPE_CHECKING:

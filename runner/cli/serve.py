@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from runner.cli import EXIT_OK, _fail_usage, _load, _location_options, _print_json
+from runner.cli._common import EXIT_OK, _fail_usage, _load, _location_options, _print_json
 from runner.errors import CallError, ConfigError
 from runner.tools.definitions import FORMATS, definitions
 

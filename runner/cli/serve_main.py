@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 import anyio
 
 from runner.api import Runner
-from runner.cli import EXIT_OK, _fail_usage
+from runner.cli._common import EXIT_OK, _fail_usage
 from runner.config.locations import find_policy, tool_dirs
 from runner.errors import ConfigError
 from runner.mcp.serve.app import Caller, ToolService

@@ -1,0 +1,151 @@
+"""``runner exec``: one call from the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:
+    pass
+
+from runner.cli._common import EXIT_FAILED, EXIT_OK, _fail_usage, _load, _location_options, _print_json
+
+
+def _params(value: str | None) -> object:
+    if value is None:
+        return {}
+    text = value
+    if value == "@-":
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError:
+            _fail_usage("the params on stdin are not UTF-8 text")
+    elif value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            _fail_usage(f"params file {value[1:]} is not UTF-8 text (byte {exc.start})")
+        except OSError as exc:
+            _fail_usage(f"cannot read params file {value[1:]}: {exc.strerror or 'read failed'}")
+    try:
+        # NaN and Infinity parse here; the runner then refuses them as INVALID_PARAMS.
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        _fail_usage(f"--params is not valid JSON: {_json_problem(exc)}")
+
+
+def _json_problem(exc: ValueError | RecursionError) -> str:
+    """What is wrong with a JSON text, and where, in words (never an exception's name)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} (line {exc.lineno}, column {exc.colno})"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else " ".join(str(exc).split())
+
+
+@click.command("exec")
+@_location_options
+@click.argument("tool")
+@click.option("--params", default=None, help="JSON object, @FILE to read it from a file, or @- from stdin.")
+@click.option("--role", default=None, help="Call as this role (default: the policy's default_role).")
+@click.option(
+    "--timeout",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="MS",
+    help="Milliseconds one attempt may run before it is killed.",
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Retries after a failed attempt (not counting the first).",
+)
+@click.option(
+    "--retry-delay",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="MS",
+    help="Milliseconds between attempts.",
+)
+@click.option(
+    "--deadline",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="MS",
+    help="Milliseconds for the whole call, every attempt and delay included.",
+)
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["json", "raw"]),
+    default=None,
+    help="json: the result is the tool's stdout parsed; raw: its text as is.",
+)
+@click.option(
+    "--request-id", default=None, help="The call's id in the answer and the audit log (default: generated)."
+)
+@click.option("--step-id", default=None, help="The agent's step this call belongs to, for the audit log.")
+@click.pass_context
+def exec_command(
+    ctx: click.Context,
+    tool: str,
+    params: str | None,
+    role: str | None,
+    timeout: int | None,
+    retries: int | None,
+    retry_delay: int | None,
+    deadline: int | None,
+    output_format: str | None,
+    request_id: str | None,
+    step_id: str | None,
+) -> None:
+    """Call TOOL, or read one whole request from stdin when TOOL is '-'.
+
+    Prints the answer as JSON (indented on a terminal); exits 0 on success, 1 when the
+    call failed, 130 after Ctrl-C (once the tool's sandbox is gone).
+    """
+    from sandboxes import prestart_watchdog as prestart
+
+    prestart()  # it boots on the other core while the tools load; the call waits for it
+    request: object
+    if tool == "-":
+        try:
+            request = json.loads(sys.stdin.read())
+        except (ValueError, RecursionError) as exc:
+            _fail_usage(f"stdin is not a JSON request: {_json_problem(exc)}")
+    else:
+        options = {
+            "timeout": timeout,
+            "retries": retries,
+            "retryDelay": retry_delay,
+            "deadline": deadline,
+            "format": output_format,
+        }
+        request = {
+            "toolName": tool,
+            "params": _params(params),
+            "options": {k: v for k, v in options.items() if v is not None},
+        }
+        for key, value in (("role", role), ("requestId", request_id), ("stepId", step_id)):
+            if value is not None:
+                request[key] = value
+    from runner.cli.interrupt import Interrupted, handle_interruptibly
+    from runner.cli.terminal import Output, readable_json
+
+    runner = _load(ctx)
+    try:
+        answer = handle_interruptibly(runner, request)
+    except Interrupted as stopped:
+        sys.exit(128 + stopped.signum)
+    out = Output.detect()
+    if out.human:
+        out.write(readable_json(answer, out))
+    else:
+        _print_json(answer)
+    sys.exit(EXIT_OK if answer["success"] else EXIT_FAILED)
