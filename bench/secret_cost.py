@@ -23,8 +23,8 @@ sys.path.insert(0, str(REPO))
 from _timing import print_table, timed  # noqa: E402
 
 from runner import Runner  # noqa: E402
+from runner.schema.redaction import Scrubber  # noqa: E402
 from runner.secrets.output import scrub_outcome  # noqa: E402
-from runner.secrets.redaction import Scrubber  # noqa: E402
 from sandboxes import SandboxOutcome  # noqa: E402
 
 CODE = "import json, sys\np = json.load(sys.stdin)['params']\njson.dump(p['a'] + p['b'], sys.stdout)\n"

@@ -32,16 +32,16 @@ from runner.call.breaker import BreakerState, CircuitBreaker, CircuitOpen, tool_
 from runner.call.egress import ConnectAttempt, call_egress
 from runner.call.executor import CallContext, Execution, Executor, Progress
 from runner.call.plan import CallPlan, launch_spec, resolve_plan
+from runner.call.policy import Policy
 from runner.call.pools import WarmPools
 from runner.call.requests import CallOptions, CallRequest, DiscoverRequest, parse_request, peek
 from runner.clock import Clock, SystemClock, iso_now
 from runner.config.locations import find_policy, tool_dirs
-from runner.config.policy import Policy
 from runner.dispatch.choice import dispatched_sandbox
 from runner.errors import CallError, ConfigError, ErrorCode
 from runner.mcp.hosted.listing import ServerLister
 from runner.mcp.hosted.work import MCP_WORK
-from runner.secrets.redaction import Scrubber, nodes_at, redact_nodes
+from runner.schema.redaction import Scrubber, nodes_at, redact_nodes
 from runner.secrets.sources import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
 from runner.telemetry.calls import CallTelemetry, Telemetry
 from runner.telemetry.labels import CANCELLED, RunnerState

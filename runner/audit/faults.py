@@ -17,7 +17,7 @@ from typing import Any
 
 from runner.clock import iso_now
 from runner.errors import CallError, ConfigError, ErrorCode
-from runner.secrets.redaction import NO_SECRETS, Scrubber
+from runner.schema.redaction import NO_SECRETS, Scrubber
 
 
 def internal_error(exc: BaseException) -> CallError:

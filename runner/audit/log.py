@@ -42,7 +42,7 @@ from runner.audit.chain import ChainedFileSink
 from runner.audit.faults import OperatorLog
 from runner.clock import iso_now
 from runner.errors import CallError, ErrorCode
-from runner.secrets.redaction import NO_SECRETS, Scrubber
+from runner.schema.redaction import NO_SECRETS, Scrubber
 
 MAX_STRING = 512  # any string field is cut to this many characters
 MAX_FIELD_JSON = 2048  # any container field is replaced by a cut JSON text past this size

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from runner.config.policy import Policy
+from runner.call.policy import Policy
 from runner.errors import ConfigError
 from runner.tools.manifest import Tool
 from sandboxes import (

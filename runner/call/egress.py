@@ -23,8 +23,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from runner.call.policy import Policy
 from runner.config.egress import EgressRules, IPAddress, NetworkAllow, as_address, canonical_host
-from runner.config.policy import Policy
 from runner.tools.manifest import Tool
 from sandboxes import LaunchSpec
 

@@ -20,8 +20,8 @@ from runner.call.outcomes import failure_error, parse_result
 from runner.call.plan import CallPlan
 from runner.clock import Clock
 from runner.errors import CallError, ErrorCode
+from runner.schema.redaction import NO_SECRETS, Scrubber
 from runner.secrets.output import scrub_outcome
-from runner.secrets.redaction import NO_SECRETS, Scrubber
 from runner.tools.manifest import Tool
 from sandboxes import (
     Converses,

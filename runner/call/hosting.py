@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from runner.errors import CallError
-from runner.secrets.redaction import Scrubber
+from runner.schema.redaction import Scrubber
 from sandboxes import Dialogue, Opening, SandboxOutcome
 
 

@@ -6,10 +6,10 @@ import re
 import signal as signals
 from typing import Any, Literal
 
-from runner.call.tool_errors import NotAReport, ToolReport, one_line, read_report
 from runner.errors import CallError, ErrorCode
 from runner.schema import strict_json
 from runner.tools.manifest import Tool
+from runner.tools.tool_errors import NotAReport, ToolReport, one_line, read_report
 from sandboxes import SandboxOutcome, StopReason
 
 MAX_STDERR_TAIL = 2000

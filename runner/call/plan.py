@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from runner.call.policy import Policy
 from runner.call.requests import CallOptions
-from runner.config.policy import Policy
 from runner.config.settings import RESOURCE_FIELDS, CallSettings, first_set
 from runner.tools.manifest import Tool
 from sandboxes import LaunchSpec, Limits

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from runner.call.hosting import NO_HOSTED_WORK, Adopts, HeldOpening, HostedWork
 from runner.call.plan import resolve_plan
-from runner.config.policy import Policy, matching_rule
+from runner.call.policy import Policy, matching_rule
 from sandboxes import (
     Converses,
     Dialogue,

@@ -210,8 +210,8 @@ def _time_option(value: str | None, flag: str) -> datetime | None:
 
 
 def _policy_audit_path(ctx: click.Context) -> Path | None:
+    from runner.call.policy import Policy
     from runner.config.locations import find_policy
-    from runner.config.policy import Policy
 
     try:
         return Policy.load(find_policy(ctx.obj["policies"])).audit_path

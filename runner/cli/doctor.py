@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runner.config.policy import Policy
+from runner.call.policy import Policy
 from sandboxes import BackendConfigError, ChecksMachine, plugins
 
 

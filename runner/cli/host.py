@@ -11,7 +11,7 @@ import click
 from runner.errors import ConfigError
 
 if TYPE_CHECKING:
-    from runner.config.policy import Policy
+    from runner.call.policy import Policy
 
 from runner.cli._common import EXIT_FAILED, EXIT_OK, _fail_usage, _location_options, _print_json
 
@@ -65,8 +65,8 @@ def doctor_command(ctx: click.Context, as_json: bool) -> None:
 
 def _policy_if_any(ctx: click.Context) -> Policy | None:
     """The policy the other commands would use, when there is one (its backend settings)."""
+    from runner.call.policy import Policy
     from runner.config.locations import find_policy
-    from runner.config.policy import Policy
 
     try:
         return Policy.load(find_policy(ctx.obj["policies"]))

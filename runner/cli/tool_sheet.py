@@ -12,8 +12,8 @@ from typing import Any
 
 from runner.api import Runner, _describe
 from runner.call.plan import resolve_plan
+from runner.call.policy import Policy
 from runner.call.requests import CallOptions
-from runner.config.policy import Policy
 from runner.tools.manifest import Tool
 
 

@@ -83,7 +83,7 @@ def list_command(ctx: click.Context, filter_text: str | None, role: str | None, 
     if out.human:
         print_tools(tools, out)
         return
-    from runner.call.tool_errors import printable  # a description may be a third party's words
+    from runner.tools.tool_errors import printable  # a description may be a third party's words
 
     for tool in tools:
         tags = printable(",".join(tool["metadata"]["tags"]))

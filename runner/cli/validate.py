@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from runner.call.plan import resolve_plan
+from runner.call.policy import Policy, matching_rule
 from runner.call.requests import CallOptions
 from runner.cli.checks import ImageProbe, host_command_problem, image_probe, script_problem
 from runner.config.egress import NetworkAllow
-from runner.config.policy import Policy, matching_rule
 from runner.secrets.sources import read_secrets
 from runner.tools.manifest import Tool
 from runner.tools.registry import Registry

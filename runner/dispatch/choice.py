@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from runner.call.policy import matching_rule
 from runner.config.dispatch import DispatchModel
-from runner.config.policy import matching_rule
 from runner.tools.manifest import Tool
 
 if TYPE_CHECKING:
-    from runner.config.policy import Policy
+    from runner.call.policy import Policy
     from sandboxes import Sandbox
 
 

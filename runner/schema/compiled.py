@@ -17,7 +17,7 @@ from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource, Unresolvable
 
 from runner.schema.keywords import FORMAT_CHECKER, SafeValidator, ValidationExpired, validation_run
-from runner.secrets.redaction import Scrubber, holds_marked, nodes_at, redact_nodes
+from runner.schema.redaction import Scrubber, holds_marked, nodes_at, redact_nodes
 
 
 def _refuse_retrieval(uri: str) -> Resource[Any]:

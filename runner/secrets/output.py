@@ -13,7 +13,7 @@ import json
 from typing import Any, Literal
 
 from runner.schema import strict_json
-from runner.secrets.redaction import REDACTED, Scrubber
+from runner.schema.redaction import REDACTED, Scrubber
 from sandboxes import SandboxOutcome
 from sandboxes.view import STDERR_TAIL_BYTES
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from runner.secrets.redaction import Scrubber
+from runner.schema.redaction import Scrubber
 
 SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 # What the runner and its sandboxes set themselves: a secret of that name would override it.

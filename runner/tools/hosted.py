@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runner.call.tool_errors import one_line
 from runner.tools.manifest import (
     MCP_HINTS,
     NAME_PATTERN,
@@ -24,6 +23,7 @@ from runner.tools.manifest import (
     ServerEntry,
     Tool,
 )
+from runner.tools.tool_errors import one_line
 
 MCP_TAG = "mcp"
 MAX_DESCRIPTION = 1000

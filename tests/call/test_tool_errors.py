@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import ToolBench, answer_of
 
-from runner.call.tool_errors import MAX_DETAILS_BYTES, MAX_MESSAGE, NotAReport, ToolReport, read_report
+from runner.tools.tool_errors import MAX_DETAILS_BYTES, MAX_MESSAGE, NotAReport, ToolReport, read_report
 from sandboxes import LaunchSpec, Limits, SandboxOutcome
 
 RETRIES = 2  # so a retried failure makes 3 attempts and one that is not makes 1

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import BASE_POLICY, ToolBench, write_tool
 
-from runner.config.policy import Policy
+from runner.call.policy import Policy
 from runner.dispatch.bundle import (
     MAX_ENTRIES,
     MAX_PATH_BYTES,

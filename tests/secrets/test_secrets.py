@@ -21,7 +21,7 @@ import yaml
 from conftest import ToolBench, answer_of
 from docker import APIClient
 
-from runner.config.policy import Policy
+from runner.call.policy import Policy
 from runner.errors import ConfigError
 from sandboxes.base import LaunchSpec, Limits
 from sandboxes.docker import DockerSandbox

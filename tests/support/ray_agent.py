@@ -158,8 +158,8 @@ class Agent:
         return {"nodes": [n.__dict__ for n in node_slots("runner_sandbox")]}
 
     def doctor(self, policy: str) -> dict[str, Any]:
+        from runner.call.policy import Policy
         from runner.cli.doctor import check_layers
-        from runner.config.policy import Policy
 
         layers = check_layers(Policy.load(Path(policy)))
         return {"layers": [layer.__dict__ for layer in layers if layer.backend == "dispatch"]}

@@ -12,7 +12,7 @@ from mcp.shared.dispatcher import ProgressFnT
 from runner.errors import CallError
 from runner.mcp.hosted.replies import protocol_error, settle
 from runner.mcp.hosted.session import CallTool
-from runner.secrets.redaction import Scrubber
+from runner.schema.redaction import Scrubber
 from sandboxes import SandboxOutcome
 
 # Where the server's ``notifications/progress`` of the call being served go: set by

@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from runner.call.policy import Policy, PolicyDecision, PolicyModel, RoleModel, ToolOverrideModel
 from runner.config.egress import NetworkAllow
-from runner.config.policy import Policy, PolicyDecision, PolicyModel, RoleModel, ToolOverrideModel
 from runner.tools.manifest import ManifestModel, Tool
 
 _ROUNDS = 8  # one per kind of refusal is enough: each grant lifts one for good

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.call.plan import launch_spec, resolve_plan
+from runner.call.policy import Policy
 from runner.call.requests import CallOptions
-from runner.call.tool_errors import one_line
-from runner.config.policy import Policy
 from runner.tools.cache import ManifestCache
 from runner.tools.hosted import ListingFailed, server_as_tool
 from runner.tools.manifest import ServerEntry
+from runner.tools.tool_errors import one_line
 from sandboxes import Converses, LaunchSpec, Limits, Sandbox, SandboxOutcome, SandboxUnavailable
 
 if TYPE_CHECKING:

@@ -15,10 +15,10 @@ import dataclasses
 import json
 from typing import Any
 
-from runner.call.tool_errors import one_line
 from runner.errors import CallError, ErrorCode
 from runner.mcp.hosted.session import Spoken
-from runner.secrets.redaction import Scrubber
+from runner.schema.redaction import Scrubber
+from runner.tools.tool_errors import one_line
 from sandboxes import SandboxOutcome, StopReason
 
 NO_TEXT = "the MCP server reported an error without a message"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from runner.call.hosting import HeldOpening, HostedDialogue
 
 if TYPE_CHECKING:
-    from runner.secrets.redaction import Scrubber
+    from runner.schema.redaction import Scrubber
 
 
 class McpWork:

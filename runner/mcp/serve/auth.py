@@ -18,7 +18,7 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runner.api import Runner
-from runner.config.policy import ServeTokenModel
+from runner.call.policy import ServeTokenModel
 
 # Where the request's token entry is put in the ASGI scope for the handlers.
 SCOPE_KEY = "runner.token"

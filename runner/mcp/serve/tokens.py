@@ -17,7 +17,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import YAMLError
 
-from runner.config.policy import Policy
+from runner.call.policy import Policy
 from runner.errors import ConfigError
 from runner.mcp.serve.auth import new_token, token_digest
 

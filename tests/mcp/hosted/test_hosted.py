@@ -368,7 +368,7 @@ def test_progress_passed_on_is_bounded_per_call_finite_and_scrubbed() -> None:
     import asyncio
 
     from runner.mcp.hosted.dialogue import CALL_PROGRESS, MAX_PROGRESS, HostedCall
-    from runner.secrets.redaction import Scrubber
+    from runner.schema.redaction import Scrubber
 
     got: list[tuple[float, float | None, str | None]] = []
 

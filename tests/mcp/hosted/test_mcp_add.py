@@ -21,7 +21,7 @@ import pytest
 import yaml
 from conftest import FILES, TIME, answer_of, installed_command, new_project, runner_command
 
-from runner.config.policy import Policy, PolicyModel
+from runner.call.policy import Policy, PolicyModel
 from runner.mcp.hosted.grants import needed_grants
 from runner.mcp.hosted.install import McpAddError, check_module, node_program
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from runner.config.policy import Policy
+from runner.call.policy import Policy
 
 POLICY = """\
 # The team's policy: keep this comment.
