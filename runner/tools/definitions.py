@@ -16,10 +16,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from runner.tools.manifest import MCP_HINTS
-
 if TYPE_CHECKING:
     from runner.tools.manifest import Tool
+
+# MCP's annotation hints, by the manifest's names for them: what a definition exports, and
+# what a hosted server's listing is read back from (runner.tools.hosted). No pydantic here:
+# `runner --help` imports this module.
+MCP_HINTS = {
+    "read_only": "readOnlyHint",
+    "destructive": "destructiveHint",
+    "idempotent": "idempotentHint",
+    "open_world": "openWorldHint",
+}
+
 
 Format = Literal["openai", "anthropic", "mcp"]
 FORMATS: tuple[str, ...] = get_args(Format)

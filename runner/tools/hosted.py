@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from runner.tools.definitions import MCP_HINTS
 from runner.tools.manifest import (
-    MCP_HINTS,
     NAME_PATTERN,
     AnnotationsModel,
     HostedTool,

@@ -36,16 +36,6 @@ RESERVED_ENV = frozenset(
 RESERVED_ENV_PREFIXES = ("RUNNER_", "LD_")
 
 
-# MCP's annotation hints, by the manifest's names for them: what a definition exports, and
-# what a hosted server's listing is read back from.
-MCP_HINTS = {
-    "read_only": "readOnlyHint",
-    "destructive": "destructiveHint",
-    "idempotent": "idempotentHint",
-    "open_world": "openWorldHint",
-}
-
-
 class AnnotationsModel(BaseModel):
     """Hints for agents (SPEC 2), exported as MCP's ``readOnlyHint`` and the like."""
 
