@@ -38,8 +38,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from runner.call.hosting import NO_HOSTED_WORK, Adopts, HeldOpening, HostedWork
-from runner.call.plan import resolve_plan
-from runner.call.policy import Policy, matching_rule
+from runner.call.policy import Policy
+from runner.call.pool_plans import PoolPlan, pool_plans
 from sandboxes import (
     Converses,
     Dialogue,
@@ -47,7 +47,6 @@ from sandboxes import (
     Limits,
     OpeningFailed,
     PreparedSandbox,
-    PreStarts,
     Primes,
     Sandbox,
     SandboxOutcome,
@@ -57,7 +56,6 @@ from sandboxes import (
 
 if TYPE_CHECKING:
     from runner.call.requests import CallOptions
-    from runner.tools.manifest import Tool
     from runner.tools.registry import Registry
 
 # After a tool's sandbox could not be started ahead, its pool waits this long before the
@@ -67,17 +65,6 @@ RETRY_AFTER_FAILURE_S = 5.0
 # whichever comes first: a warm call (~7 ms) is not slowed by its own replacement being
 # set up beside it, and calls that come while a long one runs still find a warm sandbox.
 REFILL_DEFER_S = 0.05
-
-
-@dataclass(frozen=True)
-class PoolPlan:
-    """One tool's pool: how many, from which backend, started with what."""
-
-    size: int
-    backend: PreStarts
-    spec: LaunchSpec
-    limits: Limits
-    hosted: bool = False  # an MCP server's: initialized ahead when the backend ``Primes``
 
 
 @dataclass(frozen=True)
@@ -99,65 +86,6 @@ class _Pool:
     in_use: dict[int, float] = field(default_factory=dict)
     retry_at: float = 0.0
     warned: bool = False  # of a failed handshake: once per pool
-
-
-def not_pooled_because(tool: Tool, policy: Policy) -> str | None:
-    """Why ``tool`` runs cold whatever its pool size; None when it can be pooled."""
-    manifest = tool.manifest
-    if policy.granted_secrets(tool) or manifest.secrets:
-        return "its secrets are read for each call"
-    if manifest.network is not False:
-        return "its network (or egress proxy) is made for each call"
-    if manifest.workspace != "none":
-        return "its workspace is mounted as it is at call time"
-    return None
-
-
-def pool_plans(
-    registry: Registry,
-    policy: Policy,
-    backend: Callable[[str], Sandbox],
-    no_options: CallOptions,
-    warn: Callable[[str], None],
-) -> dict[str, PoolPlan]:
-    """The pools ``policy`` asks for, by tool name; ``warn`` hears of each tool the policy
-    names a pool for that cannot have one."""
-    model = policy.model
-    plans: dict[str, PoolPlan] = {}
-    for tool in registry:
-        override = model.tools.get(tool.name)
-        explicit = override is not None and override.pool is not None
-        size = override.pool if override is not None and override.pool is not None else model.pool.size
-        if size == 0 or matching_rule(model.whitelist, tool) is None or matching_rule(model.disabled, tool):
-            continue  # a tool no call may run needs no warm sandbox
-        plan = resolve_plan(tool, policy, no_options)
-        why = not_pooled_because(tool, policy)
-        chosen = backend(plan.sandbox)
-        if why is None and not isinstance(chosen, PreStarts):
-            why = f"the {plan.sandbox} backend cannot start sandboxes ahead"
-        if why is not None:
-            if explicit:
-                warn(f"tools.{tool.name}.pool: {tool.name} is not pooled: {why}")
-            continue
-        assert isinstance(chosen, PreStarts)
-        spec = _warm_spec(tool, plan.runtime)
-        plans[tool.name] = PoolPlan(size, chosen, spec, plan.limits, hosted=tool.hosted is not None)
-    return plans
-
-
-def _warm_spec(tool: Tool, runtime: str | None) -> LaunchSpec:
-    """The launch spec of a sandbox made before its call: no ``REQUEST_ID`` (SPEC 2; the
-    tool reads ``context.requestId``), no secrets, no egress."""
-    manifest = tool.manifest
-    return LaunchSpec(
-        tool_name=tool.name,
-        request_id="",
-        command=tuple(manifest.command),
-        tool_dir=tool.directory,
-        env={**manifest.env, "TOOL_NAME": tool.name},
-        image=manifest.image,
-        runtime=runtime,
-    )
 
 
 class WarmPools:

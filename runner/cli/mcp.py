@@ -75,7 +75,8 @@ def add_command(
     ARGS (after --) are passed to the server. Then lists the tools it registers and what the
     policy must grant before they can be called.
     """
-    from runner.mcp.hosted.install import McpAddError, add_server
+    from runner.mcp.hosted.install import add_server
+    from runner.mcp.hosted.packages import McpAddError
 
     source = _source(pip_package, module, npm_package, bin_name)
     from runner.cli.interrupt import Interrupted

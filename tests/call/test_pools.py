@@ -25,7 +25,8 @@ from conftest import TRACING_TOOL, ToolBench, our_cgroups, wait_for
 
 from runner import Runner
 from runner.call.policy import Policy
-from runner.call.pools import REFILL_DEFER_S, PoolPlan, Ready, WarmPools, _Pool
+from runner.call.pool_plans import PoolPlan
+from runner.call.pools import REFILL_DEFER_S, Ready, WarmPools, _Pool
 from sandboxes import LaunchSpec, Limits, PreStarts, WarmSandbox
 from sandboxes.subprocess.sandbox import default_state_dir
 from sandboxes.testing import processes_with_env

@@ -23,7 +23,7 @@ from conftest import FILES, TIME, answer_of, installed_command, new_project, run
 
 from runner.call.policy import Policy, PolicyModel
 from runner.mcp.hosted.grants import needed_grants
-from runner.mcp.hosted.install import McpAddError, check_module, node_program
+from runner.mcp.hosted.packages import McpAddError, check_module, node_program
 
 # A normal tool that starts the installed server's command as its child and speaks MCP to
 # it over pipes; it reports what the server listed and answered, and its peak memory.
