@@ -128,7 +128,7 @@ def runner_rows(root: Path, n: int) -> tuple[list[float], list[float], int]:
 
 def _wait_full(r: Runner) -> None:
     deadline = time.monotonic() + 30
-    while r._pools.counts().get(TOOL, 0) < 1:
+    while r.warm_sandboxes().get(TOOL, 0) < 1:
         if time.monotonic() > deadline:
             raise SystemExit("the pool did not fill within 30 s")
         time.sleep(0.005)

@@ -75,7 +75,7 @@ def runner(pool: int, audit: Path) -> Runner:
 
 def wait_full(r: Runner, tool: str = "add_numbers") -> None:
     deadline = time.monotonic() + 10
-    while r._pools.counts().get(tool, 0) < POOL_SIZE:
+    while r.warm_sandboxes().get(tool, 0) < POOL_SIZE:
         if time.monotonic() > deadline:
             raise SystemExit("the pool did not fill within 10 s")
         time.sleep(0.002)

@@ -15,11 +15,10 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import uuid
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -28,47 +27,38 @@ from runner.audit.faults import OperatorLog, internal_error
 from runner.audit.log import AuditLog
 from runner.call.answers import AnswerMetadata, CallResult
 from runner.call.backends import Backends
-from runner.call.breaker import BreakerState, CircuitBreaker, CircuitOpen, tool_verdict
-from runner.call.egress import ConnectAttempt, call_egress
-from runner.call.executor import CallContext, Execution, Executor, Progress
-from runner.call.plan import CallPlan, launch_spec, resolve_plan
+from runner.call.executor import CallContext, Executor, Progress
+from runner.call.guard import CallGuard, call_context, caller, scrubbed
+from runner.call.plan import CallPlan, describe, resolve_plan
 from runner.call.policy import Policy
 from runner.call.pools import WarmPools
-from runner.call.requests import CallOptions, CallRequest, DiscoverRequest, parse_request, peek
+from runner.call.requests import (
+    CallOptions,
+    DiscoverRequest,
+    new_request_id,
+    parse_request,
+    peek,
+    wire_request,
+)
+from runner.call.running import InFlight, current_task, run_blocking
 from runner.clock import Clock, SystemClock, iso_now
 from runner.config.locations import find_policy, tool_dirs
 from runner.dispatch.choice import dispatched_sandbox
 from runner.errors import CallError, ConfigError, ErrorCode
 from runner.mcp.hosted.listing import ServerLister
 from runner.mcp.hosted.work import MCP_WORK
-from runner.schema.redaction import Scrubber, nodes_at, redact_nodes
-from runner.secrets.sources import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
 from runner.telemetry.calls import CallTelemetry, Telemetry
-from runner.telemetry.labels import CANCELLED, RunnerState
+from runner.telemetry.labels import RunnerState
 from runner.tools.manifest import Tool
 from runner.tools.registry import Registry, matches_filter
 from sandboxes import Closable, Sandbox
 
 if TYPE_CHECKING:
-    from runner.schema.compiled import ParamsCheck
     from runner.telemetry.metrics import RunnerMetrics
 
 SandboxFactory = Callable[[str], Sandbox]
 T = TypeVar("T")
 _NO_OPTIONS = CallOptions()
-# How long past its budget a validation may take before the call answers without it: a
-# validation stops by itself at the next keyword, this covers one slow keyword.
-VALIDATION_GRACE_S = 0.05
-
-
-@dataclass(eq=False)
-class _InFlight:
-    """A call being served: the task serving it, on its loop (any thread's)."""
-
-    loop: asyncio.AbstractEventLoop
-    task: asyncio.Task[Any]
-    # Set when the call has ended, sandbox gone; awaitable from any thread's loop.
-    ended: Future[None] = field(default_factory=Future)
 
 
 class Runner:
@@ -99,10 +89,10 @@ class Runner:
         self._threads = ThreadPoolExecutor(
             max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="runner-validate"
         )
-        self._executor = Executor(self._clock, audit, self._threads, MCP_WORK)
-        self._breakers: dict[str, CircuitBreaker] = {}
+        executor = Executor(self._clock, audit, self._threads, MCP_WORK)
+        self._guard = CallGuard(audit, self._clock, self._threads, executor, self._sandbox)
         self._lock = threading.Lock()
-        self._in_flight: set[_InFlight] = set()
+        self._in_flight: set[InFlight] = set()
         self._closed = False
         # Warm sandboxes (SPEC 11) for a long-lived runner; a one-shot one (the CLI's
         # ``exec``) would start them only to throw them away.
@@ -174,7 +164,7 @@ class Runner:
         Raises:
             RuntimeError: the runner is closed.
         """
-        return _run_blocking(self._serve(request)).to_wire()
+        return run_blocking(self._serve(request)).to_wire()
 
     async def ahandle(self, request: object) -> dict[str, Any]:
         """``handle`` for async code.
@@ -196,7 +186,7 @@ class Runner:
             RuntimeError: the runner is closed.
             asyncio.CancelledError: the runner was closed while the call ran.
         """
-        return _run_blocking(self._serve(_request(tool_name, params, options)))
+        return run_blocking(self._serve(wire_request(tool_name, params, options)))
 
     async def acall(
         self, tool_name: str, params: Mapping[str, Any] | None = None, **options: Any
@@ -209,7 +199,7 @@ class Runner:
                 ``cancelled: true`` before this is raised.
             RuntimeError: the runner is closed.
         """
-        return await self._serve(_request(tool_name, params, options))
+        return await self._serve(wire_request(tool_name, params, options))
 
     # -- the lifecycle ---------------------------------------------------------------
 
@@ -281,7 +271,7 @@ class Runner:
             stuck = here is not None and any(call.loop is here for call in self._in_flight)
         if stuck:
             raise RuntimeError("a call of this runner runs on this thread's loop: await aclose()")
-        _run_blocking(self.aclose())
+        run_blocking(self.aclose())
 
     def discover(self, filter: str | None = None, role: str | None = None) -> list[dict[str, Any]]:
         """The tools ``role`` may call whose name, description or tags contain ``filter``.
@@ -332,7 +322,7 @@ class Runner:
             reason = "no_role" if resolved is None else "unknown_role"
             raise CallError(
                 ErrorCode.PERMISSION_DENIED,
-                f"{_caller(resolved)} may not discover tools: {reason}",
+                f"{caller(resolved)} may not discover tools: {reason}",
                 {"reason": reason, "role": resolved},
             )
         return [tool for tool in self.registry if self.policy.decide(tool, resolved).allowed]
@@ -346,7 +336,7 @@ class Runner:
     @contextmanager
     def _served(self) -> Iterator[None]:
         """Keep track of the call being served by the current task, for ``aclose``."""
-        call = _InFlight(asyncio.get_running_loop(), _current_task())
+        call = InFlight(asyncio.get_running_loop(), current_task())
         with self._lock:
             if self._closed:
                 raise RuntimeError("this Runner is closed")
@@ -361,7 +351,7 @@ class Runner:
     async def _answer(self, raw: object, telemetry: CallTelemetry) -> CallResult:
         received = self._clock.monotonic()
         trace_id = telemetry.trace_id
-        request_id = peek(raw, "requestId", "request_id") or _new_request_id()
+        request_id = peek(raw, "requestId", "request_id") or new_request_id()
         tool_name = peek(raw, "toolName", "tool_name")
         role = peek(raw, "role")
         attempts = 0
@@ -374,7 +364,7 @@ class Runner:
             try:
                 request = parse_request(raw)
             except CallError:
-                self._refused_before_policy(tool_name, ctx, "invalid_request")
+                self._guard.refused_before_policy(tool_name, ctx, "invalid_request")
                 raise
             if isinstance(request, DiscoverRequest):
                 tools = self._discover(request.options.filter, request.role)
@@ -383,17 +373,20 @@ class Runner:
                 extra["total"] = len(tools)
                 tool_name = None
             else:
-                ctx = replace(_context(request, request_id, trace_id, self.policy), telemetry=telemetry)
-                tool = self._tool(request.tool_name, ctx)
-                plan = resolve_plan(tool, self.policy, request.options)
+                policy, guard = self.policy, self._guard  # the policy in force for the whole call
+                ctx = replace(call_context(request, request_id, trace_id, policy), telemetry=telemetry)
+                tool = guard.tool(self.registry, request.tool_name, ctx)
+                plan = resolve_plan(tool, policy, request.options)
                 # The deadline bounds the whole call, validation of the params included.
                 deadline_at = received + plan.deadline_ms / 1000
-                check = await self._check_params(tool, request.params, deadline_at)
-                secrets = await self._read_secrets(tool)
+                check = await guard.check_params(tool, request.params, deadline_at)
+                secrets = await guard.read_secrets(tool, policy)
                 ctx = replace(
                     ctx, scrubber=check.scrubber.merged(secrets.scrubber), tool_secrets=secrets.scrubber
                 )
-                execution = await self._call(tool, request, ctx, plan, check, deadline_at, progress, secrets)
+                execution = await guard.run(
+                    tool, request, ctx, plan, check, deadline_at, progress, secrets, policy
+                )
                 result, error, attempts = execution.result, execution.error, execution.attempts
                 if execution.degraded:
                     extra["degraded"] = True
@@ -401,322 +394,45 @@ class Runner:
             error = exc
         except asyncio.CancelledError:
             # Its sandbox is gone by now (teardown is shielded); say so, then go on up.
-            self._finished(tool_name, ctx, None, progress.attempts, received, cancelled=True)
+            self._guard.finished(tool_name, ctx, None, progress.attempts, received, cancelled=True)
             raise
         except Exception as exc:  # handle() never raises: a runner bug still gets the shell
             ids = {"requestId": request_id, "traceId": trace_id, "toolName": tool_name}
             self.audit.operator.fault(exc, ctx.scrubber, **ids)  # the traceback, for the operator only
             error = internal_error(exc)
         if error is not None and ctx.scrubber:
-            error = _scrubbed(error, ctx.scrubber)
-        duration = self._finished(tool_name, ctx, error, attempts, received)
+            error = scrubbed(error, ctx.scrubber)
+        duration = self._guard.finished(tool_name, ctx, error, attempts, received)
         metadata = AnswerMetadata(duration, attempts, tool_name, iso_now(), request_id, trace_id, extra)
         return CallResult.of(result, error, metadata)
-
-    def _finished(
-        self,
-        tool_name: str | None,
-        ctx: CallContext,
-        error: CallError | None,
-        attempts: int,
-        received: float,
-        *,
-        cancelled: bool = False,
-    ) -> int:
-        """Write the call's ``call.finished`` event; its duration in ms."""
-        elapsed = self._clock.monotonic() - received
-        duration = round(elapsed * 1000)
-        outcome: dict[str, Any] = {"cancelled": True} if cancelled else {}
-        self.audit.emit(
-            "call.finished",
-            ctx.scrubber,
-            toolName=tool_name,
-            **ctx.audit_fields(),
-            success=error is None and not cancelled,
-            code=error.code.value if error else None,
-            reason=error.reason if error else None,
-            attempts=attempts,
-            duration=duration,
-            **outcome,
-        )
-        code = CANCELLED if cancelled else error.code.value if error else None
-        ctx.telemetry.finished(tool_name, ctx.role, code, attempts, elapsed)
-        return duration
-
-    def _tool(self, name: str, ctx: CallContext) -> Tool:
-        tool = self.registry.get(name)
-        if tool is None:
-            self._refused_before_policy(name, ctx, "tool_not_found")
-            if self.registry.left_out(name):
-                raise CallError(
-                    ErrorCode.TOOL_NOT_FOUND,
-                    f"tool {name!r} is not registered: its manifest is invalid (runner validate says why)",
-                    {"toolName": name, "reason": "invalid_manifest"},
-                )
-            raise CallError(
-                ErrorCode.TOOL_NOT_FOUND, f"no tool named {name!r} is registered", {"toolName": name}
-            )
-        return tool
-
-    async def _check_params(self, tool: Tool, params: dict[str, Any], deadline_at: float) -> ParamsCheck:
-        """Validate in a worker thread, never on the event loop, within the call's deadline.
-
-        Runs before the policy decision is written, whatever the decision: the decision's
-        audit event needs the request's sensitive values, which only validation finds.
-        """
-        from runner.schema.compiled import ParamsCheck, check_params  # jsonschema: only once a call needs it
-
-        budget_s = max(0.0, deadline_at - self._clock.monotonic())
-
-        def check() -> ParamsCheck:
-            # In the thread: a tool's first call builds its validator (lazily, see Tool).
-            return check_params(tool.params_validator, params, tool.sensitive_params, budget_s)
-
-        work = asyncio.get_running_loop().run_in_executor(self._threads, check)
-        try:
-            # The thread itself stops at the next keyword past its budget; this bounds a
-            # single slow keyword too.
-            return await asyncio.wait_for(work, budget_s + VALIDATION_GRACE_S)
-        except TimeoutError:
-            static = nodes_at(params, tool.sensitive_params)
-            return ParamsCheck(
-                problem=None,
-                expired=True,
-                scrubber=Scrubber.of(static),
-                audit_params=redact_nodes(params, frozenset(id(node) for node in static)),
-            )
-
-    async def _read_secrets(self, tool: Tool) -> SecretValues:
-        """The values of the secrets the policy grants ``tool``, read off the event loop."""
-        names = self.policy.granted_secrets(tool)
-        if not names:
-            return NO_SECRET_VALUES
-        return await asyncio.get_running_loop().run_in_executor(
-            self._threads, read_secrets, names, self.policy.model.secrets, self.policy.base_dir
-        )
-
-    async def _call(
-        self,
-        tool: Tool,
-        request: CallRequest,
-        ctx: CallContext,
-        plan: CallPlan,
-        check: ParamsCheck,
-        deadline_at: float,
-        progress: Progress,
-        secrets: SecretValues,
-    ) -> Execution:
-        decision = self.policy.decide(tool, request.role)
-        self.audit.emit(
-            "policy.decision",
-            ctx.scrubber,
-            toolName=tool.name,
-            **ctx.audit_fields(),
-            decision="allow" if decision.allowed else "deny",
-            reason=decision.reason,
-            rule=decision.rule,
-            params=check.audit_params,
-        )
-        if not decision.allowed:
-            raise CallError(
-                ErrorCode.PERMISSION_DENIED,
-                f"{_caller(decision.role)} may not call {tool.name}: {decision.reason}",
-                {"reason": decision.reason, "role": decision.role, "rule": decision.rule},
-            )
-        if check.expired:
-            raise CallError(
-                ErrorCode.TIMEOUT,
-                f"validating the params of {tool.name} ran past the call's deadline",
-                {"deadline": True, "deadlineMs": plan.deadline_ms, "stage": "params"},
-            )
-        if check.problem is not None:
-            more = len(check.problem.get("errors", ())) - 1 + check.problem.get("moreErrors", 0)
-            also = f" (and {more} more: details.errors lists them)" if more > 0 else ""
-            raise CallError(
-                ErrorCode.INVALID_PARAMS,
-                f"invalid params for {tool.name}: {check.problem['field']}: {check.problem['problem']}{also}",
-                check.problem,
-            )
-        try:
-            # Only what the tool did counts: a runner fault or a cancelled call leaves the
-            # block without a verdict, which hands a half-open probe back.
-            with self._breaker(tool.name).guard(ends_by=deadline_at) as ticket:
-                if secrets.missing:
-                    raise self._secret_unavailable(tool, secrets.missing[0])
-                self._follow_pools()
-                # A tool the policy dispatches (SPEC 14) runs on a Ray node; any other here.
-                sandbox = dispatched_sandbox(self.policy, tool, plan.sandbox) or self._pools.sandbox_for(
-                    tool.name, self._sandbox_factory(plan.sandbox)
-                )
-                sandbox = ctx.telemetry.timed(sandbox)
-                spec = launch_spec(tool, ctx.request_id, self.policy, plan.runtime)
-                spec = replace(spec, secrets=secrets.values)
-                report = self._network_reporter(tool, ctx)
-                async with call_egress(tool, self.policy, spec, report) as spec:
-                    execution = await self._executor.execute(
-                        tool, plan, sandbox, spec, request.params, ctx, deadline_at, progress
-                    )
-                ticket.record(tool_verdict(execution.error))
-                return execution
-        except CircuitOpen as refused:
-            raise CallError(
-                ErrorCode.CIRCUIT_OPEN,
-                f"{tool.name} is failing; its circuit breaker is {refused.state.value}",
-                {"retryAfterMs": refused.retry_after_ms, "state": refused.state.value},
-            ) from None
 
     def _follow_pools(self) -> None:
         """Keep the pools of the policy and registry in force (a new one drains the old)."""
         if self._warm_pools:
             self._pools.follow(self.policy, self.registry, self._sandbox_factory, _NO_OPTIONS)
 
-    def _network_reporter(self, tool: Tool, ctx: CallContext) -> Callable[[ConnectAttempt], None]:
-        """Each connection the call's egress proxy opens or refuses, as an audit event."""
-
-        def report(attempt: ConnectAttempt) -> None:
-            fields = {**ctx.audit_fields(), **attempt.audit_fields()}
-            self.audit.emit("network.connect", ctx.scrubber, toolName=tool.name, **fields)
-
-        return report
-
-    def _secret_unavailable(self, tool: Tool, missing: Unavailable) -> CallError:
-        """The error of a granted secret without a value here; the operator is told where."""
-        self.audit.operator.warn(f"secret {missing.name} of {tool.name} has no value: {missing.for_operator}")
-        return CallError(
-            ErrorCode.EXECUTION_ERROR,
-            f"secret {missing.name} of {tool.name} has no value on this host: {missing.told}",
-            {"reason": "secret_unavailable", "secret": missing.name},
-            retryable=False,
-        )
-
-    def _refused_before_policy(self, tool_name: str | None, ctx: CallContext, reason: str) -> None:
-        """Calls that never reach the policy still get their one (deny) decision event."""
-        self.audit.emit(
-            "policy.decision",
-            toolName=tool_name,
-            **ctx.audit_fields(),
-            decision="deny",
-            reason=reason,
-            rule=None,
-        )
-
     def _state(self) -> RunnerState:
         """The breakers of the registered tools and the warm pools, for the state gauges."""
-        with self._lock:
-            breakers = dict(self._breakers)
-        opened = {
-            tool.name: tool.name in breakers and breakers[tool.name].state is not BreakerState.CLOSED
-            for tool in self.registry
-        }
+        opened = self._guard.open_breakers([tool.name for tool in self.registry])
         return RunnerState(opened, self._pools.counts())
 
-    def _breaker(self, name: str) -> CircuitBreaker:
-        with self._lock:
-            breaker = self._breakers.get(name)
-            if breaker is None:
-                config = self.policy.model.circuit_breaker
-                breaker = CircuitBreaker(
-                    config.failure_threshold, config.reset_timeout_ms / 1000, self._clock
-                )
-                self._breakers[name] = breaker
-            return breaker
+    def warm_sandboxes(self) -> dict[str, int]:
+        """Idle warm sandboxes by tool name: the pools as they are now (``pool`` in the policy)."""
+        return self._pools.counts()
+
+    def _sandbox(self, tool: Tool, plan: CallPlan, policy: Policy) -> Sandbox:
+        """The sandbox a call of ``tool`` runs in: on a Ray node when the policy dispatches
+        it, else a warm one from its pool when there is one, else a cold one here."""
+        self._follow_pools()
+        return dispatched_sandbox(policy, tool, plan.sandbox) or self._pools.sandbox_for(
+            tool.name, self._sandbox_factory(plan.sandbox)
+        )
 
     def _discover(self, filter_text: str | None, role: str | None) -> list[dict[str, Any]]:
         return [
-            _describe(tool, self.policy)
+            describe(tool, self.policy)
             for tool in self.callable_tools(role)
             if matches_filter(tool, filter_text)
         ]
 
 
-def _caller(role: str | None) -> str:
-    """Who a refused call was made as, in words: a missing role is not ``None`` to a user."""
-    return "a call naming no role (and the policy has no default_role)" if role is None else f"role {role!r}"
-
-
-def _scrubbed(error: CallError, scrubber: Scrubber) -> CallError:
-    return CallError(
-        error.code,
-        scrubber.scrub_text(error.message),
-        scrubber.scrub(error.details),
-        retryable=error.retryable,
-    )
-
-
-def _current_task() -> asyncio.Task[Any]:
-    task = asyncio.current_task()
-    if task is None:  # only a bare coroutine driven by hand has none
-        raise RuntimeError("Runner calls must run in an asyncio task")
-    return task
-
-
-def _run_blocking(work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work`` to its end from synchronous code: on a fresh event loop, or, when this
-    thread already runs one (a notebook), on a private loop in a worker thread joined
-    before returning (``asyncio.run`` refuses to nest)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(work)
-    done: Future[T] = Future()
-
-    def serve() -> None:
-        try:
-            done.set_result(asyncio.run(work))
-        except BaseException as exc:  # handed to the caller's thread as is
-            done.set_exception(exc)
-
-    worker = threading.Thread(target=serve, name="runner-call")
-    worker.start()
-    worker.join()
-    return done.result()
-
-
-def _new_request_id() -> str:
-    return f"req_{uuid.uuid4().hex}"
-
-
-def _request(tool_name: str, params: Mapping[str, Any] | None, options: dict[str, Any]) -> dict[str, Any]:
-    request: dict[str, Any] = {"toolName": tool_name, "params": dict(params or {})}
-    wire_options = {
-        k: options.pop(k) for k in ("timeout", "retries", "retry_delay", "deadline", "format") if k in options
-    }
-    if wire_options:
-        request["options"] = wire_options
-    request.update(options)
-    return request
-
-
-def _context(request: CallRequest, request_id: str, trace_id: str, policy: Policy) -> CallContext:
-    user_id = request.metadata.get("userId")
-    return CallContext(
-        request_id=request_id,
-        trace_id=trace_id,
-        role=policy.resolve_role(request.role),
-        step_id=request.step_id,
-        user_id=str(user_id) if user_id is not None else None,
-    )
-
-
-def _describe(tool: Tool, policy: Policy) -> dict[str, Any]:
-    manifest = tool.manifest
-    limits = resolve_plan(tool, policy, _NO_OPTIONS).limits
-    return {
-        "name": manifest.name,
-        "description": manifest.description,
-        "paramsSchema": manifest.parameters,
-        "metadata": {
-            "tags": manifest.tags,
-            "version": manifest.version,
-            "sandbox": manifest.sandbox,
-            "limits": {
-                "timeoutMs": limits.timeout_ms,
-                "memoryMb": limits.memory_mb,
-                "cpuSeconds": limits.cpu_seconds,
-                "maxPids": limits.max_pids,
-                "maxOutputBytes": limits.max_output_bytes,
-                "diskMb": limits.disk_mb,
-                "network": limits.network,
-            },
-        },
-    }

@@ -8,6 +8,8 @@ from typing import Any, Protocol
 
 from sandboxes import Sandbox
 
+CANCELLED = "CANCELLED"  # the code ``finished`` is told for a call cancelled before its answer
+
 
 class CallHooks(Protocol):
     """One call's hooks. ``trace_id`` is its W3C trace id (32 hex digits)."""
@@ -31,7 +33,7 @@ class CallHooks(Protocol):
     def finished(
         self, tool_name: str | None, role: str | None, code: str | None, attempts: int, seconds: float
     ) -> None:
-        """The call's answer (``code`` None: success)."""
+        """The call's answer (``code`` None: success; ``CANCELLED``)."""
         ...
 
 

@@ -8,7 +8,7 @@ policy ``defaults``, built-in default. Every limit is then capped by the policy'
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from runner.call.policy import Policy
 from runner.call.requests import CallOptions
@@ -78,3 +78,28 @@ def launch_spec(tool: Tool, request_id: str, policy: Policy, runtime: str | None
         image=manifest.image,
         runtime=runtime,
     )
+
+
+def describe(tool: Tool, policy: Policy) -> dict[str, Any]:
+    """``tool`` as a discovery lists it, with the limits its calls get under ``policy``."""
+    manifest = tool.manifest
+    limits = resolve_plan(tool, policy, CallOptions()).limits
+    return {
+        "name": manifest.name,
+        "description": manifest.description,
+        "paramsSchema": manifest.parameters,
+        "metadata": {
+            "tags": manifest.tags,
+            "version": manifest.version,
+            "sandbox": manifest.sandbox,
+            "limits": {
+                "timeoutMs": limits.timeout_ms,
+                "memoryMb": limits.memory_mb,
+                "cpuSeconds": limits.cpu_seconds,
+                "maxPids": limits.max_pids,
+                "maxOutputBytes": limits.max_output_bytes,
+                "diskMb": limits.disk_mb,
+                "network": limits.network,
+            },
+        },
+    }

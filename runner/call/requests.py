@@ -6,6 +6,8 @@ camelCase on the wire; the snake_case names are accepted on input as well.
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -133,3 +135,18 @@ def peek(raw: object, *keys: str) -> str | None:
         if isinstance(value, str):
             return value[:MAX_ID_LENGTH]
     return None
+
+
+def new_request_id() -> str:
+    return f"req_{uuid.uuid4().hex}"
+
+
+def wire_request(tool_name: str, params: Mapping[str, Any] | None, options: dict[str, Any]) -> dict[str, Any]:
+    request: dict[str, Any] = {"toolName": tool_name, "params": dict(params or {})}
+    wire_options = {
+        k: options.pop(k) for k in ("timeout", "retries", "retry_delay", "deadline", "format") if k in options
+    }
+    if wire_options:
+        request["options"] = wire_options
+    request.update(options)
+    return request

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from runner.api import Runner, _describe
-from runner.call.plan import resolve_plan
+from runner.api import Runner
+from runner.call.plan import describe, resolve_plan
 from runner.call.policy import Policy
 from runner.call.requests import CallOptions
 from runner.tools.manifest import Tool
@@ -42,7 +42,7 @@ def tool_sheet(runner: Runner, name: str) -> dict[str, Any]:
     manifest = tool.manifest
     plan = resolve_plan(tool, policy, CallOptions())
     return {
-        **_describe(tool, policy),
+        **describe(tool, policy),
         "command": manifest.command,
         "outputSchema": manifest.output_schema,
         "directory": str(tool.directory),

@@ -20,9 +20,9 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
+from runner.call.hooks import CANCELLED
 from runner.telemetry.labels import (
     ATTEMPT_CANCELLED,
-    CANCELLED,
     LOCAL_NODE,
     OK,
     attempt_reason,

@@ -12,7 +12,6 @@ from sandboxes import StopReason
 # The label of what a call's answer says on success, and of a call cancelled before it
 # answered; every other value of ``code`` is an error code of SPEC 3.
 OK = "OK"
-CANCELLED = "CANCELLED"
 # Label values for what the request named but the registry or the policy does not know.
 UNKNOWN = "(unknown)"
 NO_ROLE = "(none)"

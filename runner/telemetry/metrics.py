@@ -25,11 +25,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
+from runner.call.hooks import CANCELLED
 from runner.telemetry.labels import (
     ATTEMPT_CANCELLED,
     ATTEMPT_OK,
     ATTEMPT_REASONS,
-    CANCELLED,
     LOCAL_NODE,
     NO_ROLE,
     OK,

@@ -96,7 +96,7 @@ def test_calls_still_work_where_pidfd_open_is_refused(
     bench.policy["tools"] = {"answers": {"pool": pool}}
     with bench.runner() as runner:
         if pool:
-            wait_for(lambda: runner._pools.counts()["answers"] == 1)
+            wait_for(lambda: runner.warm_sandboxes()["answers"] == 1)
         answer = runner.handle({"toolName": "answers", "params": {}})
         failed = runner.handle({"toolName": "fails", "params": {}, "options": {"retries": 0}})
     assert answer["success"] is True and answer["result"] == 42, answer

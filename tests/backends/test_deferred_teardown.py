@@ -113,7 +113,7 @@ def test_right_after_a_call_nothing_of_it_runs_and_after_close_nothing_is_left(
     try:
         for n in range(5):
             if pool:
-                wait_for(lambda: runner._pools.counts()["trace"] == pool)
+                wait_for(lambda: runner.warm_sandboxes()["trace"] == pool)
             answer = runner.handle({"toolName": "trace", "params": {"n": n}})
             assert answer["success"], answer
             # The call's own processes (the tool and the child it left) are all gone; only

@@ -35,7 +35,7 @@ def _containers(client: APIClient, owner: int, running_only: bool = False) -> se
 
 
 def _idle(runner: Runner) -> int:
-    return runner._pools.counts().get("trace", 0)
+    return runner.warm_sandboxes().get("trace", 0)
 
 
 def _attempts(bench: ToolBench) -> list[dict[str, Any]]:
@@ -113,9 +113,9 @@ import sys, time
 from runner import Runner
 runner = Runner.load(tools=sys.argv[1], policies=sys.argv[2], audit_log=sys.argv[3])
 deadline = time.monotonic() + 30
-while runner._pools.counts().get("trace") != 3 and time.monotonic() < deadline:
+while runner.warm_sandboxes().get("trace") != 3 and time.monotonic() < deadline:
     time.sleep(0.02)
-print("ready" if runner._pools.counts().get("trace") == 3 else "not pooled", flush=True)
+print("ready" if runner.warm_sandboxes().get("trace") == 3 else "not pooled", flush=True)
 time.sleep(120)
 """
 

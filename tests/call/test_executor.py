@@ -109,7 +109,7 @@ def test_a_half_open_breaker_lets_exactly_one_probe_through(bench: ToolBench) ->
     assert runner.handle(breaker_tool)["error"]["code"] == "EXECUTION_ERROR"
     assert runner.handle(breaker_tool)["error"]["code"] == "CIRCUIT_OPEN"
     clock.now += 10.0
-    breaker = runner._breaker("t")
+    breaker = runner._guard.breaker("t", runner.policy)
     with breaker.guard(ends_by=clock.now + 5) as probe:  # the probe
         with pytest.raises(CircuitOpen):  # everyone else waits for it
             breaker.guard(ends_by=clock.now + 5).__enter__()

@@ -44,7 +44,7 @@ def _warm_pids(mark: str) -> list[int]:
 
 
 def _idle(runner: Runner) -> dict[str, int]:
-    return runner._pools.counts()
+    return runner.warm_sandboxes()
 
 
 def _attempts(bench: ToolBench) -> list[dict[str, Any]]:
@@ -232,7 +232,7 @@ KEEPER = """
 import sys, time
 from runner import Runner
 runner = Runner.load(tools=sys.argv[1], policies=sys.argv[2], audit_log=sys.argv[3])
-while runner._pools.counts().get("trace") != 3:
+while runner.warm_sandboxes().get("trace") != 3:
     time.sleep(0.02)
 print("ready", flush=True)
 time.sleep(60)

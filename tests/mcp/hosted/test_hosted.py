@@ -200,13 +200,13 @@ def test_a_warm_server_serves_one_call_and_is_never_reused(bench: ToolBench, bac
     bench.policy["pool"] = {"max_total": 2}
     bench.policy["tools"] = {"st_count": {"pool": 1}}
     with bench.runner() as runner:
-        wait_for(lambda: runner._pools.counts().get("st_count", 0) >= 1, 30)
+        wait_for(lambda: runner.warm_sandboxes().get("st_count", 0) >= 1, 30)
         for _ in range(3):
             answer = runner.call("st_count")
             assert answer.success, answer.error
             seen = json.loads(answer.result)
             assert (seen["count"], seen["markerSeen"]) == (1, False)
-            wait_for(lambda: runner._pools.counts().get("st_count", 0) >= 1, 30)
+            wait_for(lambda: runner.warm_sandboxes().get("st_count", 0) >= 1, 30)
     attempts = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
     warm = [event["warm"] for event in attempts if event["event"] == "call.attempt"]
     assert warm and all(warm), warm

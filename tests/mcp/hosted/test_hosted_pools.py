@@ -46,7 +46,7 @@ def pooled_server(bench: ToolBench, backend: dict[str, Any], *args: str, **manif
 
 
 def idle(runner: Runner) -> int:
-    return runner._pools.counts().get("st_count", 0)
+    return runner.warm_sandboxes().get("st_count", 0)
 
 
 def attempts_warm(bench: ToolBench) -> list[bool]:
@@ -95,7 +95,7 @@ def test_what_a_primed_server_wrote_on_stderr_is_in_its_calls_tail(
     pooled_server(bench, backend)
     bench.policy["tools"] = {"st_die": {"pool": 1}}
     with bench.runner() as runner:
-        wait_for(lambda: runner._pools.counts().get("st_die", 0) >= 1, 30)
+        wait_for(lambda: runner.warm_sandboxes().get("st_die", 0) >= 1, 30)
         answer = runner.call("st_die")
     assert answer.error is not None
     wire = answer.error.to_wire()
