@@ -1,5 +1,5 @@
 """One build step on top of pyproject.toml: the starter policy, the example tools and the
-image build contexts live at the repository's root (SPEC 1) and ship inside the package as
+image build contexts live at the repository's root and ship inside the package as
 ``runner/_bundled/`` (``runner.examples_dir()``), copied as files, never as links."""
 
 import shutil

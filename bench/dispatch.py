@@ -1,4 +1,4 @@
-"""Dispatch on Ray (SPEC 14): a trivial tool's latency and throughput on 1 and 2 nodes,
+"""Dispatch on Ray: a trivial tool's latency and throughput on 1 and 2 nodes,
 and the dispatch overhead per call against the same call run locally.
 
 Each cluster (head without slots + 1 or 2 worker nodes, 2 ``runner_sandbox`` slots each,

@@ -1,4 +1,4 @@
-"""The guard's own cost per call, without and with metrics and tracing (SPEC 13, issue 15:
+"""The guard's own cost per call, without and with metrics and tracing (issue 15:
 metrics may add at most 50 us per call; tracing costs nothing without the SDK).
 
     python3 bench/guard_overhead.py [--calls 500] [--rounds 15]

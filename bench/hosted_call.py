@@ -1,4 +1,4 @@
-"""A hosted MCP server's call (SPEC 12), cold and warm, next to the same server called
+"""A hosted MCP server's call, cold and warm, next to the same server called
 directly over stdio in the same run.
 
     python3 bench/hosted_call.py [--n 30] [--folder DIR]

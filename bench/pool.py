@@ -1,4 +1,4 @@
-"""Warm pools (SPEC 11): the latency of a warm ``Runner.call``, next to a bare spawn and a
+"""Warm pools: the latency of a warm ``Runner.call``, next to a bare spawn and a
 cold call measured in the same run, and the memory one warm sandbox holds.
 
     python3 bench/pool.py [--n 200] [--docker-n 50]

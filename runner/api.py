@@ -1,4 +1,4 @@
-"""``Runner``: the Python API, and the call path in the SPEC's order of checks.
+"""``Runner``: the Python API, and the order of a call's checks.
 
 request shape -> tool exists -> policy -> params -> circuit breaker -> execution with
 retries -> output parsing. Every path ends in the same answer shell (a ``CallResult``;
@@ -94,11 +94,11 @@ class Runner:
         self._lock = threading.Lock()
         self._in_flight: set[InFlight] = set()
         self._closed = False
-        # Warm sandboxes (SPEC 11) for a long-lived runner; a one-shot one (the CLI's
+        # Warm sandboxes for a long-lived runner; a one-shot one (the CLI's
         # ``exec``) would start them only to throw them away.
         self._warm_pools = warm_pools
         self._pools = WarmPools(audit.operator.warn, audit.operator.fault, hosted=MCP_WORK)
-        # Prometheus series (SPEC 13), when given; spans whenever a tracer provider is set.
+        # Prometheus series, when given; spans whenever a tracer provider is set.
         self.metrics = metrics
         self._telemetry = Telemetry(
             metrics,
@@ -123,7 +123,7 @@ class Runner:
         """Load tools and policy (arguments, then ``RUNNER_*`` variables, then the search of
         ``runner.config.locations``: ``./policies.yaml``, ``~/.config/runner/``, ``/etc/runner/``;
         tools default to ``tools/`` beside the policy file). With ``warm_pools`` the
-        policy's pools (SPEC 11) start filling in the background at once. ``metrics``
+        policy's pools start filling in the background at once. ``metrics``
         (``runner.telemetry.RunnerMetrics``) receives the runner's Prometheus series.
 
         Raises:
@@ -301,7 +301,7 @@ class Runner:
 
     def tool_definitions(self, format: str, role: str | None = None) -> list[dict[str, Any]]:
         """The tools ``role`` may call as definitions for an agent: ``openai``, ``anthropic``
-        or ``mcp`` (SPEC 10; ``runner.tools.definitions`` says what each format leaves out).
+        or ``mcp`` (``runner.tools.definitions`` says what each format leaves out).
 
         Raises:
             ValueError: ``format`` is not one of those.

@@ -32,7 +32,7 @@ class ErrorCode(enum.StrEnum):
 class CodeRule:
     retried: bool  # does the executor try again after an attempt failed this way
     retryable: bool  # what the wire tells the caller about coming back later
-    counted: bool  # does the circuit breaker hold it against the tool (SPEC 3)
+    counted: bool  # does the circuit breaker hold it against the tool
 
 
 CODE_RULES: dict[ErrorCode, CodeRule] = {
@@ -46,7 +46,7 @@ CODE_RULES: dict[ErrorCode, CodeRule] = {
     ErrorCode.RETRY_EXHAUSTED: CodeRule(retried=False, retryable=True, counted=True),
 }
 
-# EXECUTION_ERROR by reason (SPEC 3). A plain failure may be a flake; the same input
+# EXECUTION_ERROR by reason. A plain failure may be a flake; the same input
 # breaks the same limit again, a program that cannot be started stays so, a missing
 # secret or sandbox is the host's to fix, and a runner fault is the operator's. A
 # ``tool_error`` is retried exactly when the tool said ``retryable: true`` (the error
@@ -65,7 +65,7 @@ REASON_RULES: dict[str, CodeRule] = {
     "secret_unavailable": CodeRule(retried=False, retryable=False, counted=False),
     "sandbox_unavailable": CodeRule(retried=False, retryable=False, counted=False),
     "internal": CodeRule(retried=False, retryable=False, counted=False),
-    # A dispatched attempt whose cluster node died under it (SPEC 14): retried, most likely
+    # A dispatched attempt whose cluster node died under it: retried, most likely
     # on another node; not counted, as a dead node says nothing of the tool's health.
     "node_lost": CodeRule(retried=True, retryable=True, counted=False),
     # audit.required and the trail cannot be written: refused before any attempt.

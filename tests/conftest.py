@@ -75,7 +75,7 @@ time.sleep(60)  # the parent itself stays well under the limit and never exits
 """
 
 
-# A pooled tool for the single-use tests (SPEC 11) of both backends: everything a previous
+# A pooled tool for the single-use tests of both backends: everything a previous
 # call could have left (a marker and a file of its own in /tmp, a child that stays alive),
 # and what this call sees, as its answer (its hostname is its container's id in docker).
 TRACING_TOOL = """
@@ -285,7 +285,7 @@ def _alive_elsewhere(owner: str) -> bool:
     return psutil.pid_exists(int(owner))
 
 
-# -- third-party MCP servers installed by `runner mcp add` (SPEC 12), one of each per session
+# -- third-party MCP servers installed by `runner mcp add`, one of each per session
 
 TIME = "mcp-server-time"
 FILES = "@modelcontextprotocol/server-filesystem"

@@ -138,7 +138,7 @@ def test_tc08_a_failing_tool_is_an_execution_error_with_its_message(shipped: Run
     assert_shell(answer)
     assert answer["error"]["code"] == "EXECUTION_ERROR"
     assert answer["error"]["details"]["exitCode"] == 1
-    # Its error document makes it a tool_error: not retried, not retryable (SPEC 2).
+    # Its error document makes it a tool_error: not retried, not retryable.
     assert answer["error"]["details"]["reason"] == "tool_error"
     assert answer["error"]["retryable"] is False
     assert answer["metadata"]["attempts"] == 1

@@ -1,4 +1,4 @@
-"""The shipped ``get_weather``: a real tool's shape (SPEC 2-4) with real sandboxes.
+"""The shipped ``get_weather``: a real tool's shape with real sandboxes.
 
 Offline (no key configured) it answers from its bundled table; an unknown city is a
 ``tool_error`` that is neither retried nor counted by the breaker. With a key it asks a

@@ -1,4 +1,4 @@
-"""The hash chain of a tamper-evident audit log (``audit: {chain: true}``, SPEC 13).
+"""The hash chain of a tamper-evident audit log (``audit: {chain: true}``).
 
 Each event gets ``prevHash`` (the ``hash`` of the file's last line, ``GENESIS`` when the
 file is empty or its last line carries no hash) and then ``hash``: the SHA-256, in lower-case

@@ -1,4 +1,4 @@
-"""``runner audit report``: per tool, role or client, what the calls did (SPEC 13).
+"""``runner audit report``: per tool, role or client, what the calls did.
 
 Counted from two events per call: ``policy.decision`` (denials by reason) and
 ``call.finished`` (calls, successes, cancellations, errors by code and reason, duration).

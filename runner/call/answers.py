@@ -67,7 +67,7 @@ class CallResult:
         return cls(True, result, None, metadata)
 
     def to_wire(self) -> dict[str, Any]:
-        """The SPEC's answer shell (section 3), camelCase."""
+        """The answer shell of the wire format (docs/calls.md), camelCase."""
         return {
             "success": self.success,
             "result": self.result,

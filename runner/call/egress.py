@@ -56,7 +56,7 @@ class EgressBounds:
     # Connections from the tool served at once: each is a descriptor of the runner, whose
     # table every call shares. More wait in the listener's backlog, in the kernel.
     max_clients: int = 64
-    # Refusals audited per call. Every refusal is an audit event (SPEC 4), so a tool that
+    # Refusals audited per call. Every refusal is an audit event, so a tool that
     # loops on refused requests would write thousands of lines a second: at this many the
     # proxy says so once (reason refusal_limit) and stops listening, and the tool's further
     # connections are refused by its own kernel, with nothing reaching the runner.

@@ -91,7 +91,7 @@ class Progress:
 
 
 def final_error(errors: list[CallError]) -> CallError:
-    """The SPEC's rule: one attempt keeps its code; several give TIMEOUT or RETRY_EXHAUSTED."""
+    """The final-code rule: one attempt keeps its code; several give TIMEOUT or RETRY_EXHAUSTED."""
     last = errors[-1]
     if len(errors) == 1 or last.code is ErrorCode.TIMEOUT:
         return last
@@ -141,7 +141,7 @@ class Executor:
                 break
             timeout_ms = max(1, min(plan.limits.timeout_ms, math.ceil(left_ms)))
             by_deadline = timeout_ms < plan.limits.timeout_ms
-            # A hosted MCP server's tool (SPEC 12) is spoken with; any other is fed its payload.
+            # A hosted MCP server's tool is spoken with; any other is fed its payload.
             dialogue = (
                 self._hosted.dialogue(tool.hosted.tool, params, ctx.tool_secrets)
                 if tool.hosted is not None

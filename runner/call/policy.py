@@ -43,11 +43,11 @@ class ToolOverrideModel(CallSettings):
     runtime: str | None = None  # OCI runtime for docker tools, e.g. runsc
     network: NetworkAllow | None = None  # the egress this tool is granted
     secrets: list[str] = Field(default_factory=list)  # the secrets this tool is granted
-    pool: int | None = Field(default=None, ge=0, le=64)  # warm sandboxes kept for it (SPEC 11)
+    pool: int | None = Field(default=None, ge=0, le=64)  # warm sandboxes kept for it
 
 
 class PoolModel(_Strict):
-    """Warm sandboxes (SPEC 11): ``size`` per tool unless ``tools.NAME.pool`` says."""
+    """Warm sandboxes: ``size`` per tool unless ``tools.NAME.pool`` says."""
 
     size: int = Field(default=0, ge=0, le=64)
     max_idle_ms: int = Field(default=60000, gt=0)
@@ -64,7 +64,7 @@ class AuditModel(_Strict):
     # Refuse a call whose policy.decision event cannot be written, rather than run it unrecorded.
     required: bool = False
     operator_log: str | None = None  # runner faults' tracebacks; standard error when unset
-    # Every event carries prevHash and hash (SPEC 13), so that `runner audit verify` finds an
+    # Every event carries prevHash and hash, so that `runner audit verify` finds an
     # edited, removed or inserted line. Needs a file: standard error cannot be chained.
     chain: bool = False
 
@@ -127,7 +127,7 @@ class PolicyModel(_Strict):
     serve: ServeModel = Field(default_factory=ServeModel)
     secrets: dict[str, SecretSource] = Field(default_factory=dict)  # where each value comes from
     pool: PoolModel = Field(default_factory=PoolModel)
-    dispatch: DispatchModel | None = None  # SPEC 14: sandboxes on a Ray cluster's nodes
+    dispatch: DispatchModel | None = None  # sandboxes on a Ray cluster's nodes
 
     @model_validator(mode="after")
     def _secrets_have_sources(self) -> PolicyModel:

@@ -75,7 +75,7 @@ def pool_plans(
 
 
 def _warm_spec(tool: Tool, runtime: str | None) -> LaunchSpec:
-    """The launch spec of a sandbox made before its call: no ``REQUEST_ID`` (SPEC 2; the
+    """The launch spec of a sandbox made before its call: no ``REQUEST_ID`` (the
     tool reads ``context.requestId``), no secrets, no egress."""
     manifest = tool.manifest
     return LaunchSpec(

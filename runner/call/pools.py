@@ -1,4 +1,4 @@
-"""Warm pools (SPEC 11): per tool, sandboxes started ahead of their calls.
+"""Warm pools: per tool, sandboxes started ahead of their calls.
 
 A call takes a warm sandbox, feeds it, and closes it after that one call, exactly as a
 cold one: the pool never gets a sandbox back. One keeper thread per runner does all the
@@ -18,7 +18,7 @@ workspace (its contents at call time), and tools of a backend that cannot start 
 sandboxes ahead (``PreStarts``). Those run cold; an explicit ``tools.NAME.pool`` for
 one of them is reported to the operator once.
 
-A hosted MCP server's warm sandbox (SPEC 12) is also initialized ahead when its backend
+A hosted MCP server's warm sandbox is also initialized ahead when its backend
 can speak to it before the call (``Primes``): the keeper holds a ``Handshake`` with it
 within the tool's timeout, and only then is it ready; its call adopts the server's
 ``InitializeResult`` and goes straight to ``tools/call``. A server that fails its

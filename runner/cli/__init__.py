@@ -1,4 +1,4 @@
-"""The command line (SPEC 6). Exit codes: 0 success, 1 the call failed, 2 misuse.
+"""The command line. Exit codes: 0 success, 1 the call failed, 2 misuse.
 
 Nothing a user can cause prints a traceback: configuration problems become one line on
 stderr and exit 2; call failures are answers on stdout and exit 1.

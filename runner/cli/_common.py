@@ -58,7 +58,7 @@ def _set_location(ctx: click.Context, param: click.Parameter, value: object) -> 
 
 
 def _location_options(command: _Command) -> _Command:
-    """``--tools``, ``--policies`` and ``--audit-log`` after the command as well (SPEC 6)."""
+    """``--tools``, ``--policies`` and ``--audit-log`` after the command as well."""
     for option in (
         click.option(
             "--audit-log",

@@ -1,5 +1,5 @@
 """``runner doctor``: every installed backend says which of its layers work here, and the
-Ray cluster when the policy dispatches (SPEC 14)."""
+Ray cluster when the policy dispatches."""
 
 from __future__ import annotations
 

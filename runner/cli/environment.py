@@ -1,4 +1,4 @@
-"""The environment each command reads, written under its ``--help`` (SPEC 1 and 6).
+"""The environment each command reads, written under its ``--help``.
 
 One table for every command, so that a command added later gets its paragraph by naming
 the variables it reads here rather than by copying text.

@@ -1,4 +1,4 @@
-"""One call from the command line that Ctrl-C (or SIGTERM) ends cleanly (SPEC 6).
+"""One call from the command line that Ctrl-C (or SIGTERM) ends cleanly.
 
 asyncio's own SIGINT handling cancels the call on the first Ctrl-C but raises
 ``KeyboardInterrupt`` straight into the event loop on the second, which would abandon the

@@ -58,7 +58,7 @@ def export_command(ctx: click.Context, fmt: str, role: str | None) -> None:
 def serve_group(
     ctx: click.Context, stdio: bool, http: str | None, role: str | None, metrics: str | None
 ) -> None:
-    """Serve the tools over MCP (SPEC 10): --stdio, or --http HOST:PORT; each call is a
+    """Serve the tools over MCP: --stdio, or --http HOST:PORT; each call is a
     span of the caller's trace (_meta.traceparent, or the HTTP traceparent header)."""
     if ctx.invoked_subcommand is not None:
         return

@@ -83,7 +83,7 @@ def serve(options: dict[str, Any], *, role: str | None, http: str | None, metric
 
 def _own_metrics() -> RunnerMetrics:
     """The server's metrics: this process is the runner's alone, so prometheus_client's
-    global switch for the ``*_created`` series may be turned off (SPEC 13 lists none)."""
+    global switch for the ``*_created`` series may be turned off (docs/observability.md lists none)."""
     from prometheus_client import disable_created_metrics
 
     disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it untyped

@@ -1,4 +1,4 @@
-"""Output for a person at a terminal: tables, indented JSON, colour (SPEC 6).
+"""Output for a person at a terminal: tables, indented JSON, colour.
 
 The CLI asks ``Output.detect()`` once per command: on a terminal it prints these formats,
 piped it prints the machine formats (JSON, JSON lines, plain lines) exactly as before, so

@@ -1,4 +1,4 @@
-"""Egress allow-lists: which destinations a tool's proxy may open (SPEC 4, "Network").
+"""Egress allow-lists: which destinations a tool's proxy may open.
 
 A destination is allowed only when both the manifest's ``network.allow`` and the
 policy's ``tools.NAME.network.allow`` list it: ``host:port``, ``*.domain:port`` (any

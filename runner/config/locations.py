@@ -1,4 +1,4 @@
-"""Where the policy file and the tools are (SPEC 1 and 6).
+"""Where the policy file and the tools are.
 
 A flag (or an argument of ``Runner.load``) wins, then ``RUNNER_POLICIES``/``RUNNER_TOOLS``,
 then the search: ``./policies.yaml``, ``$XDG_CONFIG_HOME/runner/`` (default

@@ -1,4 +1,4 @@
-"""Dispatch (SPEC 14): the sandboxes of chosen tools run on the nodes of a Ray cluster.
+"""Dispatch: the sandboxes of chosen tools run on the nodes of a Ray cluster.
 
 The guard stays on this host (policy, validation, breaker, audit, retries); each attempt
 of a dispatched tool becomes one Ray task that needs one unit of the cluster's slots

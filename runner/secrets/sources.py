@@ -8,7 +8,7 @@ granted secrets only, and never leave this module except as the tool's environme
 
 A source that gives no value makes the call fail with ``secret_unavailable``. What the
 caller is told names the secret and the kind of source (the variable's name for ``env``);
-a file's path is a host path, which SPEC 3 keeps out of answers: it goes to the operator
+a file's path is a host path, which answers never carry: it goes to the operator
 log only.
 """
 

@@ -1,4 +1,4 @@
-"""Metrics and traces of calls (SPEC 13): ``RunnerMetrics`` for Prometheus, OpenTelemetry spans.
+"""Metrics and traces of calls: ``RunnerMetrics`` for Prometheus, OpenTelemetry spans.
 
 ``RunnerMetrics`` and ``MetricsServer`` load ``prometheus_client`` on first use: a runner
 without metrics (``runner exec``) never imports it.

@@ -10,12 +10,12 @@ from runner.errors import ErrorCode
 from sandboxes import StopReason
 
 # The label of what a call's answer says on success, and of a call cancelled before it
-# answered; every other value of ``code`` is an error code of SPEC 3.
+# answered; every other value of ``code`` is an error code of the wire format.
 OK = "OK"
 # Label values for what the request named but the registry or the policy does not know.
 UNKNOWN = "(unknown)"
 NO_ROLE = "(none)"
-# The node of an attempt run on this host (a dispatched one names its Ray node: SPEC 14).
+# The node of an attempt run on this host (a dispatched one names its Ray node).
 LOCAL_NODE = "local"
 # Attempt reasons: the sandbox's stop reasons, a tool-reported error, and these.
 ATTEMPT_OK = "ok"

@@ -1,4 +1,4 @@
-"""The runner's Prometheus metrics (SPEC 13), in a registry of its own.
+"""The runner's Prometheus metrics, in a registry of its own.
 
 A ``RunnerMetrics`` holds the series and the ``CollectorRegistry`` they live in; never
 prometheus_client's global ``REGISTRY``, so a host application's metrics and the
@@ -116,7 +116,7 @@ class _StateCollector(Collector):
 
 
 class RunnerMetrics:
-    """The series of SPEC 13 in ``registry`` (a new ``CollectorRegistry`` by default).
+    """The series of docs/observability.md in ``registry`` (a new ``CollectorRegistry`` by default).
 
     Give one to ``Runner.load(metrics=...)``; read it with ``exposition()`` or serve it
     with ``serve_metrics``. One may serve several runners (their counts add up).
@@ -166,7 +166,7 @@ class RunnerMetrics:
 
     def count_attempt(self, tool: str, reason: str | None, node: str = LOCAL_NODE) -> None:
         """One attempt's end; ``reason`` None: it succeeded. ``node``: the Ray node of a
-        dispatched attempt (SPEC 14), ``local`` for one run on this host."""
+        dispatched attempt, ``local`` for one run on this host."""
         _child(self.attempts, self._children, (tool, attempt_reason(reason), node)).inc()
 
     def observe_start(self, backend: str, warm: bool, seconds: float) -> None:

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces of calls (SPEC 13): the caller's ``traceparent`` and the trace id.
+"""OpenTelemetry traces of calls: the caller's ``traceparent`` and the trace id.
 
 Only ``opentelemetry-api`` is needed. Spans are made exactly when the host (or ``runner
 serve``, see ``configure_from_env``) has set a tracer provider, before or after the runner

@@ -1,4 +1,4 @@
-"""Tool definitions for agents (SPEC 10): OpenAI functions, Anthropic tools, MCP tools.
+"""Tool definitions for agents: OpenAI functions, Anthropic tools, MCP tools.
 
 A manifest's schemas are JSON Schema 2020-12; each provider accepts a part of it. What a
 provider cannot take is left out of the definition and reported as an ``ExportNote``,

@@ -37,7 +37,7 @@ RESERVED_ENV_PREFIXES = ("RUNNER_", "LD_")
 
 
 class AnnotationsModel(BaseModel):
-    """Hints for agents (SPEC 2), exported as MCP's ``readOnlyHint`` and the like."""
+    """Hints for agents, exported as MCP's ``readOnlyHint`` and the like."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -131,7 +131,7 @@ class ManifestModel(LaunchModel):
 
 @dataclass(frozen=True)
 class HostedTool:
-    """Where a tool of an MCP server (SPEC 12) comes from: the server's manifest name and
+    """Where a tool of an MCP server comes from: the server's manifest name and
     the tool's own name on that server."""
 
     server: str
@@ -149,7 +149,7 @@ class Tool:
 
     manifest: ManifestModel
     directory: Path
-    hosted: HostedTool | None = None  # a tool of a third-party MCP server (SPEC 12)
+    hosted: HostedTool | None = None  # a tool of a third-party MCP server
 
     @property
     def name(self) -> str:
@@ -204,7 +204,7 @@ def _describe(exc: ValidationError) -> str:
 
 
 class ServerManifestModel(LaunchModel):
-    """``kind: mcp``: a stdio MCP server whose tools register one by one (SPEC 12)."""
+    """``kind: mcp``: a stdio MCP server whose tools register one by one."""
 
     kind: Literal["mcp"]
     description: str | None = Field(default=None, min_length=1, max_length=1000)

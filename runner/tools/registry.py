@@ -47,7 +47,7 @@ class Registry:
         do tools whose backend refuses them (``backend_problems``: not installed, or a rule
         of the backend's own such as docker's ``image``). ``cache`` (default: the user's,
         ``runner.tools.cache``) remembers the manifests already checked. An MCP server's
-        folder (``kind: mcp``) gives the tools ``lister`` learns from it (SPEC 12); without
+        folder (``kind: mcp``) gives the tools ``lister`` learns from it; without
         a lister, or when it fails, the server is a problem and none of its tools is in."""
         cache = cache if cache is not None else ManifestCache.open()
         tools: dict[str, Tool] = {}

@@ -40,7 +40,7 @@ limits:
 """
 
 _PYTHON_MAIN = '''\
-"""{name}: reads {{"params", "context"}} on stdin, prints one JSON result (SPEC 2)."""
+"""{name}: reads {{"params", "context"}} on stdin, prints one JSON result."""
 
 from runner_tool import ToolError, run
 
@@ -80,7 +80,7 @@ limits:
 
 _SH_MAIN = """\
 #!/bin/sh
-# {name}: one JSON request on stdin, one JSON document on stdout, exit 0 (SPEC 2).
+# {name}: one JSON request on stdin, one JSON document on stdout, exit 0.
 # To fail on purpose: print {{"error": {{"message": "..."}}}} and exit 1.
 set -eu
 request=$(cat)

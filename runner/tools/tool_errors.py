@@ -1,4 +1,4 @@
-"""A tool-reported error (SPEC 2): the ``{"error": {...}}`` document of a failing tool.
+"""A tool-reported error: the ``{"error": {...}}`` document of a failing tool.
 
 A tool that exits non-zero and prints exactly this on stdout reported an error of its own::
 

@@ -1,4 +1,4 @@
-"""The tamper-evident audit trail (SPEC 13): a hash chain that several runner processes
+"""The tamper-evident audit trail: a hash chain that several runner processes
 extend, and ``runner audit verify`` naming the first line edited, removed, inserted or cut."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``runner audit report`` (SPEC 13): its numbers against a direct computation over the same
+"""``runner audit report``: its numbers against a direct computation over the same
 generated log, grouping, ``--since``, bounded structures, hostile lines."""
 
 from __future__ import annotations

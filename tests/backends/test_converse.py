@@ -1,4 +1,4 @@
-"""Dialogues (SPEC 12) with a sandboxed tool, in both backends, cold and started ahead:
+"""Dialogues with a sandboxed tool, in both backends, cold and started ahead:
 ``sandboxes.testing.DIALOGUE_CONTRACT``, and what a dialogue's ``send`` meets once the
 tool's stdin is closed."""
 

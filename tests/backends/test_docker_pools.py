@@ -1,4 +1,4 @@
-"""Warm pools of the docker backend (SPEC 11) against a real daemon: single use, a fresh
+"""Warm pools of the docker backend against a real daemon: single use, a fresh
 container per call, close and SIGKILL of the holder leave no container, and a warm call
 that times out kills its own container only.
 

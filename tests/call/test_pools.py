@@ -1,4 +1,4 @@
-"""Warm pools (SPEC 11), with real sandboxes: single use, refill, max_idle, max_total, close,
+"""Warm pools, with real sandboxes: single use, refill, max_idle, max_total, close,
 SIGKILL of the runner holding them, and the timeout counted from the payload.
 
 A warm sandbox exists before its call, so its tool has no ``REQUEST_ID``: each test tool

@@ -1,4 +1,4 @@
-"""SPEC 3's EXECUTION_ERROR reasons, each for real: retried or not, counted by the breaker
+"""The EXECUTION_ERROR reasons, each for real: retried or not, counted by the breaker
 or not, and ``retryable`` exactly for what a caller may sensibly try again.
 
 Every reason is produced by a real tool in a real sandbox (only ``internal`` needs a
@@ -137,7 +137,7 @@ def attempt_events(bench: ToolBench, request_id: str) -> int:
 
 
 def assert_reason_rules(case: Case, answer: dict[str, Any]) -> None:
-    """The answer of one call made with ``RETRIES`` retries, as SPEC 3's table says."""
+    """The answer of one call made with ``RETRIES`` retries, as docs/calls.md's table says."""
     error = answer["error"]
     assert answer["success"] is False
     if case.retried:

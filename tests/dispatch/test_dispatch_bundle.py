@@ -1,4 +1,4 @@
-"""Tool folders on their way to a node (SPEC 14): packed with their content hash on the
+"""Tool folders on their way to a node: packed with their content hash on the
 caller, unpacked into a private cache on the node only when the hash holds and nothing in
 the archive reaches out of its folder. And the policy's ``dispatch:`` section."""
 

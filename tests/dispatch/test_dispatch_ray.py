@@ -1,4 +1,4 @@
-"""Dispatch on a real Ray cluster (SPEC 14), inside a network namespace with only loopback.
+"""Dispatch on a real Ray cluster, inside a network namespace with only loopback.
 
 A head (the control node, no sandbox slots; the runner's client attaches there) and two
 worker nodes with two ``runner_sandbox`` slots each, token authentication on, started once

@@ -1,4 +1,4 @@
-"""Hostile tools against the hardened sandbox (SPEC 5): each attack must fail.
+"""Hostile tools against the hardened sandbox: each attack must fail.
 
 Attacks on the filesystem, network and process view are also run on a plain
 subprocess (the degraded mode with no bubblewrap), marked ``xfail(strict=True)``: there

@@ -1,4 +1,4 @@
-"""``network: true`` is never the host's network (SPEC 4, 5): hostile tools, real sandboxes.
+"""``network: true`` is never the host's network: hostile tools, real sandboxes.
 
 Every server here is started by the test on the host's loopback (or as an abstract unix
 socket of the host's network namespace); nothing else is ever contacted.

@@ -1,4 +1,4 @@
-"""Prometheus metrics (SPEC 13): a real ``runner serve --http ... --metrics`` process, real
+"""Prometheus metrics: a real ``runner serve --http ... --metrics`` process, real
 MCP calls (success, denial, failure, an unknown tool, a warm one, an open breaker) and
 ``/metrics`` scraped during and after them; the Python API's own registry."""
 
@@ -162,7 +162,7 @@ async def test_metrics_count_calls_attempts_and_durations_by_tool_code_and_role(
     assert value(after, "runner_breaker_open", tool="echo") == 0
     text = server.scrape_text()
     assert MARKER not in text
-    assert "_created" not in text  # exactly the series of SPEC 13
+    assert "_created" not in text  # exactly the documented series
 
 
 def test_a_runner_given_metrics_keeps_them_in_its_own_registry_not_the_global_one(bench: ToolBench) -> None:
@@ -234,7 +234,7 @@ def test_a_cancelled_call_is_counted_as_cancelled_and_leaves_nothing_in_flight(b
 
 
 def test_an_attempt_dispatched_to_a_node_is_counted_under_that_node(bench: ToolBench) -> None:
-    """SPEC 14's ``node`` on an outcome (a Ray node) becomes the attempt's ``node`` label;
+    """A dispatched outcome's ``node`` (a Ray node) becomes the attempt's ``node`` label;
     the real dispatch is in test_dispatch_ray.py, here a backend that says where it ran."""
     from dataclasses import replace
 

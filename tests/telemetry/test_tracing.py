@@ -1,4 +1,4 @@
-"""Traces of calls (SPEC 13): a ``runner.call`` span per call with a ``runner.attempt``
+"""Traces of calls: a ``runner.call`` span per call with a ``runner.attempt``
 child per attempt, the caller's W3C ``traceparent`` as parent, and the answer's
 ``traceId`` the span's. In-process runners over real sandboxes, the SDK's in-memory
 exporter; then ``runner serve`` (stdio with the SDK's console exporter, HTTP without any

@@ -1,4 +1,4 @@
-"""Tool definitions (SPEC 10): each provider's documented shape, and what cannot be expressed."""
+"""Tool definitions: each provider's documented shape, and what cannot be expressed."""
 
 from __future__ import annotations
 

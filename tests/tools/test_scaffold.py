@@ -1,5 +1,5 @@
 """``runner new`` and the tool-side helper ``runner_tool``: a scaffolded tool validates and
-answers its sample params at once; the helper prints results and error documents (SPEC 2)."""
+answers its sample params at once; the helper prints results and error documents."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Third-party MCP servers hosted as sandboxed tools (SPEC 12)."""
+"""Third-party MCP servers hosted as sandboxed tools."""

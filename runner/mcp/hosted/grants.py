@@ -1,4 +1,4 @@
-"""What a policy must grant before an installed server's tools can be called (SPEC 12).
+"""What a policy must grant before an installed server's tools can be called.
 
 The policy's own ``decide`` says why a tool is refused; the grant that lifts that refusal
 is recorded, applied to a copy of the policy, and the tool decided again, until each tool

@@ -1,4 +1,4 @@
-"""``runner mcp add``: a third-party MCP server's package installed into a tool folder (SPEC 12).
+"""``runner mcp add``: a third-party MCP server's package installed into a tool folder.
 
 A PyPI package goes into a virtual environment made with the system's ``/usr/bin/python3``
 (the interpreter the sandbox runs, not the runner's own), an npm package into

@@ -1,4 +1,4 @@
-"""What a hosted MCP server said, as the outcome a tool of ours would have given (SPEC 12).
+"""What a hosted MCP server said, as the outcome a tool of ours would have given.
 
 A success becomes the JSON on a clean exit's stdout: ``structuredContent`` when the
 server gave it, else its text content; ``isError: true`` (or a JSON-RPC error answering

@@ -7,7 +7,7 @@ the server's process belongs to the sandbox (this never starts, stops or waits f
 and a line that is not JSON-RPC ends the conversation at once as a broken protocol
 instead of being logged and skipped: a tool's answer is never guessed.
 
-A server started ahead by a warm pool is initialized ahead too (SPEC 12): ``Handshake``
+A server started ahead by a warm pool is initialized ahead too: ``Handshake``
 is the ``sandboxes.Opening`` that says ``initialize`` and ``notifications/initialized``
 from the pool's thread, as ``ClientSession.initialize`` would; the call's conversation
 then ``adopt``s its ``InitializeResult`` (the SDK's own way to take a handshake done

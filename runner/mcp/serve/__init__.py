@@ -1,1 +1,1 @@
-"""``runner serve``: the runner as an MCP server, and the tool definitions it hands out (SPEC 10)."""
+"""``runner serve``: the runner as an MCP server, and the tool definitions it hands out."""

@@ -1,4 +1,4 @@
-"""The MCP handlers in front of one long-lived ``Runner`` (SPEC 10).
+"""The MCP handlers in front of one long-lived ``Runner``.
 
 ``tools/list`` gives what the caller's role may call; ``tools/call`` goes through the whole
 guard (``Runner.ahandle``) and maps the answer shell onto MCP: a success is the result as
@@ -45,7 +45,7 @@ SERVER_NAME = "runner"
 REQUEST_ID_META = "dev.runner/requestId"
 ERROR_META = "dev.runner/error"
 DURATION_META = "dev.runner/durationMs"  # the runner's own time for the call (the answer's duration)
-TRACE_ID_META = "dev.runner/traceId"  # the answer's traceId: the call's W3C trace id (SPEC 13)
+TRACE_ID_META = "dev.runner/traceId"  # the answer's traceId: the call's W3C trace id
 # A call that runs longer than this gets progress notifications (when the client sent a
 # progressToken), one per interval: the client sees that it is alive.
 PROGRESS_INTERVAL_S = 1.0
@@ -136,7 +136,7 @@ class ToolService:
             request["metadata"] = trace_context
         tool = self.runner.registry.get(params.name)
         wants_progress = meta.get("progressToken") is not None
-        # A hosted MCP server's tool reports its own progress (SPEC 12): passed through.
+        # A hosted MCP server's tool reports its own progress: passed through.
         hosted = tool is not None and tool.hosted is not None
         client_token = AUDIT_CLIENT.set(caller.client)
         progress_token = CALL_PROGRESS.set(ctx.session.report_progress if hosted and wants_progress else None)
@@ -231,7 +231,7 @@ class ToolService:
 
 
 def _trace_context(ctx: ServerRequestContext[Any, Any], meta: dict[str, Any]) -> dict[str, str]:
-    """The caller's W3C trace context (SPEC 13): ``_meta.traceparent`` (and ``tracestate``),
+    """The caller's W3C trace context: ``_meta.traceparent`` (and ``tracestate``),
     else the HTTP request's ``traceparent`` header; the runner ignores one that does not parse."""
     source: Mapping[str, Any] = meta
     if TRACEPARENT not in meta:

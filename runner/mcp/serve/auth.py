@@ -1,4 +1,4 @@
-"""Bearer tokens of ``runner serve --http`` (SPEC 10).
+"""Bearer tokens of ``runner serve --http``.
 
 The policy keeps only each token's SHA-256 (``serve.tokens``: name, sha256, role), so a
 leaked policy file leaks no token. Every HTTP request must carry ``Authorization: Bearer

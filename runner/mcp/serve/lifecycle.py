@@ -1,4 +1,4 @@
-"""Running the server: its transport, the watcher, and the signals (SPEC 10).
+"""Running the server: its transport, the watcher, and the signals.
 
 SIGTERM (and SIGINT) drain: new calls are refused, calls in flight end (each by its own
 deadline), then the transport stops, the runner closes (no sandbox left) and the process

@@ -1,4 +1,4 @@
-"""Watching the policy file and the tool folders: a change reloads them (SPEC 10).
+"""Watching the policy file and the tool folders: a change reloads them.
 
 Polling, not inotify: a handful of ``stat`` calls a second, works on every filesystem
 (bind mounts, NFS, overlay) and needs no extra dependency. A new policy that does not

@@ -1,4 +1,4 @@
-"""Third-party MCP servers as tools (SPEC 12), with a hostile server of the tests' own
+"""Third-party MCP servers as tools, with a hostile server of the tests' own
 (``support/servers/stateful_mcp.py``): listing, a fresh sandbox per call, every way a server can
 fail, policy by ``tag:mcp``, warm pools, and both backends. The real third-party servers
 installed by ``runner mcp add`` are in ``test_mcp_add.py``."""
@@ -253,7 +253,7 @@ async def test_through_runner_serve_a_client_sees_hosted_tools_next_to_ours_per_
     assert names == {"echo"} | {f"st_{name}" for name in NAMES}
 
 
-# -- what a hostile review of SPEC 12 found -------------------------------------------
+# -- what a hostile review of hosted servers found -------------------------------------------
 
 
 def test_a_call_does_not_list_again_so_a_schema_offered_at_call_time_is_never_used(bench: ToolBench) -> None:

@@ -1,4 +1,4 @@
-"""Warm hosted MCP servers initialized ahead (SPEC 11 + 12), both backends, with the tests'
+"""Warm hosted MCP servers initialized ahead, both backends, with the tests'
 own server (``support/servers/stateful_mcp.py``): a pooled call finds its server initialized
 before the call was made and says only ``tools/call``; each call still meets a fresh
 server; a server that fails its handshake ahead (silent, or garbage instead of its

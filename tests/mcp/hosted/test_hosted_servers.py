@@ -1,5 +1,5 @@
 """Real third-party MCP servers, installed by ``runner mcp add`` (the session's ``installed``
-fixture in conftest), called through the whole guard (SPEC 12): ``mcp-server-time`` from
+fixture in conftest), called through the whole guard: ``mcp-server-time`` from
 PyPI, and ``@modelcontextprotocol/server-filesystem`` from npm over a read-only workspace."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``runner mcp add``: a PyPI or npm MCP server installed into a tool folder that OUR sandbox
-runs (SPEC 12). Real installs from the registries, one of each package per session; the
+runs. Real installs from the registries, one of each package per session; the
 servers are then started in the subprocess (and docker) sandbox by a probe tool that speaks
 MCP to them: initialize, tools/list, one tools/call."""
 
