@@ -188,7 +188,7 @@ class Executor:
         """The result of a clean exit. Up to ``max_output_bytes`` of JSON and an
         ``output_schema`` (whose patterns a tool's output could make slow) are parsed off the
         event loop; a short output with no schema is parsed on it, sparing the call the
-        two thread hops (measured: ~0.4 ms of a ~7 ms warm call).
+        two thread hops (their cost: docs/performance.md, "Figures behind the code").
 
         Raises:
             CallError: as ``parse_result``.

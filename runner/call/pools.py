@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 # next try: a machine without the isolation must not be asked twenty times a second.
 RETRY_AFTER_FAILURE_S = 5.0
 # A taken sandbox is replaced once its call has ended, or this long after it was taken,
-# whichever comes first: a warm call (~7 ms) is not slowed by its own replacement being
+# whichever comes first: a warm call is not slowed by its own replacement being
 # set up beside it, and calls that come while a long one runs still find a warm sandbox.
 REFILL_DEFER_S = 0.05
 
@@ -153,9 +153,9 @@ class WarmPools:
         it is replaced); None when there is none.
 
         The replacement waits for the call's end (at most ``REFILL_DEFER_S``): started at
-        once, it would set up a sandbox (a dozen processes, ~10 ms of CPU) and hold the
-        GIL on the call's two cores just while the call's own tool runs. Measured, that
-        cost a warm call ~1 ms."""
+        once, it would set up a sandbox (a dozen processes) and hold the GIL on the
+        call's cores just while the call's own tool runs (what that cost a warm call:
+        docs/performance.md, "Figures behind the code")."""
         with self._cond:
             pool = self._pools.get(tool_name)
             if pool is None or replace(limits, timeout_ms=pool.plan.limits.timeout_ms) != pool.plan.limits:

@@ -135,7 +135,7 @@ def test_the_pool_refills_after_each_call(pooled: tuple[ToolBench, str]) -> None
 def test_a_taken_sandbox_is_replaced_when_its_call_ends_or_soon_after_it_was_taken() -> None:
     # The keeper's rule, on a clock of the test's own (no sandbox is started: the pool's
     # one idle entry is a stand-in). Setting up the replacement takes CPU a short call's
-    # own tool needs (measured: ~1 ms of a warm call on two cores), so it waits for the
+    # own tool needs (docs/performance.md), so it waits for the
     # call's end, but no longer than REFILL_DEFER_S, so that calls arriving during a long
     # one still find a warm sandbox.
     now = [100.0]

@@ -53,9 +53,9 @@ _NPM_PACKAGE = re.compile(
 )
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 
-# What the two example servers needed in the subprocess sandbox (docs/mcp-servers.md):
-# ~70 MB peak RSS each, start-up 0.6 s (mcp-server-time) and 0.25 s (server-filesystem).
-# node's V8 and libuv pools start ~11 threads, and max_pids counts threads.
+# Room for what the two example servers needed in the subprocess sandbox (measured in
+# docs/performance.md, "Figures behind the code"); max_pids counts threads, and node's
+# V8 and libuv pools start a dozen.
 _LIMITS = {
     "pip": {"timeout_ms": 10000, "deadline_ms": 20000, "memory_mb": 256, "max_pids": 64},
     "npm": {"timeout_ms": 10000, "deadline_ms": 20000, "memory_mb": 256, "max_pids": 32},

@@ -67,7 +67,7 @@ class HttpTransport:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.create_server((host, port), family=family)
         # Answers go out as several small writes (an SSE event stream): without this,
-        # Nagle's algorithm and the client's delayed ACK hold each answer back ~40 ms.
+        # Nagle's algorithm and the client's delayed ACK hold each answer back (by tens of ms).
         # Accepted connections inherit it.
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         config = uvicorn.Config(
