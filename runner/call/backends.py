@@ -102,6 +102,3 @@ class Backends:
         for backend in built:
             if isinstance(backend, Closable):
                 await backend.aclose()
-
-
-DefaultSandboxes = Backends  # the name earlier releases exported

@@ -39,16 +39,6 @@ class SchemaProblem(ValueError):
     """The schema itself is not a valid Draft 2020-12 schema."""
 
 
-def compile_schema(schema: dict[str, Any] | bool) -> Validator:
-    """A reusable validator for ``schema``, once it is checked.
-
-    Raises:
-        SchemaProblem: the schema is invalid, or RE2 cannot compile one of its patterns.
-    """
-    check_schema(schema)
-    return build_validator(schema)
-
-
 def check_schema(schema: dict[str, Any] | bool) -> None:
     """Check ``schema`` against the Draft 2020-12 metaschema (milliseconds per schema).
 

@@ -49,7 +49,7 @@ class AnnotationsModel(BaseModel):
 
 class LaunchModel(BaseModel):
     """What every manifest says about running its program: a tool's and an MCP server's
-    (``kind: mcp``, ``runner.mcp.hosted.manifest``) alike."""
+    (``kind: mcp``, ``ServerManifestModel`` below) alike."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
