@@ -1,1 +1,2 @@
-"""The call path: plan, attempts, breaker, warm pools, backends, and the call's answer."""
+"""The call path: the guard (tool, params, secrets, policy, breaker), the plan, the attempts,
+warm pools, backends, and the call's answer."""

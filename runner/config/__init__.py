@@ -1,1 +1,2 @@
-"""The runner's configuration: the policy file, limits, where files are, YAML reading."""
+"""The runner's configuration files and settings: where files are, limits, egress rules, the
+policy's dispatch section, YAML read safely. (The policy's decisions: ``runner.call.policy``.)"""

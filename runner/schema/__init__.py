@@ -1,1 +1,2 @@
-"""JSON Schema made safe for hostile input, and strict JSON at the edges."""
+"""JSON Schema made safe for hostile input, the scrubbing of the values it finds sensitive,
+and strict JSON at the edges."""

@@ -1,1 +1,1 @@
-"""``runner serve``: the runner as an MCP server, and the tool definitions it hands out."""
+"""``runner serve``: the runner as an MCP server (the server side), in front of one ``Runner``."""
