@@ -101,6 +101,11 @@ class ServeTokenModel(_Strict):
 class ServeModel(_Strict):
     tokens: list[ServeTokenModel] = Field(default_factory=list)
     max_concurrent: int = Field(default=32, gt=0, le=4096)  # calls running at once; more wait
+    # MCP sessions one token may hold open; one more is refused (429), so a token that opens
+    # sessions in a loop locks out only itself.
+    max_sessions_per_token: int = Field(default=16, gt=0, le=1024)
+    # A session with no request in flight and no open event stream this long is closed.
+    session_idle_ms: int = Field(default=600_000, ge=1000, le=86_400_000)
 
     @model_validator(mode="after")
     def _unique(self) -> ServeModel:

@@ -15,7 +15,8 @@ import uvicorn
 from mcp.server.context import ServerRequestContext
 
 from runner.serve.app import Caller, ToolService
-from runner.serve.auth import BearerAuth, token_of
+from runner.serve.auth import token_of
+from runner.serve.sessions import http_app
 
 MCP_PATH = "/mcp"
 DEFAULT_HOST = "127.0.0.1"
@@ -63,7 +64,7 @@ class HttpTransport:
     def __init__(self, service: ToolService, host: str, port: int) -> None:
         """Raises ``OSError`` when the address cannot be bound."""
         server = service.server()
-        app = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host)
+        app = http_app(server, service.runner, host, MCP_PATH)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.create_server((host, port), family=family)
         # Answers go out as several small writes (an SSE event stream): without this,
@@ -71,7 +72,7 @@ class HttpTransport:
         # Accepted connections inherit it.
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         config = uvicorn.Config(
-            BearerAuth(app, service.runner),
+            app,
             log_level="warning",
             lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_S,
