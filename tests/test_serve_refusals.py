@@ -89,7 +89,7 @@ async def test_the_sdk_client_with_a_wrong_token_shows_why_it_was_refused(
     served: tuple[HttpServer, str],
 ) -> None:
     server, _ = served
-    with pytest.raises(Exception) as refused:  # noqa: PT011 - the SDK's group; its leaves are checked
+    with pytest.raises(Exception) as refused:  # the SDK wraps it in a group; its leaves are checked
         async with server.client("rnr_guessed"):
             pass
     texts: list[str] = []
