@@ -40,7 +40,9 @@ def served(bench: ToolBench) -> Iterator[tuple[HttpServer, str]]:
     server.stop()
 
 
-async def refuse_many(url: str, count: int, *, local_address: str | None = None, workers: int = 8) -> list[int]:
+async def refuse_many(
+    url: str, count: int, *, local_address: str | None = None, workers: int = 8
+) -> list[int]:
     """``count`` requests without a token (every other one with a made-up token); the statuses."""
     statuses: list[int] = []
     transport = httpx2.AsyncHTTPTransport(local_address=local_address, verify=_TLS)

@@ -76,7 +76,9 @@ async def test_a_token_removed_in_an_edit_that_is_refused_stops_working_and_the_
     async with server.client(tokens["alice"]) as client:  # the old policy still rules the rest
         assert [tool.name for tool in (await client.list_tools()).tools] == ["echo"]
     [revoked] = audit_events(bench, event="serve.revoke")
-    assert revoked["tokens"] == ["mallory"] and revoked["accepted"] is False and revoked["reason"] == "removed"
+    assert (
+        revoked["tokens"] == ["mallory"] and revoked["accepted"] is False and revoked["reason"] == "removed"
+    )
 
     edit["roles"]["user"]["allow"] = ["echo"]  # fixed: now the whole edit is taken
     (bench.root / "policies.yaml").write_text(yaml.safe_dump(edit))

@@ -118,7 +118,9 @@ async def test_one_token_opening_sessions_in_a_loop_gets_429_past_its_cap_and_an
     assert len(capped) <= 11  # a budget, not an event per refusal
 
 
-async def test_a_configured_cap_holds_and_an_idle_session_expires_and_frees_its_place(bench: ToolBench) -> None:
+async def test_a_configured_cap_holds_and_an_idle_session_expires_and_frees_its_place(
+    bench: ToolBench,
+) -> None:
     server, tokens = serve(bench, max_sessions_per_token=2, session_idle_ms=1500)
     mallory = tokens["mallory"]
     try:
@@ -149,7 +151,9 @@ async def test_a_configured_cap_holds_and_an_idle_session_expires_and_frees_its_
         {"session_idle_ms": 10**12},
     ],
 )
-def test_bad_session_settings_are_refused_with_the_setting_named(tmp_path: Path, serve: dict[str, object]) -> None:
+def test_bad_session_settings_are_refused_with_the_setting_named(
+    tmp_path: Path, serve: dict[str, object]
+) -> None:
     policy = tmp_path / "policies.yaml"
     policy.write_text(yaml.safe_dump({"version": 1, "serve": serve}))
     with pytest.raises(ConfigError) as refused:
