@@ -25,7 +25,6 @@ import anyio
 from runner.api import Runner
 from runner.errors import ConfigError
 from runner.manifest import MANIFEST_FILE
-from runner.policy import Policy
 from runner.yaml_files import YamlFileError, load_yaml_file
 
 # How often the files are looked at; a change is served within about this long.
@@ -137,7 +136,9 @@ def revoke_tokens(runner: Runner, kept: set[str] | None) -> list[str]:
     if len(remaining) == len(live):
         return []
     serve = policy.model.serve.model_copy(update={"tokens": remaining})
-    runner.policy = Policy(policy.model.model_copy(update={"serve": serve}), policy.base_dir, policy.source)
+    # The same Policy with only its model's token list changed: whatever follows the policy
+    # by identity (the warm pools) sees no new policy, as none was taken.
+    policy.model = policy.model.model_copy(update={"serve": serve})
     return [entry.name for entry in live if entry not in remaining]
 
 
