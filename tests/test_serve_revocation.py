@@ -6,6 +6,7 @@ streams end. Real server process, httpx and the SDK's client."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,6 +18,7 @@ from mcp_harness import ECHO, HttpServer, add_token, audit_events, write_policy
 from mcp_raw import headers, initialize, jsonrpc_error, open_session
 
 from runner.serve.auth import new_token, token_digest
+from runner.serve.reload import tokens_in_file
 
 pytestmark = pytest.mark.anyio
 RELOADED_WITHIN_S = 20  # the server looks every 0.5 s
@@ -126,3 +128,24 @@ async def test_a_revoked_tokens_open_event_stream_and_session_end(
     [revoked] = audit_events(bench, event="serve.revoke")
     assert revoked["tokens"] == ["mallory"] and revoked["accepted"] is True
     assert await status(server.url, tokens["alice"]) == 200
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("version: 1\n", set()),  # no serve.tokens: none kept
+        ("version: 1\nserve: {tokens: [{sha256: abc}, {name: x}, 5, {sha256: 7}]}\nroles: 3\n", {"abc"}),
+        ("version: 1\nserve: {tokens: {a: 1}}\n", None),
+        ("version: 1\nserve: [1]\n", None),
+        ("- 1\n", None),
+        ("version: 1\nserve: {tokens: [\n", None),
+        ("", None),
+    ],
+)
+def test_a_refused_files_token_list_is_read_leniently_or_not_at_all(
+    tmp_path: Path, text: str, kept: set[str] | None
+) -> None:
+    policy = tmp_path / "policies.yaml"
+    policy.write_text(text)
+    assert tokens_in_file(policy) == kept
+    assert tokens_in_file(tmp_path / "missing.yaml") is None
