@@ -30,7 +30,7 @@ from runner.api import Runner
 from runner.serve.auth import BearerAuth, send_jsonrpc_error, token_of
 
 # JSON-RPC error (implementation-defined range) for a token at its cap of open sessions.
-TOO_MANY_SESSIONS = -32002
+TOO_MANY_SESSIONS = -32012  # -32002 is MCP's own "resource not found"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 # The SDK's hooks this module relies on; checked at start, so that an SDK that renamed
