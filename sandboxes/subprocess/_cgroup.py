@@ -20,6 +20,7 @@ from pathlib import Path
 
 from sandboxes._kernel import read_keyed
 from sandboxes._owners import owner_alive
+from sandboxes._socket_memory import TCP_LIMIT_FILE, sockets_overran, tcp_budget
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # v1 controllers we need: memory and pids are limits; cpuacct tells CPU-limit kills apart.
@@ -106,6 +107,10 @@ class CallCgroup:
         """Forks the kernel refused for the pids limit."""
         pids = self.dirs[1] if self.version == 1 else self.dirs[0]
         return read_keyed(pids / "pids.events", "max")
+
+    def sockets_overran(self) -> bool:
+        """Whether socket buffers were ever charged past the limit (``sandboxes._socket_memory``)."""
+        return sockets_overran(self.version, self.dirs[0])
 
     def members(self, everywhere: bool = True) -> set[int]:
         """The processes in the attempt's cgroups. ``everywhere=False`` reads only the one
@@ -276,11 +281,10 @@ class CgroupFactory:
                 swap = memory / "memory.memsw.limit_in_bytes"
                 if swap.exists():
                     _write(swap, limit)
-                # v1 keeps socket buffers outside memory.limit_in_bytes: without this a
-                # tool can queue hundreds of MB on loopback sockets. (v2 charges them to
-                # memory.max.) Writing the limit is also what turns the accounting on.
-                # A quarter of the memory limit on top of it, as the docker backend gives.
-                _write(memory / "memory.kmem.tcp.limit_in_bytes", str(memory_mb * 1024 * 1024 // 4))
+                # v1 keeps socket buffers outside memory.limit_in_bytes (v2 charges them to
+                # memory.max). Writing the limit is also what turns the accounting on; a
+                # tool that passes it anyway is stopped (``CallCgroup.sockets_overran``).
+                _write(memory / TCP_LIMIT_FILE, str(tcp_budget(memory_mb)))
                 _write(pids / "pids.max", str(max_pids))
             else:
                 (unified,) = dirs
