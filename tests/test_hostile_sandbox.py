@@ -21,6 +21,7 @@ from docker import APIClient
 from socket_hoard import SOCKET_HOARDER, assert_sockets_held
 
 from sandboxes._identity import UID_BASE, UID_COUNT
+from sandboxes._socket_memory import sockets_overran
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="these attacks target a root runner")
 
@@ -469,3 +470,27 @@ def test_a_deep_tree_is_applied_to_a_bounded_depth_and_the_call_still_ends_clean
     while (folder / "a").is_dir():
         folder, depth = folder / "a", depth + 1
     assert 1 <= depth <= 65
+
+
+TCP_PEAK, TCP_LIMIT = "memory.kmem.tcp.max_usage_in_bytes", "memory.kmem.tcp.limit_in_bytes"
+
+
+@pytest.mark.parametrize(
+    ("version", "files", "overran"),
+    [
+        (1, {TCP_PEAK: "67117056", TCP_LIMIT: "67108864"}, True),
+        (1, {TCP_PEAK: "67108864", TCP_LIMIT: "67108864"}, False),
+        (1, {TCP_PEAK: "67117056"}, False),  # the cgroup is gone
+        (2, {"memory.peak": "268439552", "memory.max": "268435456"}, True),
+        (2, {"memory.peak": "268435456", "memory.max": "268435456"}, False),
+        (2, {"memory.peak": "268439552", "memory.max": "max"}, False),
+    ],
+)
+def test_socket_memory_overruns_are_read_from_the_peak_over_the_limit(
+    tmp_path: Path, version: int, files: dict[str, str], overran: bool
+) -> None:
+    # What the kernel shows for a cgroup whose sockets were charged past the limit: the
+    # forced charges move the peak only (cgroup v2 is not on the machines the tests run on).
+    for name, value in files.items():
+        (tmp_path / name).write_text(value + "\n")
+    assert sockets_overran(version, tmp_path) is overran

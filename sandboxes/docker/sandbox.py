@@ -617,7 +617,8 @@ class PreparedContainer:
 
     def _blame_limits(self, outcome: SandboxOutcome) -> SandboxOutcome:
         """A failure after a limit was hit is that limit's, not a plain exit or timeout; a
-        success after the memory limit was passed (by sockets: ``_socket_memory``) is not one."""
+        success after the memory limit broke (an OOM kill, sockets past their share, see
+        ``sandboxes._socket_memory``) within the last poll is not one."""
         if outcome.reason is None and self._oom_killed:
             return dataclasses.replace(outcome, reason=StopReason.MEMORY_LIMIT)
         if outcome.reason not in (StopReason.EXIT_CODE, StopReason.SIGNAL, StopReason.TIMEOUT):
