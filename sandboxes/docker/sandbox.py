@@ -605,8 +605,9 @@ class PreparedContainer:
         return breach
 
     def _breach(self, cgroup: ContainerCgroup) -> StopReason | None:
-        """CPU time over the budget or an OOM kill, over all the container's processes; a
-        refused fork is only noted (a tool may cope with it). Reads 0 once the cgroup is gone."""
+        """CPU time over the budget, an OOM kill or socket buffers past their share, over all
+        the container's processes; a refused fork is only noted (a tool may cope with it).
+        Reads 0 once the cgroup is gone."""
         self._pids_refused = max(self._pids_refused, cgroup.pids_refused())
         if cgroup.oom_kills() > 0 or cgroup.sockets_overran():
             self._oom_killed = True
