@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import HOARDING_CHILDREN, SPINNING_CHILDREN, ToolBench
 from docker import APIClient
-from socket_hoard import SOCKET_HOARDER, assert_sockets_held
+from socket_hoard import SOCKET_HOARDER, UNACCEPTED_HOARDER, assert_sockets_held, assert_unaccepted_held
 
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome
 from sandboxes.docker import DockerSandbox
@@ -37,6 +37,15 @@ def test_thousands_of_loopback_connections_cannot_pin_more_than_the_memory_limit
     docker_tool(bench, "hoarder", SOCKET_HOARDER, limits={"memory_mb": 256, "timeout_ms": 30000})
     answer, _ = call(bench, "hoarder", timeout_ms=30000)
     assert_sockets_held(answer, 256)
+
+
+def test_connections_nobody_accepts_cannot_pin_more_than_the_memory_limit(bench: ToolBench) -> None:
+    # Charged to no cgroup: 100 such connections held 479 MB at memory_mb 256 before.
+    command = ["python3", "main.py", str(256 * MiB)]
+    limits = {"memory_mb": 128, "timeout_ms": 30000}
+    docker_tool(bench, "unaccepted", UNACCEPTED_HOARDER, limits=limits, command=command)
+    answer, _ = call(bench, "unaccepted", timeout_ms=30000)
+    assert_unaccepted_held(answer, 128)
 
 
 UDP_HOARDER = """

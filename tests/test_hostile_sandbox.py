@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import ToolBench
 from docker import APIClient
-from socket_hoard import SOCKET_HOARDER, assert_sockets_held
+from socket_hoard import SOCKET_HOARDER, UNACCEPTED_HOARDER, assert_sockets_held, assert_unaccepted_held
 
 from sandboxes._identity import UID_BASE, UID_COUNT
 from sandboxes._socket_memory import sockets_overran
@@ -302,6 +302,16 @@ def test_thousands_of_loopback_connections_cannot_pin_more_than_the_memory_limit
     bench.tool("hoarder", SOCKET_HOARDER, limits={"memory_mb": 256, "timeout_ms": 30000})
     answer = bench.runner().handle({"toolName": "hoarder", "options": {"timeout": 30000, "retries": 0}})
     assert_sockets_held(answer, 256)
+
+
+def test_connections_nobody_accepts_cannot_pin_more_than_the_memory_limit(bench: ToolBench) -> None:
+    # Charged to no cgroup: 100 such connections held 439 MB at memory_mb 256 before.
+    command = ["python3", "main.py", str(256 * 1024 * 1024)]
+    bench.tool(
+        "unaccepted", UNACCEPTED_HOARDER, limits={"memory_mb": 128, "timeout_ms": 30000}, command=command
+    )
+    answer = bench.runner().handle({"toolName": "unaccepted", "options": {"timeout": 30000, "retries": 0}})
+    assert_unaccepted_held(answer, 128)
 
 
 def test_a_degraded_run_still_drops_root_and_says_what_is_missing(

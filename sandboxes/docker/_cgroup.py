@@ -69,6 +69,13 @@ class ContainerCgroup:
         """Whether socket buffers were ever charged past the limit (``sandboxes._socket_memory``)."""
         return sockets_overran(self.version, self.memory)
 
+    def members(self) -> list[int]:
+        """The host pids of the container's processes (none once its cgroup is gone)."""
+        try:
+            return [int(pid) for pid in (self.pids / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
     def empty(self) -> bool:
         """Whether no process is left in the container (its cgroup gone counts as empty)."""
         try:

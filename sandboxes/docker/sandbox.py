@@ -55,6 +55,7 @@ from sandboxes._exchange import DialogueExchange, Exchange, PayloadExchange, Std
 from sandboxes._exec_status import EXEC_GUARD, exec_failure, new_token, token_line
 from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
+from sandboxes._netns_sockets import SandboxSockets
 from sandboxes._owners import pid_alive
 from sandboxes._prepare import Preparers, prepare_in_thread, start_ahead
 from sandboxes._priming import Opened, prime_with
@@ -396,6 +397,7 @@ class PreparedContainer:
         self._workspace: GrantedWorkspace | None = None
         self._pids_refused = 0
         self._oom_killed = False
+        self._sockets = SandboxSockets(tcp_budget(limits.memory_mb))  # what its cgroup does not count
         self.egress: EgressEndpoint | None = None
         self._waiting: _Attached | None = None  # started ahead of its call
         self._opened: Opened | None = None  # primed: what the opening left for the call
@@ -609,7 +611,7 @@ class PreparedContainer:
         the container's processes; a refused fork is only noted (a tool may cope with it).
         Reads 0 once the cgroup is gone."""
         self._pids_refused = max(self._pids_refused, cgroup.pids_refused())
-        if cgroup.oom_kills() > 0 or cgroup.sockets_overran():
+        if cgroup.oom_kills() > 0 or cgroup.sockets_overran() or self._sockets.over_budget(cgroup.members):
             self._oom_killed = True
             return StopReason.MEMORY_LIMIT
         if cgroup.cpu_seconds() > self._limits.cpu_seconds:
@@ -734,6 +736,7 @@ class PreparedContainer:
         if self._closed:
             return
         self._closed = True
+        self._sockets.close()
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
             waiting.close()

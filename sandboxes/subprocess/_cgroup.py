@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from sandboxes._kernel import read_keyed
+from sandboxes._netns_sockets import SandboxSockets
 from sandboxes._owners import owner_alive
 from sandboxes._socket_memory import TCP_LIMIT_FILE, sockets_overran, tcp_budget
 
@@ -70,9 +71,11 @@ def _read_int(path: Path, default: int = 0) -> int:
 class CallCgroup:
     """The cgroup(s) of one attempt. ``join_files`` are what the launcher joins."""
 
-    def __init__(self, version: int, dirs: list[Path]) -> None:
+    def __init__(self, version: int, dirs: list[Path], socket_budget: int = 0) -> None:
         self.version = version
         self.dirs = dirs
+        # Sockets its cgroup does not count (not yet accepted): read in its network namespace.
+        self._sockets = SandboxSockets(socket_budget) if socket_budget else None
 
     @property
     def procs_files(self) -> list[Path]:
@@ -109,8 +112,12 @@ class CallCgroup:
         return read_keyed(pids / "pids.events", "max")
 
     def sockets_overran(self) -> bool:
-        """Whether socket buffers were ever charged past the limit (``sandboxes._socket_memory``)."""
-        return sockets_overran(self.version, self.dirs[0])
+        """Whether socket buffers were ever charged past the limit (``sandboxes._socket_memory``),
+        or the sockets of the tool's network namespace hold more than that now
+        (``sandboxes._netns_sockets``)."""
+        if sockets_overran(self.version, self.dirs[0]):
+            return True
+        return self._sockets is not None and self._sockets.over_budget(lambda: self.members(everywhere=False))
 
     def members(self, everywhere: bool = True) -> set[int]:
         """The processes in the attempt's cgroups. ``everywhere=False`` reads only the one
@@ -160,6 +167,8 @@ class CallCgroup:
 
     def remove(self) -> None:
         """Kill what is left and remove the directories. Safe to call twice."""
+        if self._sockets is not None:
+            self._sockets.close()
         self.kill_all()
         for d in self.dirs:
             for _ in range(KILL_ROUNDS):
@@ -270,7 +279,7 @@ class CgroupFactory:
         self._sequence += 1
         name = f"{os.getpid()}-{self._sequence}-{time.monotonic_ns()}"
         dirs = [parent / name for parent in self._parents]
-        group = CallCgroup(self.version, dirs)
+        group = CallCgroup(self.version, dirs, tcp_budget(memory_mb))
         limit = str(memory_mb * 1024 * 1024)
         try:
             for d in dirs:
