@@ -43,6 +43,8 @@ _ATTRIBUTE = struct.Struct("=HH")
 _HELD = (0, 4, 5, 7)  # SK_MEMINFO_ RMEM_ALLOC, FWD_ALLOC, WMEM_QUEUED, BACKLOG
 _RECEIVE_BYTES = 65536
 DUMP_EVERY_S = 0.25
+# A dump ends with NLMSG_DONE; never wait past this for it (it is read on the event loop).
+DUMP_TIMEOUT_S = 0.5
 # One packet past a full receive queue (loopback's MTU).
 _OVERSHOOT = 65536
 
@@ -153,6 +155,7 @@ class SocketWatch:
 
         try:
             self._diag = _in_own_thread(make)
+            self._diag.settimeout(DUMP_TIMEOUT_S)
         except NamespaceError:
             raise
         except OSError as exc:
