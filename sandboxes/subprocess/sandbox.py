@@ -549,7 +549,7 @@ class PreparedSubprocess:
         processes together use at most one second per CPU per second.
         """
         assert self._cgroup is not None
-        if self._cgroup.oom_kills() > 0:
+        if self._cgroup.oom_kills() > 0 or self._cgroup.sockets_overran():
             return Ending.MEMORY_LIMIT
         now = time.monotonic()
         if now >= self._cpu_look_at:
@@ -718,9 +718,11 @@ class PreparedSubprocess:
             return StopReason.MEMORY_LIMIT
         if not started_ok:  # the shim never ran: the launcher or bubblewrap gave up
             return StopReason.SANDBOX_UNAVAILABLE
+        cgroup = self._cgroup
+        if cgroup and cgroup.sockets_overran():  # between the last poll and the exit
+            return StopReason.MEMORY_LIMIT
         if rc == 0:
             return None
-        cgroup = self._cgroup
         if cgroup and cgroup.oom_kills() > 0:
             return StopReason.MEMORY_LIMIT
         if sig == signal.SIGXCPU or (
