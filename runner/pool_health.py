@@ -16,9 +16,11 @@ CHECK_EVERY_S = 0.5
 # A warm sandbox that has used this share of its CPU limit before its call is discarded:
 # its call would run short of CPU, and a tool spinning as it waits must not burn it all.
 BUSY_SHARE = 0.5
-# One retired after max_idle_ms while still using this share of a core counts as lost.
+# One retired after max_idle_ms while still using this share of a core counts as lost,
+# when read past its start-up (a tool's imports): from START_GRACE_S after it was ready.
 BUSY_RATE = 0.1
 MIN_SPAN_S = 0.2
+START_GRACE_S = 1.0
 
 
 def back_off_s(lost: int) -> float:
@@ -40,10 +42,11 @@ class CpuReadings:
             return
         self._readings = [*self._readings[-1:], (now, used)]
 
-    def busy(self) -> str | None:
-        """Why it counts as lost when retired: busy for ``BUSY_RATE`` of a core between
-        the last two readings; None when it waited, or was not read twice."""
-        if len(self._readings) < 2:
+    def busy(self, made: float) -> str | None:
+        """Why a sandbox ready since ``made`` counts as lost when retired: busy for
+        ``BUSY_RATE`` of a core between the last two readings; None when it waited, or
+        was not read twice past its start-up."""
+        if len(self._readings) < 2 or self._readings[0][0] < made + START_GRACE_S:
             return None
         (before, used_before), (after, used) = self._readings
         rate = (used - used_before) / (after - before)

@@ -253,7 +253,7 @@ class WarmPools:
                     self._lose(pool, ready.warm, *lost)
             while pool.idle and pool.idle[0].made <= stale_before:
                 ready = pool.idle.popleft()
-                busy = ready.cpu.busy()
+                busy = ready.cpu.busy(ready.made)
                 if busy is not None:
                     self._lose(pool, ready.warm, "busy", busy)
                 else:

@@ -5,6 +5,7 @@ names the file it locked)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -27,6 +28,10 @@ BASE = 1_950_000_000
 
 def _files(folder: Path) -> list[str]:
     return sorted(os.listdir(folder)) if folder.exists() else []
+
+
+def _leased_or_done(folder: Path, call: threading.Thread) -> bool:
+    return len(_files(folder)) > 0 or not call.is_alive()
 
 
 def test_a_released_lease_leaves_no_file_so_the_folder_holds_only_the_uids_in_use(tmp_path: Path) -> None:
@@ -165,7 +170,7 @@ def test_after_many_calls_the_lease_folder_holds_only_the_uids_in_use(
         for _ in range(20):
             call = threading.Thread(target=lambda: runner.handle({"toolName": "nap"}))
             call.start()
-            wait_for(lambda running=call: len(_files(private_leases)) > 0 or not running.is_alive())
+            wait_for(functools.partial(_leased_or_done, private_leases, call))
             seen_during.append(len(_files(private_leases)))
             call.join()
             # The sandbox is torn down just after its answer, off the call's path.

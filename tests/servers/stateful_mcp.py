@@ -101,7 +101,11 @@ def call(request: dict[str, Any]) -> Any:
             sys.stdout.write("x" * 65536)
     if name == "notify":
         line = json.dumps(
-            {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x" * 200}}
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/message",
+                "params": {"level": "info", "data": "x" * 200},
+            }
         )
         while True:
             sys.stdout.write(line + "\n")
