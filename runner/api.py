@@ -106,7 +106,11 @@ class Runner:
         # Warm sandboxes (SPEC 11) for a long-lived runner; a one-shot one (the CLI's
         # ``exec``) would start them only to throw them away.
         self._warm_pools = warm_pools
-        self._pools = WarmPools(audit.operator.warn, audit.operator.fault)
+        self._pools = WarmPools(
+            audit.operator.warn,
+            audit.operator.fault,
+            discarded=lambda fields: self.audit.emit("pool.discarded", **fields),
+        )
         # Prometheus series (SPEC 13), when given; spans whenever a tracer provider is set.
         self.metrics = metrics
         self._telemetry = Telemetry(

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         SandboxUnavailable,
         StopReason,
         ToolRequirements,
+        Waits,
         WarmSandbox,
     )
 
@@ -65,6 +66,7 @@ __all__ = [
     "SandboxUnavailable",
     "StopReason",
     "ToolRequirements",
+    "Waits",
     "WarmSandbox",
 ]
 

@@ -527,6 +527,19 @@ class PreparedContainer:
     def discard(self) -> None:
         self._teardown()
 
+    def ended(self) -> str | None:
+        """``Waits.ended``: its processes are gone from its cgroup (not told under gVisor)."""
+        attached = self._waiting
+        if attached is None or attached.cgroup is None or not self.cgroup_shows_processes:
+            return None
+        return "its container stopped" if attached.cgroup.empty() else None
+
+    def used_cpu_seconds(self) -> float | None:
+        attached = self._waiting
+        if attached is None or attached.cgroup is None or not self.cgroup_shows_processes:
+            return None
+        return attached.cgroup.cpu_seconds()
+
     def _attach_socket(self) -> Any:
         """The container's stdin, stdout and stderr as one socket (blocking)."""
         params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}

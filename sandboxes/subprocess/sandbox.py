@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sandboxes._config import read_config
 from sandboxes._deferred import DeferredTeardown
+from sandboxes._ended import process_ended
 from sandboxes._exchange import DialogueExchange, Exchange, PayloadExchange
 from sandboxes._exec_status import exec_failure, new_token, token_line
 from sandboxes._identity import IdentityLease, lease_identity
@@ -479,6 +480,15 @@ class PreparedSubprocess:
         self._kill_now()
         self._close_fds()
         self._teardown()
+
+    def ended(self) -> str | None:
+        """``Waits.ended``: from the launcher's status, which stays unreaped for the run."""
+        if self._popen is None or self._popen.returncode is not None:
+            return None if self._popen is None else "it ended"
+        return process_ended(self._popen.pid, self._hardened)
+
+    def used_cpu_seconds(self) -> float | None:
+        return self._cgroup.cpu_seconds() if self._cgroup is not None else None
 
     async def _run_started(
         self, popen: subprocess.Popen[bytes], exchange: Exchange, started: float | None

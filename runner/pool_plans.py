@@ -1,0 +1,86 @@
+"""Which tools get a warm pool (SPEC 11), and what their sandboxes are started with."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from runner.plan import resolve_plan
+from runner.policy import Policy, matching_rule
+from sandboxes import LaunchSpec, Limits, PreStarts, Sandbox
+
+if TYPE_CHECKING:
+    from runner.manifest import Tool
+    from runner.models import CallOptions
+    from runner.registry import Registry
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """One tool's pool: how many, from which backend, started with what."""
+
+    size: int
+    backend: PreStarts
+    spec: LaunchSpec
+    limits: Limits
+    hosted: bool = False  # an MCP server's: initialized ahead when the backend ``Primes``
+
+
+def not_pooled_because(tool: Tool, policy: Policy) -> str | None:
+    """Why ``tool`` runs cold whatever its pool size; None when it can be pooled."""
+    manifest = tool.manifest
+    if policy.granted_secrets(tool) or manifest.secrets:
+        return "its secrets are read for each call"
+    if manifest.network is not False:
+        return "its network (or egress proxy) is made for each call"
+    if manifest.workspace != "none":
+        return "its workspace is mounted as it is at call time"
+    return None
+
+
+def pool_plans(
+    registry: Registry,
+    policy: Policy,
+    backend: Callable[[str], Sandbox],
+    no_options: CallOptions,
+    warn: Callable[[str], None],
+) -> dict[str, PoolPlan]:
+    """The pools ``policy`` asks for, by tool name; ``warn`` hears of each tool the policy
+    names a pool for that cannot have one."""
+    model = policy.model
+    plans: dict[str, PoolPlan] = {}
+    for tool in registry:
+        override = model.tools.get(tool.name)
+        explicit = override is not None and override.pool is not None
+        size = override.pool if override is not None and override.pool is not None else model.pool.size
+        if size == 0 or matching_rule(model.whitelist, tool) is None or matching_rule(model.disabled, tool):
+            continue  # a tool no call may run needs no warm sandbox
+        plan = resolve_plan(tool, policy, no_options)
+        why = not_pooled_because(tool, policy)
+        chosen = backend(plan.sandbox)
+        if why is None and not isinstance(chosen, PreStarts):
+            why = f"the {plan.sandbox} backend cannot start sandboxes ahead"
+        if why is not None:
+            if explicit:
+                warn(f"tools.{tool.name}.pool: {tool.name} is not pooled: {why}")
+            continue
+        assert isinstance(chosen, PreStarts)
+        spec = _warm_spec(tool, plan.runtime)
+        plans[tool.name] = PoolPlan(size, chosen, spec, plan.limits, hosted=tool.hosted is not None)
+    return plans
+
+
+def _warm_spec(tool: Tool, runtime: str | None) -> LaunchSpec:
+    """The launch spec of a sandbox made before its call: no ``REQUEST_ID`` (SPEC 2; the
+    tool reads ``context.requestId``), no secrets, no egress."""
+    manifest = tool.manifest
+    return LaunchSpec(
+        tool_name=tool.name,
+        request_id="",
+        command=tuple(manifest.command),
+        tool_dir=tool.directory,
+        env={**manifest.env, "TOOL_NAME": tool.name},
+        image=manifest.image,
+        runtime=runtime,
+    )
