@@ -242,7 +242,9 @@ class AuditLog:
             raise ValueError("a hash-chained audit trail needs a file")
         if key is not None and not chain:
             raise ValueError("a key is for a hash-chained audit trail")
-        self._sink: LineSink = sink if sink is not None else _file_sink(path, chain, key) if path else StderrSink()
+        self._sink: LineSink = (
+            sink if sink is not None else _file_sink(path, chain, key) if path else StderrSink()
+        )
         self.path = path
         self.required = required
         self.operator = operator or OperatorLog()

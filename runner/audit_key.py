@@ -103,7 +103,9 @@ def policy_chain_key(policy: Policy) -> ChainKey | None:
     try:
         return read_chain_key(source, policy.base_dir)
     except ChainKeyError as exc:
-        raise ConfigError(policy.source, f"audit.key: {exc}: a keyed chain is never used without its key") from None
+        raise ConfigError(
+            policy.source, f"audit.key: {exc}: a keyed chain is never used without its key"
+        ) from None
 
 
 def _read_key_file(path: Path, where: str) -> bytes:
@@ -113,7 +115,7 @@ def _read_key_file(path: Path, where: str) -> bytes:
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise ChainKeyError(
-                f"{where}: its path holds a symbolic link, which is never followed to a key: give the real path"
+                f"{where}: its path holds a symbolic link, never followed to a key: give the real path"
             ) from None
         raise ChainKeyError(f"{where} cannot be opened ({exc.strerror})") from None
     try:

@@ -18,7 +18,6 @@ import yaml
 from conftest import ToolBench
 
 from runner import Runner, audit_chain
-from runner.audit_key import ChainKeyError, ChainKeySource, read_chain_key
 from runner.audit_verify import verify
 from runner.errors import ConfigError
 
@@ -187,7 +186,9 @@ def test_a_runner_without_its_key_refuses_to_load_and_writes_nothing(
     assert not (bench.root / "audit.log").exists()
 
 
-def test_the_key_reaches_no_log_event_answer_or_tool(bench: ToolBench, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_key_reaches_no_log_event_answer_or_tool(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
     keyed(bench, {"file": "chain.key"})
     key_file = bench.root / "chain.key"
     key_file.write_text(KEY + "\n")
@@ -263,6 +264,8 @@ def test_a_key_file_that_is_not_a_private_plain_file_of_ours_is_refused_naming_w
 ) -> None:
     if plant is _plant_other_owner and os.geteuid() != 0:
         pytest.skip("chown to another user needs root")
+    from runner.audit_key import ChainKeyError, ChainKeySource, read_chain_key  # new: fails alone before
+
     said = plant(tmp_path)
     name = "linked/chain.key" if plant is _plant_linked_folder else "chain.key"
     result: list[BaseException] = []
@@ -270,7 +273,7 @@ def test_a_key_file_that_is_not_a_private_plain_file_of_ours_is_refused_naming_w
     def read() -> None:
         try:
             read_chain_key(ChainKeySource(file=name), tmp_path)
-        except BaseException as exc:  # noqa: BLE001 (any outcome is checked below)
+        except BaseException as exc:  # any outcome is checked below
             result.append(exc)
 
     reader = threading.Thread(target=read, daemon=True)
@@ -283,6 +286,8 @@ def test_a_key_file_that_is_not_a_private_plain_file_of_ours_is_refused_naming_w
 
 
 def test_a_private_key_file_is_read_with_one_trailing_newline_dropped(tmp_path: Path) -> None:
+    from runner.audit_key import ChainKeySource, read_chain_key
+
     (tmp_path / "chain.key").write_text(KEY + "\n")
     (tmp_path / "chain.key").chmod(0o600)
     key = read_chain_key(ChainKeySource(file="chain.key"), tmp_path)
