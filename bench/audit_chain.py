@@ -4,9 +4,10 @@
 
 Each round writes ``--events`` events of a call's usual size (a ``policy.decision`` with
 params) through ``AuditLog.emit`` to a fresh file: plain (one ``O_APPEND`` write, the
-baseline) and chained (``flock``, read the tail's hash, canonical JSON, SHA-256, write,
-unlock). Then the same with two processes appending to one chained file at once (the lock
-contended), and ``verify`` over the chained file. Medians of the rounds.
+baseline), chained (``flock``, read the tail's hash, canonical JSON, SHA-256, write,
+unlock) and chained with a key (HMAC-SHA256 instead of SHA-256). Then two processes
+appending to one chained file at once (the lock contended), and ``verify`` over the
+chained and the keyed file. Medians of the rounds.
 """
 
 from __future__ import annotations
@@ -50,9 +51,13 @@ print(time.perf_counter() - started)
 """
 
 
-def per_event_us(folder: Path, events: int, chain: bool) -> float:
-    path = folder / f"{'chained' if chain else 'plain'}-{time.monotonic_ns()}.log"
-    audit = AuditLog(path, chain=chain)
+KEY = b"a bench key of 32 bytes, no more"
+
+
+def per_event_us(folder: Path, events: int, chain: bool, key: bytes | None = None) -> float:
+    kind = "keyed" if key else "chained" if chain else "plain"
+    path = folder / f"{kind}-{time.monotonic_ns()}.log"
+    audit = AuditLog(path, chain=chain, key=key)
     started = time.perf_counter()
     for _ in range(events):
         audit.emit("policy.decision", **FIELDS)
@@ -90,21 +95,26 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="runner-bench-chain-") as scratch:
         folder = Path(scratch)
-        plain, chained, shared, checks = [], [], [], []
+        plain, chained, keyed, shared, checks, keyed_checks = [], [], [], [], [], []
         for _ in range(args.rounds):
             plain.append(per_event_us(folder, args.events, chain=False))
             chained.append(per_event_us(folder, args.events, chain=True))
+            keyed.append(per_event_us(folder, args.events, chain=True, key=KEY))
             shared.append(contended_us(folder, args.events))
-        log = max(folder.glob("chained-*.log"))
-        started = time.perf_counter()
-        verdict = verify(log)
-        checks.append((time.perf_counter() - started) / verdict.lines * 1e6)
+        for kind, key, found in (("chained", None, checks), ("keyed", KEY, keyed_checks)):
+            log = max(folder.glob(f"{kind}-*.log"))
+            started = time.perf_counter()
+            verdict = verify(log, key=key)
+            assert verdict.intact
+            found.append((time.perf_counter() - started) / verdict.lines * 1e6)
         base = statistics.median(plain)
         rows = [
             ("emit, plain (baseline)", base),
             ("emit, chained", statistics.median(chained)),
+            ("emit, chained and keyed (HMAC-SHA256)", statistics.median(keyed)),
             ("emit, chained, 2 processes on one file", statistics.median(shared)),
             ("verify, per line", statistics.median(checks)),
+            ("verify, keyed, per line", statistics.median(keyed_checks)),
         ]
         print(f"{args.events} events x {args.rounds} rounds")
         print(f"{'':42} {'us/event':>9} {'x base':>7}")
