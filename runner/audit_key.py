@@ -146,11 +146,12 @@ def _open_without_links(path: Path) -> int:
     """
     if len(path.parts) < 2:
         raise OSError(errno.EISDIR, "Is a directory")
-    folder = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    # O_PATH: a folder the runner may search but not list (mode 0711) still leads on.
+    folder = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         *folders, name = path.parts[1:]
         for part in folders:
-            step = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+            step = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
             os.close(folder)
             folder = step
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
