@@ -290,18 +290,22 @@ def _chain_key(ctx: click.Context, key_env: str | None, key_file: Path | None) -
 
     if key_env is not None and key_file is not None:
         _fail_usage("give --key-env or --key-file, not both")
-    try:
-        if key_env is not None or key_file is not None:
+    if key_env is not None or key_file is not None:
+        flag = "--key-env" if key_env is not None else "--key-file"
+        try:
             source = ChainKeySource(env=key_env, file=None if key_file is None else str(key_file))
             return read_chain_key(source, Path.cwd())
-        try:
-            policy_path = find_policy(ctx.obj["policies"])
-        except ConfigError:
-            return None  # none given, none found: nothing says the chain is keyed
+        except ValidationError as exc:
+            _fail_usage(f"{flag}: {exc.errors()[0]['msg']}")
+        except ChainKeyError as exc:
+            _fail_usage(f"{flag}: {exc}")
+    try:
+        policy_path = find_policy(ctx.obj["policies"])
+    except ConfigError:
+        return None  # none given, none found: nothing says the chain is keyed
+    try:
         return policy_chain_key(Policy.load(policy_path))
-    except ValidationError as exc:
-        _fail_usage(f"--key-env: {exc.errors()[0]['msg']}")
-    except (ChainKeyError, ConfigError) as exc:
+    except ConfigError as exc:
         _fail_usage(" ".join(str(exc).split()))
 
 

@@ -157,6 +157,29 @@ def test_verify_with_a_wrong_key_fails_and_says_the_key_is_the_likely_cause(
     assert "unkeyed SHA-256" in unkeyed.stdout
 
 
+def test_an_auditor_without_the_policy_gives_the_key_with_key_env_or_key_file(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keyed(bench)
+    write_calls(bench, monkeypatch, ["ok", "rm_rf"])
+    elsewhere = bench.root / "auditor"
+    elsewhere.mkdir()
+    (elsewhere / "copy.key").write_text(KEY + "\n")
+    (elsewhere / "copy.key").chmod(0o600)
+    log = str(bench.root / "audit.log")
+    env = {**os.environ, "PYTHONPATH": str(CHECKOUT), "COPY_OF_KEY": KEY}
+    env.pop("RUNNER_POLICIES", None)
+    verdicts = []
+    for given in (["--key-env", "COPY_OF_KEY"], ["--key-file", "copy.key"], ["--key-env", "NOT_SET_HERE"]):
+        argv = [sys.executable, "-m", "runner", "audit", "verify", "--log", log, *given]
+        verdicts.append(
+            subprocess.run(argv, capture_output=True, text=True, env=env, cwd=elsewhere, timeout=60)
+        )
+    assert [done.returncode for done in verdicts] == [0, 0, 2], [done.stderr for done in verdicts]
+    assert "keyed: HMAC-SHA256 with the key from environment variable COPY_OF_KEY" in verdicts[0].stdout
+    assert verdicts[2].stderr == "runner: --key-env: environment variable NOT_SET_HERE is not set\n"
+
+
 @pytest.mark.parametrize("value", [None, ""], ids=["unset", "empty"])
 def test_a_key_missing_from_the_environment_is_a_clear_error_never_an_unkeyed_verify(
     bench: ToolBench, monkeypatch: pytest.MonkeyPatch, value: str | None
@@ -203,7 +226,9 @@ def test_the_key_reaches_no_log_event_answer_or_tool(
     finally:
         runner.close()
     assert answers[0]["success"] is True and answers[0]["result"]
-    said = [json.dumps(answers), *(cli(bench, "audit", *args).stdout for args in (["verify"], ["head"], []))]
+    done = [cli(bench, "audit", *args) for args in (["verify"], ["head"], [])]
+    assert [command.returncode for command in done] == [0, 0, 0]
+    said = [json.dumps(answers), *(command.stdout + command.stderr for command in done)]
     written = [(bench.root / name).read_bytes().decode() for name in ("audit.log", "faults.log")]
     assert not [text for text in [*said, *written] if KEY in text]
     key_file.chmod(0o640)  # refused: the message names the file and the mode, never the key
