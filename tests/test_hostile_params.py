@@ -257,8 +257,9 @@ def test_a_validation_slower_than_the_deadline_answers_timeout_on_time(bench: To
     # machine stretches: that floor is measured here, in turns with the slow call, as the
     # same params sent to a tool with nothing slow to check (denied after validation: no
     # sandbox). Waiting for the slow validation may add the deadline and its grace on top,
-    # and some of the floor again for load that changes between the turns; never the
-    # validation's own seconds (several times the floor).
+    # and up to the floor again (a second redaction of the params while the expired one
+    # finishes, load that changes between the turns); never the validation's own time,
+    # which is many times the floor and grows with the load alike.
     _slow_to_validate(bench)
     bench.tool("quick", ECHO, parameters={"type": "object"})
     bench.policy["roles"] = {"user": {"allow": ["slow"]}}
@@ -273,7 +274,7 @@ def test_a_validation_slower_than_the_deadline_answers_timeout_on_time(bench: To
         floors.append(floor)
         slows.append(slow)
     floor, slow = min(floors), min(slows)
-    assert slow - floor < DEADLINE_MS / 1000 + VALIDATION_GRACE_S + 0.5 * floor, (floors, slows)
+    assert slow - floor < DEADLINE_MS / 1000 + VALIDATION_GRACE_S + floor, (floors, slows)
 
 
 @pytest.mark.slow
