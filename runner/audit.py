@@ -253,6 +253,13 @@ class AuditLog:
         self._dropped = 0
         self._unwarned = 0  # drops not yet in a warning
         self._warned_at: float | None = None
+        if isinstance(self._sink, ChainedFileSink) and self._sink.tail_matches() is False:
+            how = "with audit.key" if key is not None else "as unkeyed SHA-256"
+            self.operator.warn(
+                f"the last line of the audit log {path} does not verify {how}: the key was set, "
+                "changed or removed since it was written, or the line was edited; runner audit "
+                "verify will name the lines before as changed: start a new log file when the key changes"
+            )
 
     @property
     def sink(self) -> LineSink:

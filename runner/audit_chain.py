@@ -40,6 +40,7 @@ _SUFFIX_START = ',"hash":"'
 SUFFIX_LENGTH = len(_SUFFIX_START) + 64 + len('"}')  # 75: what a chained line ends with
 # How a chained line ends (its newline, when it has one, included).
 _ENDING = re.compile(rb',"hash":"([0-9a-f]{64})"\}\n?\Z')
+TAIL_CHECK_BYTES = 64 * 1024  # far past any line the runner writes (16 KiB and the chain fields)
 LOCK_WAIT_S = 5.0  # a writer holds the lock for microseconds; 5 s means a stuck or hostile holder
 _LOCK_PAUSE_S = 0.0002  # first pause between tries, doubled up to _LOCK_PAUSE_MAX_S
 _LOCK_PAUSE_MAX_S = 0.01
@@ -150,6 +151,24 @@ class ChainedFileSink:
             raise
         self._fd: int | None = fd
         self._lock_fd = lock_fd
+
+    def tail_matches(self) -> bool | None:
+        """Whether the file's last line carries the hash this sink would have given it; None
+        when it is empty, or its last line is torn, unchained or longer than ``TAIL_CHECK_BYTES``.
+        False means a key set, changed or removed since that line was written (or the line
+        edited): what this sink appends will not verify together with what is there."""
+        if self._fd is None:
+            return None
+        size = os.fstat(self._fd).st_size
+        start = max(size - TAIL_CHECK_BYTES, 0)
+        tail = os.pread(self._fd, size - start, start)
+        if not tail.endswith(b"\n"):
+            return None
+        cut = tail.rfind(b"\n", 0, len(tail) - 1)
+        if cut < 0 and start > 0:
+            return None  # the last line began before the bytes read
+        parts = split_line(tail[cut + 1 : -1])
+        return None if parts is None else digest(parts[0], self._key) == parts[1]
 
     def write(self, line: str) -> None:
         """Append one event, given as ``prepare`` made it, with its chain fields.

@@ -423,3 +423,25 @@ def test_an_empty_log_does_not_pass_against_a_recorded_head(tmp_path: Path) -> N
     verdict = verify(log, anchor="ab" * 32)
     assert not verdict.intact
     assert [problem.kind for problem in verdict.problems] == ["cut"]
+
+
+def test_a_runner_appending_to_a_chain_its_key_cannot_verify_warns_the_operator(tmp_path: Path) -> None:
+    from runner.audit import AuditLog
+    from runner.faults import OperatorLog
+
+    log, faults = tmp_path / "audit.log", tmp_path / "faults.log"
+    for key in (
+        b"the first key of the chain",
+        b"the first key of the chain",
+        b"a new key, a new chain?",
+        None,
+    ):
+        operator = OperatorLog.open(faults)
+        audit = AuditLog(log, chain=True, key=key, operator=operator)
+        audit.emit("call.finished", toolName="t", requestId="req_0")
+        audit.close()
+    warnings = faults.read_text().splitlines()
+    assert len(warnings) == 2  # the new key, then no key: the same key again is no warning
+    assert "does not verify with audit.key" in warnings[0]
+    assert "does not verify as unkeyed SHA-256" in warnings[1]
+    assert all("start a new log file" in line and "first key" not in line for line in warnings)
