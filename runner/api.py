@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from runner.answers import AnswerMetadata, CallResult
 from runner.audit import AuditLog, iso_now
+from runner.audit_key import policy_chain_key
 from runner.backends import Backends
 from runner.breaker import BreakerState, CircuitBreaker, CircuitOpen, tool_verdict
 from runner.clock import Clock, SystemClock
@@ -157,9 +158,16 @@ class Runner:
         settings = policy.model.audit
         if settings.chain and audit_path is None:
             raise ConfigError(str(policy_path), "audit.chain needs a file: set audit.path or --audit-log")
+        key = policy_chain_key(policy)  # before anything opens: a keyed chain never goes unkeyed
         operator = OperatorLog.open(policy.operator_log_path)
         try:
-            audit = AuditLog(audit_path, required=settings.required, chain=settings.chain, operator=operator)
+            audit = AuditLog(
+                audit_path,
+                required=settings.required,
+                chain=settings.chain,
+                key=key.secret if key is not None else None,
+                operator=operator,
+            )
         except OSError as exc:
             raise ConfigError(str(audit_path), f"cannot open audit log: {exc.strerror}") from exc
         factory = sandbox_factory or backends

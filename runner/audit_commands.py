@@ -1,5 +1,6 @@
 """The ``runner audit`` commands (registered by ``runner.cli``): search and follow the trail,
-``verify`` its hash chain, ``report`` what the calls did.
+``verify`` its hash chain (against a ``head`` recorded earlier too), ``report`` what the
+calls did.
 
 Each reads the log at ``--log``, else where the runner writes (``--audit-log``,
 ``RUNNER_AUDIT_LOG``, the policy's ``audit.path``). Exit codes as everywhere: 0, 1 (verify:
@@ -22,6 +23,7 @@ from runner.cli import EXIT_FAILED, EXIT_OK, _Command, _fail_usage, _location_op
 from runner.errors import ConfigError
 
 if TYPE_CHECKING:
+    from runner.audit_key import ChainKey
     from runner.audit_report import AuditReport, GroupBy, GroupStats
     from runner.audit_verify import ChainVerdict
     from runner.terminal import Cell, Output
@@ -116,6 +118,14 @@ def audit_group(
         _unreadable(path, exc)
 
 
+def _anchor(_: click.Context, __: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    if len(value) != 64 or not all(char in "0123456789abcdefABCDEF" for char in value):
+        raise click.BadParameter("a head is 64 hex digits, as runner audit head prints it")
+    return value.lower()
+
+
 @audit_group.command("verify")
 @_location_options
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as one JSON object.")
@@ -125,19 +135,42 @@ def audit_group(
     help="Accept (and count) unchained lines before the first chained one: "
     "a log written before audit.chain was turned on.",
 )
+@click.option(
+    "--head",
+    "anchor",
+    metavar="HASH",
+    default=None,
+    callback=_anchor,
+    help="A head recorded earlier (runner audit head): fail unless that line is still there, intact.",
+)
+@click.option("--key-env", metavar="NAME", default=None, help="Read the chain's key from this variable.")
+@click.option(
+    "--key-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Read the chain's key from this file (default for both: the policy's audit.key).",
+)
 @_log_option
 @click.pass_context
 def verify_command(
-    ctx: click.Context, as_json: bool, allow_unchained_prefix: bool, log_path: Path | None
+    ctx: click.Context,
+    as_json: bool,
+    allow_unchained_prefix: bool,
+    anchor: str | None,
+    key_env: str | None,
+    key_file: Path | None,
+    log_path: Path | None,
 ) -> None:
     """Check the hash chain of the whole log: exit 0 when intact, 1 when a line was changed,
-    removed, inserted or unchained, or the tail was cut."""
+    removed, inserted or unchained, the tail was cut, or the --head line is not there. A
+    keyed chain (audit.key) is checked with its key, read as the runner reads it."""
     from runner.audit_verify import verify
     from runner.terminal import Output
 
     path = _log(ctx, log_path)
+    key = _chain_key(ctx, key_env, key_file)
     try:
-        verdict = verify(path, allow_unchained_prefix)
+        verdict = verify(path, allow_unchained_prefix, key.secret if key else None, anchor)
     except OSError as exc:
         _unreadable(path, exc)
     except KeyboardInterrupt:
@@ -145,8 +178,35 @@ def verify_command(
     if as_json:
         _print_json(verdict.as_json())
     else:
-        _print_verdict(verdict, path, Output.detect())
+        _print_verdict(verdict, path, key, Output.detect())
     sys.exit(EXIT_OK if verdict.intact else EXIT_FAILED)
+
+
+@audit_group.command("head")
+@_location_options
+@click.option("--json", "as_json", is_flag=True, help='Print {"head": HASH, "lines": N}.')
+@_log_option
+@click.pass_context
+def head_command(ctx: click.Context, as_json: bool, log_path: Path | None) -> None:
+    """Print the last line's hash and the line count, to keep elsewhere: runner audit verify
+    --head HASH later fails if that line is gone or changed. Checks no hash (verify does);
+    exit 1 when the last line carries none."""
+    from runner.audit_verify import read_head
+
+    path = _log(ctx, log_path)
+    try:
+        head = read_head(path)
+    except OSError as exc:
+        _unreadable(path, exc)
+    if as_json:
+        _print_json(head.as_json())
+    elif head.hash is not None:
+        click.echo(f"{head.hash} {head.lines}")
+    if head.hash is None:
+        why = "it is empty" if not head.lines else "its last line carries no hash (torn, or unchained)"
+        click.echo(f"runner: audit log {path} has no head: {why}; runner audit verify says more", err=True)
+        sys.exit(EXIT_FAILED)
+    sys.exit(EXIT_OK)
 
 
 @audit_group.command("report")
@@ -219,6 +279,36 @@ def _policy_audit_path(ctx: click.Context) -> Path | None:
         _fail_usage(" ".join(str(exc).split()))
 
 
+def _chain_key(ctx: click.Context, key_env: str | None, key_file: Path | None) -> ChainKey | None:
+    """The key ``verify`` checks with: ``--key-env`` or ``--key-file``, else the policy's
+    ``audit.key`` when a policy is given or found; None (unkeyed) only when neither sets one."""
+    from pydantic import ValidationError
+
+    from runner.audit_key import ChainKeyError, ChainKeySource, policy_chain_key, read_chain_key
+    from runner.locations import find_policy
+    from runner.policy import Policy
+
+    if key_env is not None and key_file is not None:
+        _fail_usage("give --key-env or --key-file, not both")
+    if key_env is not None or key_file is not None:
+        flag = "--key-env" if key_env is not None else "--key-file"
+        try:
+            source = ChainKeySource(env=key_env, file=None if key_file is None else str(key_file))
+            return read_chain_key(source, Path.cwd())
+        except ValidationError as exc:
+            _fail_usage(f"{flag}: {exc.errors()[0]['msg']}")
+        except ChainKeyError as exc:
+            _fail_usage(f"{flag}: {exc}")
+    try:
+        policy_path = find_policy(ctx.obj["policies"])
+    except ConfigError:
+        return None  # none given, none found: nothing says the chain is keyed
+    try:
+        return policy_chain_key(Policy.load(policy_path))
+    except ConfigError as exc:
+        _fail_usage(" ".join(str(exc).split()))
+
+
 def _unreadable(path: Path, exc: OSError) -> NoReturn:
     _fail_usage(f"cannot read audit log {path}: {exc.strerror or 'read failed'}")
 
@@ -232,19 +322,25 @@ def _reader_gone() -> None:
 # -- human output ----------------------------------------------------------------------------
 
 
-def _print_verdict(verdict: ChainVerdict, path: Path, out: Output) -> None:
+def _print_verdict(verdict: ChainVerdict, path: Path, key: ChainKey | None, out: Output) -> None:
     from runner.audit_query import escape_cell
 
     shown = escape_cell(str(path))
     counts = f"{verdict.lines} lines, {verdict.chained} chained"
     if verdict.unchained_prefix:
         counts += f" ({verdict.unchained_prefix} unchained before the first chained one, allowed)"
-    if not verdict.lines:
+    if not verdict.lines and verdict.intact:
         out.write(f"{out.paint('empty', 'warn')}: {shown}: 0 lines")
         out.write("an emptied log cannot be told from a new one: compare with a head recorded elsewhere")
         return
     if verdict.intact:
         out.write(f"{out.paint('intact', 'ok')}: {shown}: {counts}")
+        if key is not None:
+            out.write(f"keyed: HMAC-SHA256 with the key from {escape_cell(key.where)}")
+        else:
+            out.write("unkeyed: SHA-256, which whoever can write the file can recompute (see audit.key)")
+        if verdict.anchor_line is not None:
+            out.write(f"anchor found at line {verdict.anchor_line}: nothing up to it was cut or rewritten")
         if verdict.head:
             out.write(f"head {verdict.head}  (record it elsewhere: removed last lines show only against it)")
         return
@@ -255,6 +351,12 @@ def _print_verdict(verdict: ChainVerdict, path: Path, out: Output) -> None:
         out.write(f"  line {problem.line}: {out.paint(problem.kind, 'warn')}: {problem.detail}")
     if verdict.problem_count > len(verdict.problems):
         out.write(f"  ... and {verdict.problem_count - len(verdict.problems)} more")
+    if verdict.none_matched:
+        which = "this key" if key is not None else "unkeyed SHA-256"
+        out.write(
+            f"no line's hash matches its text with {which}: the wrong key, or a log written "
+            "with a key checked without it (or the reverse), more likely than every line edited"
+        )
 
 
 def _print_report(report: AuditReport, out: Output) -> None:

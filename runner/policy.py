@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from runner.audit_key import ChainKeySource
 from runner.dispatch.settings import DispatchModel, token_problem
 from runner.egress_rules import NetworkAllow
 from runner.errors import ConfigError
@@ -67,6 +68,14 @@ class AuditModel(_Strict):
     # Every event carries prevHash and hash (SPEC 13), so that `runner audit verify` finds an
     # edited, removed or inserted line. Needs a file: standard error cannot be chained.
     chain: bool = False
+    # HMAC-SHA256 under this key instead of SHA-256: without it, a rewritten chain cannot verify.
+    key: ChainKeySource | None = None
+
+    @model_validator(mode="after")
+    def _key_needs_chain(self) -> AuditModel:
+        if self.key is not None and not self.chain:
+            raise ValueError("audit.key keys the hash chain: set chain: true too")
+        return self
 
 
 # Settings that moved into the backends' own configuration, and where they live now.
