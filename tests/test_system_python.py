@@ -3,16 +3,17 @@
 ``requires-python = ">=3.11"``: a feature of a later 3.11 patch release (tarfile's
 extraction filters came in 3.11.4) breaks it there. These tests run the bundle round
 trip, the hostile bundles and a dispatched call on a Ray cluster under ``/usr/bin/python3``:
-on it directly when the suite runs there (scripts/test-system-python.sh), else in a
-virtual environment made from it with the runner's own requirements installed (this
-runner imported through ``PYTHONPATH``, as conftest sets it).
+on it directly when the suite runs there (scripts/test-system-python.sh, which installs
+the wheel and its extras for it), else in a virtual environment made from it that sees
+this interpreter's packages (this runner imported through ``PYTHONPATH``, as conftest
+sets it).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
+import site
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,7 +28,6 @@ from ray_cluster import RayCluster
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 TESTS = Path(__file__).resolve().parent
-DISTRIBUTION = "sandboxed-tool-runner"
 
 pytestmark = [pytest.mark.slow]
 
@@ -37,16 +37,6 @@ def _describe(python: str) -> dict[str, Any]:
     done = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     described: dict[str, Any] = json.loads(done.stdout)
     return described
-
-
-def _requirements() -> list[str]:
-    """The runner's own requirements and those of its extra ``ray``, without their markers."""
-    found = []
-    for requirement in importlib.metadata.requires(DISTRIBUTION) or []:
-        spec, _, marker = requirement.partition(";")
-        if not marker.strip() or marker.replace(" ", "").replace("'", '"') == 'extra=="ray"':
-            found.append(spec.strip())
-    return found
 
 
 @pytest.fixture(scope="session")
@@ -59,15 +49,15 @@ def system_python(tmp_path_factory: pytest.TempPathFactory) -> str:
     system = _describe(str(SYSTEM_PYTHON))
     if (sys.base_prefix, sys.version) == (system["prefix"], system["version"]):
         return sys.executable  # the suite itself runs on it
+    # Else a virtual environment of it that sees this interpreter's packages (the same
+    # 3.11 ABI) through a .pth file: the system's standard library with this runner's
+    # requirements, without installing them again (the system-python CI run installs them).
     venv = tmp_path_factory.mktemp("system-python") / "venv"
-    subprocess.run([str(SYSTEM_PYTHON), "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run([str(SYSTEM_PYTHON), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     python = str(venv / "bin" / "python")
-    subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *_requirements()],
-        check=True,
-        timeout=900,
-        stdout=subprocess.DEVNULL,
-    )
+    purelib = run_on(python, "import json, sysconfig; print(json.dumps(sysconfig.get_path('purelib')))")
+    packages = [path for path in site.getsitepackages() if Path(path).is_dir()]
+    (Path(purelib) / "this-pythons-packages.pth").write_text("".join(f"{path}\n" for path in packages))
     return python
 
 
