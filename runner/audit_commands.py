@@ -8,13 +8,15 @@ the chain is broken), 2 (misuse: no log, an unreadable one, a bad option).
 
 from __future__ import annotations
 
+import collections
 import io
 import itertools
 import os
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import click
 
@@ -22,6 +24,7 @@ from runner.cli import EXIT_FAILED, EXIT_OK, _Command, _fail_usage, _location_op
 from runner.errors import ConfigError
 
 if TYPE_CHECKING:
+    from runner.audit_query import AuditFilter
     from runner.audit_report import AuditReport, GroupBy, GroupStats
     from runner.audit_verify import ChainVerdict
     from runner.terminal import Cell, Output
@@ -37,7 +40,18 @@ def _log_option(command: _Command) -> _Command:
 @click.group("audit", invoke_without_command=True)
 @_location_options
 @click.option("--request-id", default=None, help="A request id, or the start of one.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Print at most this many events.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Print at most this many events, the oldest first.",
+)
+@click.option(
+    "--last",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Print only the newest N matching events (newest last; with --follow, like tail -n N -f).",
+)
 @click.option("--tool", default=None, help="Only events of this tool.")
 @click.option("--role", default=None, help="Only events of calls made as this role.")
 @click.option(
@@ -62,6 +76,7 @@ def audit_group(
     ctx: click.Context,
     request_id: str | None,
     limit: int | None,
+    last: int | None,
     tool: str | None,
     role: str | None,
     decision: str | None,
@@ -96,6 +111,8 @@ def audit_group(
         sys.stdout.reconfigure(line_buffering=True)  # a followed event is wanted now, not when a buffer fills
     try:
         found = follow_log(path, wanted, pipe_reader_gone(sys.stdout)) if follow else query(path, wanted)
+        if last is not None:
+            found = _newest(found, last, path, wanted, follow)
         events = itertools.islice(found, limit)
         if as_json:
             for event in events:
@@ -196,6 +213,19 @@ def _log(ctx: click.Context, log_path: Path | None) -> Path:
     if not path.is_file():
         _fail_usage(f"audit log {path} does not exist")
     return cast(Path, path)
+
+
+def _newest(
+    found: Iterator[dict[str, Any]], last: int, path: Path, wanted: AuditFilter, follow: bool
+) -> Iterator[dict[str, Any]]:
+    """The newest ``last`` events of ``found`` in log order; when following, the newest
+    ``last`` of the backlog and then every new one."""
+    if not follow:
+        return iter(collections.deque(found, maxlen=last))
+    from runner.audit_query import query
+
+    backlog = sum(1 for _ in query(path, wanted))
+    return itertools.islice(found, max(0, backlog - last), None)
 
 
 def _time_option(value: str | None, flag: str) -> datetime | None:
