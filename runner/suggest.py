@@ -1,4 +1,4 @@
-""""Did you mean": the closest valid names to a mistyped one.
+""" "Did you mean": the closest valid names to a mistyped one.
 
 Used wherever a person types a name the runner must look up: a key of a manifest or the
 policy, a JSON Schema type, a tool's name. Only names the asker may already see are offered.
