@@ -622,7 +622,12 @@ class Runner:
             if breaker is None:
                 config = self.policy.model.circuit_breaker
                 breaker = CircuitBreaker(
-                    config.failure_threshold, config.reset_timeout_ms / 1000, self._clock
+                    config.failure_threshold,
+                    config.reset_timeout_ms / 1000,
+                    self._clock,
+                    on_open=lambda failures: self.audit.emit(
+                        "breaker.opened", toolName=name, failures=failures
+                    ),
                 )
                 self._breakers[name] = breaker
             return breaker

@@ -177,12 +177,26 @@ def verify_command(
     help="Group the calls by tool (default), role or client (the HTTP token's name).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option(
+    "--html",
+    "html_path",
+    default=None,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write the report as one self-contained web page with charts (per tool; nothing is fetched).",
+)
 @_log_option
 @click.pass_context
 def report_command(
-    ctx: click.Context, since: str | None, by: str, as_json: bool, log_path: Path | None
+    ctx: click.Context,
+    since: str | None,
+    by: str,
+    as_json: bool,
+    html_path: Path | None,
+    log_path: Path | None,
 ) -> None:
     """Per group: calls, successes, denials by reason, errors by code and reason, p50/p95 duration."""
+    if html_path is not None and by != "tool":
+        _fail_usage("--html reports per tool: leave out --by")
     from runner.audit_report import report_file
     from runner.terminal import Output
 
@@ -193,6 +207,8 @@ def report_command(
         _unreadable(path, exc)
     except KeyboardInterrupt:
         sys.exit(130)
+    if html_path is not None:
+        _write_html(report, path, html_path)
     try:
         if as_json:
             _print_json(report.as_json())
@@ -200,6 +216,31 @@ def report_command(
             _print_report(report, Output.detect())
     except BrokenPipeError:
         _reader_gone()
+    sys.exit(EXIT_OK)
+
+
+def _write_html(report: AuditReport, log: Path, target: Path) -> NoReturn:
+    """The page, written beside ``target`` and renamed into place (never half a page)."""
+    import tempfile
+
+    from runner.audit_html import render
+
+    page = render(report, str(log))
+    try:
+        handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".html")
+    except OSError as exc:
+        _fail_usage(f"cannot write {target}: {exc.strerror or exc}")
+    temporary = Path(name)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(page)
+        temporary.chmod(0o644)
+        temporary.replace(target)
+    except OSError as exc:
+        _fail_usage(f"cannot write {target}: {exc.strerror or exc}")
+    finally:
+        temporary.unlink(missing_ok=True)
+    click.echo(f"wrote {target}")
     sys.exit(EXIT_OK)
 
 
