@@ -150,7 +150,7 @@ def _pixels(png: bytes) -> tuple[int, int, list[bytes]]:
                 row[i] = (row[i] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)) & 0xFF
         rows.append(bytes(row))
         previous = row
-    return width, height, [bytes(r[i : i + 3]) for r in rows for i in range(0, len(r), size)]  # type: ignore[return-value]
+    return width, height, [bytes(r[i : i + 3]) for r in rows for i in range(0, len(r), size)]
 
 
 @pytest.mark.slow
