@@ -45,6 +45,7 @@ from runner.pools import WarmPools
 from runner.redaction import Scrubber, nodes_at, redact_nodes
 from runner.registry import Registry, matches_filter
 from runner.secrets import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
+from runner.suggest import did_you_mean
 from runner.telemetry.calls import CallTelemetry, Telemetry
 from runner.telemetry.labels import CANCELLED, RunnerState
 from sandboxes import Closable, Sandbox
@@ -464,10 +465,16 @@ class Runner:
                     f"tool {name!r} is not registered: its manifest is invalid (runner validate says why)",
                     {"toolName": name, "reason": "invalid_manifest"},
                 )
+            hint = did_you_mean(name, self._callable_names(ctx.role))
             raise CallError(
-                ErrorCode.TOOL_NOT_FOUND, f"no tool named {name!r} is registered", {"toolName": name}
+                ErrorCode.TOOL_NOT_FOUND, f"no tool named {name!r} is registered{hint}", {"toolName": name}
             )
         return tool
+
+    def _callable_names(self, role: str | None) -> list[str]:
+        """The tools ``role`` may call: the only names a refusal may suggest to it."""
+        policy = self.policy
+        return [tool.name for tool in self.registry if policy.decide(tool, role).allowed]
 
     async def _check_params(self, tool: Tool, params: dict[str, Any], deadline_at: float) -> ParamsCheck:
         """Validate in a worker thread, never on the event loop, within the call's deadline.
@@ -627,7 +634,12 @@ class Runner:
             if breaker is None:
                 config = self.policy.model.circuit_breaker
                 breaker = CircuitBreaker(
-                    config.failure_threshold, config.reset_timeout_ms / 1000, self._clock
+                    config.failure_threshold,
+                    config.reset_timeout_ms / 1000,
+                    self._clock,
+                    on_open=lambda failures: self.audit.emit(
+                        "breaker.opened", toolName=name, failures=failures
+                    ),
                 )
                 self._breakers[name] = breaker
             return breaker

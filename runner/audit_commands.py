@@ -9,13 +9,15 @@ the chain is broken), 2 (misuse: no log, an unreadable one, a bad option).
 
 from __future__ import annotations
 
+import collections
 import io
 import itertools
 import os
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import click
 
@@ -24,6 +26,7 @@ from runner.errors import ConfigError
 
 if TYPE_CHECKING:
     from runner.audit_key import ChainKey
+    from runner.audit_query import AuditFilter
     from runner.audit_report import AuditReport, GroupBy, GroupStats
     from runner.audit_verify import ChainVerdict
     from runner.terminal import Cell, Output
@@ -39,7 +42,18 @@ def _log_option(command: _Command) -> _Command:
 @click.group("audit", invoke_without_command=True)
 @_location_options
 @click.option("--request-id", default=None, help="A request id, or the start of one.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Print at most this many events.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Print at most this many events, the oldest first.",
+)
+@click.option(
+    "--last",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Print only the newest N matching events (newest last; with --follow, like tail -n N -f).",
+)
 @click.option("--tool", default=None, help="Only events of this tool.")
 @click.option("--role", default=None, help="Only events of calls made as this role.")
 @click.option(
@@ -64,6 +78,7 @@ def audit_group(
     ctx: click.Context,
     request_id: str | None,
     limit: int | None,
+    last: int | None,
     tool: str | None,
     role: str | None,
     decision: str | None,
@@ -98,6 +113,8 @@ def audit_group(
         sys.stdout.reconfigure(line_buffering=True)  # a followed event is wanted now, not when a buffer fills
     try:
         found = follow_log(path, wanted, pipe_reader_gone(sys.stdout)) if follow else query(path, wanted)
+        if last is not None:
+            found = _newest(found, last, path, wanted, follow)
         events = itertools.islice(found, limit)
         if as_json:
             for event in events:
@@ -220,12 +237,26 @@ def head_command(ctx: click.Context, as_json: bool, log_path: Path | None) -> No
     help="Group the calls by tool (default), role or client (the HTTP token's name).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option(
+    "--html",
+    "html_path",
+    default=None,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write the report as one self-contained web page with charts (per tool; nothing is fetched).",
+)
 @_log_option
 @click.pass_context
 def report_command(
-    ctx: click.Context, since: str | None, by: str, as_json: bool, log_path: Path | None
+    ctx: click.Context,
+    since: str | None,
+    by: str,
+    as_json: bool,
+    html_path: Path | None,
+    log_path: Path | None,
 ) -> None:
     """Per group: calls, successes, denials by reason, errors by code and reason, p50/p95 duration."""
+    if html_path is not None and by != "tool":
+        _fail_usage("--html reports per tool: leave out --by")
     from runner.audit_report import report_file
     from runner.terminal import Output
 
@@ -236,6 +267,8 @@ def report_command(
         _unreadable(path, exc)
     except KeyboardInterrupt:
         sys.exit(130)
+    if html_path is not None:
+        _write_html(report, path, html_path)
     try:
         if as_json:
             _print_json(report.as_json())
@@ -243,6 +276,31 @@ def report_command(
             _print_report(report, Output.detect())
     except BrokenPipeError:
         _reader_gone()
+    sys.exit(EXIT_OK)
+
+
+def _write_html(report: AuditReport, log: Path, target: Path) -> NoReturn:
+    """The page, written beside ``target`` and renamed into place (never half a page)."""
+    import tempfile
+
+    from runner.audit_html import render
+
+    page = render(report, str(log))
+    try:
+        handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".html")
+    except OSError as exc:
+        _fail_usage(f"cannot write {target}: {exc.strerror or exc}")
+    temporary = Path(name)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(page)
+        temporary.chmod(0o644)
+        temporary.replace(target)
+    except OSError as exc:
+        _fail_usage(f"cannot write {target}: {exc.strerror or exc}")
+    finally:
+        temporary.unlink(missing_ok=True)
+    click.echo(f"wrote {target}")
     sys.exit(EXIT_OK)
 
 
@@ -256,6 +314,19 @@ def _log(ctx: click.Context, log_path: Path | None) -> Path:
     if not path.is_file():
         _fail_usage(f"audit log {path} does not exist")
     return cast(Path, path)
+
+
+def _newest(
+    found: Iterator[dict[str, Any]], last: int, path: Path, wanted: AuditFilter, follow: bool
+) -> Iterator[dict[str, Any]]:
+    """The newest ``last`` events of ``found`` in log order; when following, the newest
+    ``last`` of the backlog and then every new one."""
+    if not follow:
+        return iter(collections.deque(found, maxlen=last))
+    from runner.audit_query import query
+
+    backlog = sum(1 for _ in query(path, wanted))
+    return itertools.islice(found, max(0, backlog - last), None)
 
 
 def _time_option(value: str | None, flag: str) -> datetime | None:

@@ -22,6 +22,7 @@ from runner.errors import ConfigError
 from runner.manifest import Tool
 from runner.secrets import SecretSource, name_problem
 from runner.settings import CallSettings, ResourceSettings
+from runner.suggest import pydantic_problem
 from runner.yaml_files import YamlFileError, load_yaml_file
 
 
@@ -233,9 +234,7 @@ class Policy:
         try:
             model = PolicyModel.model_validate(raw)
         except ValidationError as exc:
-            error = exc.errors()[0]
-            where = ".".join(str(p) for p in error["loc"]) or "(root)"
-            raise ConfigError(source, f"{where}: {error['msg']}") from exc
+            raise ConfigError(source, pydantic_problem(exc.errors()[0], PolicyModel)) from exc
         base_dir = path.resolve().parent
         # No dispatch without the cluster's token: refused here, before any call.
         if model.dispatch is not None and (problem := token_problem(model.dispatch, base_dir)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from runner.api import Runner, _describe
+from runner.egress_rules import NetworkAllow
 from runner.manifest import Tool
 from runner.models import CallOptions
 from runner.plan import resolve_plan
@@ -53,7 +54,7 @@ def tool_sheet(runner: Runner, name: str) -> dict[str, Any]:
             "deadlineMs": plan.deadline_ms,
         },
         "asks": {
-            "network": manifest.network,
+            "network": _network(manifest.network),
             "workspace": manifest.workspace,
             "secrets": manifest.secrets,
             "secretsGranted": policy.granted_secrets(tool),  # names only, never a value
@@ -61,6 +62,13 @@ def tool_sheet(runner: Runner, name: str) -> dict[str, Any]:
         "defaultRole": policy.model.default_role,
         "roles": _roles(tool, policy),
     }
+
+
+def _network(network: bool | NetworkAllow) -> bool | dict[str, list[str]]:
+    """``true``/``false``, or the allow-list as written (``{"allow": [...]}``)."""
+    if isinstance(network, bool):
+        return network
+    return {"allow": list(network.allow)}
 
 
 def _roles(tool: Tool, policy: Policy) -> dict[str, dict[str, Any]]:

@@ -23,11 +23,12 @@ from runner.models import CallOptions
 from runner.plan import resolve_plan
 from runner.policy import Policy, matching_rule
 from runner.registry import Registry
+from runner.scaffold import PLACEHOLDER
 from runner.secrets import read_secrets
 
 Severity = Literal["error", "warning"]
 # Which check found it: "manifest" (loading left the tool out), "command", "image",
-# "network", "secrets", "policy".
+# "network", "secrets", "policy", "description".
 Check = str
 DOCKER, SUBPROCESS = "docker", "subprocess"
 
@@ -93,6 +94,9 @@ def _sandbox_of(tool: Tool, policy: Policy) -> str:
 def _tool_findings(tool: Tool, policy: Policy, sandbox: str, probe: ImageProbe | str | None) -> list[Finding]:
     manifest_file = str(tool.directory / "tool.yaml")
     reasons = list(_command_reasons(tool, sandbox, probe))
+    if PLACEHOLDER in (tool.manifest.description or ""):
+        what = "the description is still runner new's placeholder: say what the tool does"
+        reasons.append(("warning", "description", what))
     reasons += [(severity, "network", reason) for severity, reason in _network_reasons(tool, policy)]
     reasons += [(severity, "secrets", reason) for severity, reason in _secret_reasons(tool, policy)]
     return [Finding(severity, check, tool.name, manifest_file, reason) for severity, check, reason in reasons]
