@@ -13,12 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-from anyio.abc import CancelScope
 
 DISCONNECT = "http.disconnect"
 
 
-async def cancel_when_gone(request: Any, scope: CancelScope) -> None:
+async def cancel_when_gone(request: Any, scope: anyio.CancelScope) -> None:
     """Cancel ``scope`` once the HTTP client of ``request`` disconnects; over stdio (no
     HTTP request) wait forever, to be cancelled with the call."""
     receive = getattr(request, "receive", None)

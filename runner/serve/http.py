@@ -7,20 +7,25 @@ off, as the server's drain (``runner.serve.lifecycle``) decides when it stops.
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
 from mcp.server.context import ServerRequestContext
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runner.serve.app import Caller, ToolService
 from runner.serve.auth import BearerAuth, token_of
+from runner.serve.connections import ConnectionGate, ConnectionLimits, gated_h11
 
 MCP_PATH = "/mcp"
 DEFAULT_HOST = "127.0.0.1"
 # How long uvicorn waits for open connections (a client's event stream) after a stop.
 GRACEFUL_S = 3
+UNAUTHORIZED = 401
+CLOSE = (b"connection", b"close")
 
 
 class HttpAddressError(ValueError):
@@ -51,6 +56,33 @@ def http_caller(ctx: ServerRequestContext[Any, Any]) -> Caller:
     return Caller(role=entry.role, client=entry.name)
 
 
+class TrustOnAuthorized:
+    """ASGI middleware in front of ``BearerAuth``: a connection whose request was let in
+    (anything but 401) is trusted by the gate, no longer evicted for newer connections;
+    a 401 closes its connection, so a client without a token holds no connection after
+    its answer."""
+
+    def __init__(self, app: ASGIApp, gate: ConnectionGate) -> None:
+        self._app = app
+        self._gate = gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        client = scope.get("client")
+
+        async def send_and_judge(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                if message["status"] == UNAUTHORIZED:
+                    message = {**message, "headers": [*message.get("headers", []), CLOSE]}
+                elif client is not None:
+                    self._gate.trust((client[0], client[1]))
+            await send(message)
+
+        await self._app(scope, receive, send_and_judge)
+
+
 class _QuietServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -60,7 +92,7 @@ class _QuietServer(uvicorn.Server):
 class HttpTransport:
     """The streamable HTTP app on a socket bound at construction (so the port is known)."""
 
-    def __init__(self, service: ToolService, host: str, port: int) -> None:
+    def __init__(self, service: ToolService, host: str, port: int, limits: ConnectionLimits) -> None:
         """Raises ``OSError`` when the address cannot be bound."""
         server = service.server()
         app = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host)
@@ -70,10 +102,13 @@ class HttpTransport:
         # Nagle's algorithm and the client's delayed ACK hold each answer back ~40 ms.
         # Accepted connections inherit it.
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.gate = ConnectionGate(limits)
         config = uvicorn.Config(
-            BearerAuth(app, service.runner),
+            TrustOnAuthorized(BearerAuth(app, service.runner), self.gate),
+            http=gated_h11(self.gate),
             log_level="warning",
             lifespan="on",
+            timeout_keep_alive=math.ceil(limits.idle_timeout_s),
             timeout_graceful_shutdown=GRACEFUL_S,
         )
         self._server = _QuietServer(config)

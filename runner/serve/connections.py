@@ -1,0 +1,210 @@
+"""Bounds on the connections of ``runner serve``'s listeners (MCP and metrics).
+
+A local user without a token can open connections and send nothing. Unbounded, they use
+up the process's file descriptors (the default soft ``RLIMIT_NOFILE`` is 1024) and the
+runner can no longer start a sandbox. So each listener has a ``ConnectionGate``:
+
+- at most ``max_open`` connections in all and ``max_per_peer`` from one IP address;
+- a connection that has not yet been *trusted* (answered anything but 401, i.e. it
+  carried a valid token, or a valid scrape on the metrics listener) is the first to go:
+  when a cap is reached, a new connection closes the oldest untrusted one (of the same
+  peer for the per-peer cap) instead of being refused. A flood of idle connections thus
+  keeps cycling through its own slots, and a client with a token, which sends its request
+  at once, gets in. Only when every slot holds a trusted connection is a new one refused;
+- a refused or evicted connection is closed at once with a reset (nothing lingers);
+- a request's head must arrive within ``header_timeout_s``, and a kept-alive connection
+  may stay idle ``idle_timeout_s`` between requests.
+
+``GatedH11Protocol`` is uvicorn's own h11 protocol with the gate and the head timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from runner.policy import ServeConnectionsModel
+
+Peer = tuple[str, int]
+# The share of the process's descriptors that the listeners may hold between them; the
+# rest is for sandboxes (pipes, pidfds), pools, the audit log and the tools' files.
+LISTENERS_SHARE = 0.5
+# What an unlimited number of descriptors counts as.
+UNLIMITED = 1 << 20
+# The fewest connections a listener keeps, however low the descriptor limit.
+MIN_OPEN = 16
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """The bounds of one listener (see the module's docstring)."""
+
+    max_open: int = 1024
+    max_per_peer: int = 256
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 5.0
+
+    @classmethod
+    def from_policy(cls, model: ServeConnectionsModel) -> ConnectionLimits:
+        return cls(
+            max_open=model.max_open,
+            max_per_peer=model.max_per_peer,
+            header_timeout_s=model.header_timeout_ms / 1000,
+            idle_timeout_s=model.idle_timeout_ms / 1000,
+        )
+
+    def within(self, descriptors: int, listeners: int) -> ConnectionLimits:
+        """These limits, lowered so that ``listeners`` listeners together hold at most
+        ``LISTENERS_SHARE`` of ``descriptors``."""
+        share = max(MIN_OPEN, int(descriptors * LISTENERS_SHARE) // max(1, listeners))
+        most = min(self.max_open, share)
+        return replace(self, max_open=most, max_per_peer=min(self.max_per_peer, most))
+
+
+def raise_descriptor_limit() -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard one (systemd's default soft limit is
+    1024); returns the soft limit in force. Never raises: a limit that cannot be changed
+    is kept."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard in (resource.RLIM_INFINITY, soft):
+        return soft if soft != resource.RLIM_INFINITY else UNLIMITED
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        return soft
+    return hard
+
+
+@dataclass
+class _Held:
+    owner: object
+    close: Callable[[], None]
+    trusted: bool = False
+
+
+class ConnectionGate:
+    """Admission of one listener's connections. Not thread-safe: one event loop uses it."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self._open: OrderedDict[Peer, _Held] = OrderedDict()  # oldest first
+        self._per_host: Counter[str] = Counter()
+        self.refused = 0
+        self.evicted = 0
+
+    def admit(self, peer: Peer, owner: object, close: Callable[[], None]) -> bool:
+        """Take the connection from ``peer`` (closed with ``close`` if it is evicted later);
+        False: refused, the caller closes it at once."""
+        host = peer[0]
+        if self._per_host[host] >= self.limits.max_per_peer and not self._evict(host):
+            self.refused += 1
+            return False
+        if len(self._open) >= self.limits.max_open and not self._evict(None):
+            self.refused += 1
+            return False
+        self._open[peer] = _Held(owner, close)
+        self._per_host[host] += 1
+        return True
+
+    def trust(self, peer: Peer) -> None:
+        """The connection from ``peer`` was answered as a client with a token: it is no
+        longer evicted for newer ones."""
+        held = self._open.get(peer)
+        if held is not None:
+            held.trusted = True
+
+    def release(self, peer: Peer, owner: object) -> None:
+        """``owner``'s connection from ``peer`` is closed (a no-op once it was evicted)."""
+        held = self._open.get(peer)
+        if held is not None and held.owner is owner:
+            self._forget(peer)
+
+    @property
+    def open(self) -> int:
+        return len(self._open)
+
+    def _evict(self, host: str | None) -> bool:
+        for peer, held in self._open.items():
+            if not held.trusted and (host is None or peer[0] == host):
+                self._forget(peer)
+                self.evicted += 1
+                held.close()
+                return True
+        return False
+
+    def _forget(self, peer: Peer) -> None:
+        del self._open[peer]
+        self._per_host[peer[0]] -= 1
+        if not self._per_host[peer[0]]:
+            del self._per_host[peer[0]]
+
+
+def reset(transport: asyncio.BaseTransport) -> Callable[[], None]:
+    """Close ``transport`` at once, unsent data dropped: a refused or evicted
+    connection costs nothing after it."""
+    abort = getattr(transport, "abort", None)
+    return abort if callable(abort) else transport.close
+
+
+class GatedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol behind a ``ConnectionGate``, with a timeout on each request's
+    head (uvicorn's ``timeout_keep_alive`` is the idle timeout between requests)."""
+
+    gate: ConnectionGate  # set on the subclass ``gated_h11`` makes for one listener
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gate = self.gate
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._admitted = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        peer = self.client or ("", id(self))
+        if not self._gate.admit(peer, self, reset(transport)):
+            reset(transport)()
+            return
+        self._admitted = True
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        if self._admitted:
+            self._gate.release(self.client or ("", id(self)), self)
+        super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle:  # a request's head arrived
+            self._stop_head_timer()
+
+    def on_response_complete(self) -> None:
+        if not self.transport.is_closing():
+            self._stop_head_timer()
+            self._await_head()  # the next request's head (a pipelined one stops it at once)
+        super().on_response_complete()
+
+    def _await_head(self) -> None:
+        self._head_timer = self.loop.call_later(self._gate.limits.header_timeout_s, self._head_late)
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            reset(self.transport)()
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+
+def gated_h11(gate: ConnectionGate) -> type[GatedH11Protocol]:
+    """The protocol class to give uvicorn (``Config(http=...)``) for one listener."""
+    return type("GatedH11Protocol", (GatedH11Protocol,), {"gate": gate})
