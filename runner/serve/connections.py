@@ -35,6 +35,10 @@ Peer = tuple[str, int]
 # The share of the process's descriptors that the listeners may hold between them; the
 # rest is for sandboxes (pipes, pidfds), pools, the audit log and the tools' files.
 LISTENERS_SHARE = 0.5
+# The kernel's queue of connections not yet accepted, and how many asyncio accepts at once
+# before the gate sees them: each accepted one is a descriptor, so a burst of a flood
+# must not be taken in thousands (uvicorn's default is 2048).
+ACCEPT_BACKLOG = 64
 # What an unlimited number of descriptors counts as.
 UNLIMITED = 1 << 20
 # The fewest connections a listener keeps, however low the descriptor limit.

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runner.serve.app import Caller, ToolService
 from runner.serve.auth import BearerAuth, token_of
-from runner.serve.connections import ConnectionGate, ConnectionLimits, gated_h11
+from runner.serve.connections import ACCEPT_BACKLOG, ConnectionGate, ConnectionLimits, gated_h11
 
 MCP_PATH = "/mcp"
 DEFAULT_HOST = "127.0.0.1"
@@ -109,6 +109,7 @@ class HttpTransport:
             log_level="warning",
             lifespan="on",
             timeout_keep_alive=math.ceil(limits.idle_timeout_s),
+            backlog=ACCEPT_BACKLOG,
             timeout_graceful_shutdown=GRACEFUL_S,
         )
         self._server = _QuietServer(config)

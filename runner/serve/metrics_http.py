@@ -22,7 +22,7 @@ import threading
 import h11
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from runner.serve.connections import ConnectionGate, ConnectionLimits, Peer, reset
+from runner.serve.connections import ACCEPT_BACKLOG, ConnectionGate, ConnectionLimits, Peer, reset
 from runner.telemetry import RunnerMetrics
 
 METRICS_PATH = b"/metrics"
@@ -71,7 +71,7 @@ class MetricsListener:
 
     async def _serve(self) -> None:
         self._stopping = asyncio.Event()
-        server = await asyncio.start_server(self._connection, sock=self._socket)
+        server = await asyncio.start_server(self._connection, sock=self._socket, backlog=ACCEPT_BACKLOG)
         self._started.set()
         try:
             await self._stopping.wait()
