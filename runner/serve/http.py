@@ -56,31 +56,39 @@ def http_caller(ctx: ServerRequestContext[Any, Any]) -> Caller:
     return Caller(role=entry.role, client=entry.name)
 
 
-class TrustOnAuthorized:
-    """ASGI middleware in front of ``BearerAuth``: a connection whose request was let in
-    (anything but 401) is trusted by the gate, no longer evicted for newer connections;
-    a 401 closes its connection, so a client without a token holds no connection after
-    its answer."""
+class TrustAuthorized:
+    """ASGI middleware behind ``BearerAuth``: a request that reaches it carried a valid
+    token, so its connection is trusted by the gate (no longer evicted for newer ones)."""
 
     def __init__(self, app: ASGIApp, gate: ConnectionGate) -> None:
         self._app = app
         self._gate = gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = scope.get("client")
+        if scope["type"] == "http" and client is not None:
+            self._gate.trust((client[0], client[1]))
+        await self._app(scope, receive, send)
+
+
+class CloseRefused:
+    """ASGI middleware in front of ``BearerAuth``: a 401 closes its connection, so a client
+    without a token holds none after its answer."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        client = scope.get("client")
 
-        async def send_and_judge(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                if message["status"] == UNAUTHORIZED:
-                    message = {**message, "headers": [*message.get("headers", []), CLOSE]}
-                elif client is not None:
-                    self._gate.trust((client[0], client[1]))
+        async def send_closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == UNAUTHORIZED:
+                message = {**message, "headers": [*message.get("headers", []), CLOSE]}
             await send(message)
 
-        await self._app(scope, receive, send_and_judge)
+        await self._app(scope, receive, send_closing)
 
 
 class _QuietServer(uvicorn.Server):
@@ -104,7 +112,7 @@ class HttpTransport:
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.gate = ConnectionGate(limits)
         config = uvicorn.Config(
-            TrustOnAuthorized(BearerAuth(app, service.runner), self.gate),
+            CloseRefused(BearerAuth(TrustAuthorized(app, self.gate), service.runner)),
             http=gated_h11(self.gate),
             log_level="warning",
             lifespan="on",
