@@ -128,18 +128,18 @@ async def test_a_request_head_that_never_ends_is_cut_off_on_both_ports_and_a_401
 async def test_the_policy_caps_connections_per_peer_evicting_the_oldest_idle_one_first(
     bench: ToolBench, tools: str
 ) -> None:
-    bench.policy["serve"] = {"connections": {"max_per_peer": 4, "header_timeout_ms": 20000}}
+    bench.policy["serve"]["connections"] = {"max_per_peer": 8, "header_timeout_ms": 20000}
     server = HttpServer(bench)
+    idle = [socket.create_connection(("127.0.0.1", port_of(server.url)), timeout=10) for _ in range(20)]
     try:
-        idle = [socket.create_connection(("127.0.0.1", port_of(server.url)), timeout=10) for _ in range(10)]
-        # The six oldest made room for the four newest, at once (no head timeout yet).
-        assert [_read_all(sock, timeout_s=5.0) for sock in idle[:6]] == [b""] * 6
-        async with server.client(tools) as client:  # and it, in turn, for a client with a token
+        # The twelve oldest made room for the eight newest, at once (no head timeout yet).
+        assert [_read_all(sock, timeout_s=5.0) for sock in idle[:12]] == [b""] * 12
+        async with server.client(tools) as client:  # and those, in turn, for a client with a token
             result = await client.call_tool("echo", {"n": 1})
         assert not result.is_error
+    finally:
         for sock in idle:
             sock.close()
-    finally:
         assert server.stop() == 0
 
 
