@@ -16,9 +16,10 @@ import uvicorn
 from mcp.server.context import ServerRequestContext
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from runner.connections import ACCEPT_BACKLOG, ConnectionGate, ConnectionLimits
 from runner.serve.app import Caller, ToolService
 from runner.serve.auth import BearerAuth, token_of
-from runner.serve.connections import ACCEPT_BACKLOG, ConnectionGate, ConnectionLimits, gated_h11
+from runner.serve.connections import gated_h11
 
 MCP_PATH = "/mcp"
 DEFAULT_HOST = "127.0.0.1"

@@ -12,10 +12,10 @@ import anyio
 
 from runner.api import Runner
 from runner.cli import EXIT_OK, _fail_usage
+from runner.connections import ConnectionLimits, raise_descriptor_limit
 from runner.errors import ConfigError
 from runner.locations import find_policy, tool_dirs
 from runner.serve.app import Caller, ToolService
-from runner.serve.connections import ConnectionLimits, raise_descriptor_limit
 from runner.serve.lifecycle import Transport, run_until_stopped
 from runner.serve.reload import Reloader
 from runner.telemetry import RunnerMetrics
@@ -148,13 +148,13 @@ def _run(
     metrics: _Metrics,
 ) -> NoReturn:
     """Serve with the metrics listener and the exporters of traces set up around it."""
-    from runner.serve.metrics_http import MetricsListener
+    from runner.telemetry.listener import MetricsServer
 
-    listener: MetricsListener | None = None
+    listener: MetricsServer | None = None
     if metrics.at is not None and runner.metrics is not None:
         host, port = metrics.at
         try:
-            listener = MetricsListener(runner.metrics, host, port, metrics.limits, metrics.token)
+            listener = MetricsServer(runner.metrics, host, port, metrics.limits, metrics.token)
         except OSError as exc:
             runner.close()
             _fail_usage(f"cannot listen on {host}:{port} for --metrics: {exc.strerror or exc}")

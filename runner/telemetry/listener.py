@@ -1,4 +1,4 @@
-"""``runner serve --metrics HOST:PORT``: ``/metrics`` on an asyncio listener of its own.
+"""``/metrics`` on an asyncio listener of its own (``runner serve --metrics HOST:PORT``).
 
 prometheus_client's own server starts a thread per connection, with no bound and no
 timeout: idle connections from any local user use up the runner's descriptors and
@@ -22,8 +22,8 @@ import threading
 import h11
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from runner.serve.connections import ACCEPT_BACKLOG, ConnectionGate, ConnectionLimits, Peer, reset
-from runner.telemetry import RunnerMetrics
+from runner.connections import ACCEPT_BACKLOG, ConnectionGate, ConnectionLimits, Peer, reset
+from runner.telemetry.metrics import RunnerMetrics
 
 METRICS_PATH = b"/metrics"
 # A request head larger than this is refused (a scraper's is a few hundred bytes).
@@ -33,16 +33,25 @@ READ_SIZE = 4096
 STOP_WAIT_S = 5.0
 
 
-class MetricsListener:
+class MetricsServer:
     """``/metrics`` of one ``RunnerMetrics``, served from one thread with its own event loop."""
 
     def __init__(
-        self, metrics: RunnerMetrics, host: str, port: int, limits: ConnectionLimits, token: str | None = None
+        self,
+        metrics: RunnerMetrics,
+        host: str,
+        port: int,
+        limits: ConnectionLimits | None = None,
+        token: str | None = None,
     ) -> None:
-        """Raises ``OSError`` when the address cannot be bound."""
+        """``token``: the scrape token requests must carry (None: none needed).
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
         self._metrics = metrics
         self._digest = _digest(token) if token else None
-        self.gate = ConnectionGate(limits)
+        self.gate = ConnectionGate(limits if limits is not None else ConnectionLimits())
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.create_server((host, port), family=family)
         bound_host, bound_port = self._socket.getsockname()[:2]
