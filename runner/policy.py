@@ -108,6 +108,15 @@ class ServeTokenModel(_Strict):
     role: str
 
 
+class ServeConnectionsModel(_Strict):
+    """Bounds on the connections of each listener of `runner serve` (MCP and metrics)."""
+
+    max_open: int = Field(default=1024, gt=0, le=65536)  # in all; the soft RLIMIT_NOFILE may lower it
+    max_per_peer: int = Field(default=256, gt=0, le=65536)  # from one IP address
+    header_timeout_ms: int = Field(default=10000, ge=100, le=300000)  # for a request's whole head
+    idle_timeout_ms: int = Field(default=5000, ge=100, le=3600000)  # between requests of a kept-alive one
+
+
 class ServeModel(_Strict):
     tokens: list[ServeTokenModel] = Field(default_factory=list)
     max_concurrent: int = Field(default=32, gt=0, le=4096)  # calls running at once; more wait
@@ -116,6 +125,7 @@ class ServeModel(_Strict):
     max_sessions_per_token: int = Field(default=16, gt=0, le=1024)
     # A session with no request in flight and no open event stream this long is closed.
     session_idle_ms: int = Field(default=600_000, ge=1000, le=86_400_000)
+    connections: ServeConnectionsModel = Field(default_factory=ServeConnectionsModel)
 
     @model_validator(mode="after")
     def _unique(self) -> ServeModel:

@@ -94,8 +94,15 @@ class TokenSessionManager(StreamableHTTPSessionManager):
         return ended
 
 
-def http_app(server: Server[Any], runner: Runner, host: str, path: str) -> ASGIApp:
-    """The streamable HTTP app at ``path`` behind bearer tokens (``BearerAuth`` outermost)."""
+def http_app(
+    server: Server[Any],
+    runner: Runner,
+    host: str,
+    path: str,
+    inner: Callable[[ASGIApp], ASGIApp] = lambda app: app,
+) -> ASGIApp:
+    """The streamable HTTP app at ``path`` behind bearer tokens (``BearerAuth`` outermost);
+    ``inner`` wraps what only requests with a valid token reach."""
     security = None
     if host in _LOOPBACK:  # as the SDK does: DNS rebinding protection on loopback
         security = TransportSecuritySettings(
@@ -113,5 +120,5 @@ def http_app(server: Server[Any], runner: Runner, host: str, path: str) -> ASGIA
         routes=[Route(path, endpoint=StreamableHTTPASGIApp(manager))],
         lifespan=lambda _app: manager.run(),
     )
-    auth = BearerAuth(app, runner, manager.close_revoked)
+    auth = BearerAuth(inner(app), runner, manager.close_revoked)
     return auth
