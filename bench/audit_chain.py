@@ -4,9 +4,11 @@
 
 Each round writes ``--events`` events of a call's usual size (a ``policy.decision`` with
 params) through ``AuditLog.emit`` to a fresh file: plain (one ``O_APPEND`` write, the
-baseline) and chained (``flock``, read the tail's hash, canonical JSON, SHA-256, write,
-unlock). Then the same with two processes appending to one chained file at once (the lock
-contended), and ``verify`` over the chained file. Medians of the rounds.
+baseline), chained (``flock``, read the tail's hash, canonical JSON, SHA-256, write,
+unlock) and chained with a key (HMAC-SHA256 instead of SHA-256). Then two processes
+appending to one chained file at once (the lock contended), and ``verify`` over the
+chained and the keyed file, and one line's hash alone (SHA-256 and HMAC-SHA256 in turns).
+Medians of the rounds.
 """
 
 from __future__ import annotations
@@ -18,14 +20,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from runner.audit import chain as audit_chain  # noqa: E402
 from runner.audit.log import AuditLog  # noqa: E402
 from runner.audit.verify import verify  # noqa: E402
 
-FIELDS = {
+FIELDS: dict[str, Any] = {
     "toolName": "add_numbers",
     "requestId": "req_7733db314a9e4ab299663a0ddd4bb3a3",
     "traceId": "21612c553b04453291ed10e3dafc0b22",
@@ -38,6 +42,7 @@ FIELDS = {
 WRITER = """
 import sys, time
 from pathlib import Path
+from typing import Any
 sys.path.insert(0, sys.argv[3])
 from runner.audit.log import AuditLog
 audit = AuditLog(Path(sys.argv[1]), chain=True)
@@ -50,9 +55,13 @@ print(time.perf_counter() - started)
 """
 
 
-def per_event_us(folder: Path, events: int, chain: bool) -> float:
-    path = folder / f"{'chained' if chain else 'plain'}-{time.monotonic_ns()}.log"
-    audit = AuditLog(path, chain=chain)
+KEY = b"a bench key of 32 bytes, no more"
+
+
+def per_event_us(folder: Path, events: int, chain: bool, key: bytes | None = None) -> float:
+    kind = "keyed" if key else "chained" if chain else "plain"
+    path = folder / f"{kind}-{time.monotonic_ns()}.log"
+    audit = AuditLog(path, chain=chain, key=key)
     started = time.perf_counter()
     for _ in range(events):
         audit.emit("policy.decision", **FIELDS)
@@ -60,6 +69,18 @@ def per_event_us(folder: Path, events: int, chain: bool) -> float:
     audit.close()
     assert audit.dropped == 0
     return elapsed / events * 1e6
+
+
+def digest_us(key: bytes | None, times: int = 20_000) -> float:
+    """One line's hash, of a line the size ``FIELDS`` makes."""
+    line = audit_chain.chained_line({"event": "policy.decision", **FIELDS}, audit_chain.GENESIS)
+    parts = audit_chain.split_line(line.encode("ascii"))
+    assert parts is not None
+    body = parts[0]
+    started = time.perf_counter()
+    for _ in range(times):
+        audit_chain.digest(body, key)
+    return (time.perf_counter() - started) / times * 1e6
 
 
 def contended_us(folder: Path, events: int) -> float:
@@ -90,21 +111,38 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="runner-bench-chain-") as scratch:
         folder = Path(scratch)
-        plain, chained, shared, checks = [], [], [], []
+        plain: list[float] = []
+        chained: list[float] = []
+        keyed: list[float] = []
+        shared: list[float] = []
+        checks: list[float] = []
+        keyed_checks: list[float] = []
+        hashes: list[float] = []
+        hmacs: list[float] = []
+        for _ in range(args.rounds * 3):
+            hashes.append(digest_us(None))
+            hmacs.append(digest_us(KEY))
         for _ in range(args.rounds):
             plain.append(per_event_us(folder, args.events, chain=False))
             chained.append(per_event_us(folder, args.events, chain=True))
+            keyed.append(per_event_us(folder, args.events, chain=True, key=KEY))
             shared.append(contended_us(folder, args.events))
-        log = max(folder.glob("chained-*.log"))
-        started = time.perf_counter()
-        verdict = verify(log)
-        checks.append((time.perf_counter() - started) / verdict.lines * 1e6)
+        for kind, key, found in (("chained", None, checks), ("keyed", KEY, keyed_checks)):
+            log = max(folder.glob(f"{kind}-*.log"))
+            started = time.perf_counter()
+            verdict = verify(log, key=key)
+            assert verdict.intact
+            found.append((time.perf_counter() - started) / verdict.lines * 1e6)
         base = statistics.median(plain)
         rows = [
             ("emit, plain (baseline)", base),
             ("emit, chained", statistics.median(chained)),
+            ("emit, chained and keyed (HMAC-SHA256)", statistics.median(keyed)),
             ("emit, chained, 2 processes on one file", statistics.median(shared)),
             ("verify, per line", statistics.median(checks)),
+            ("verify, keyed, per line", statistics.median(keyed_checks)),
+            ("one line's hash alone, SHA-256", statistics.median(hashes)),
+            ("one line's hash alone, HMAC-SHA256", statistics.median(hmacs)),
         ]
         print(f"{args.events} events x {args.rounds} rounds")
         print(f"{'':42} {'us/event':>9} {'x base':>7}")

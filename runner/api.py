@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from runner.audit.faults import OperatorLog, internal_error
+from runner.audit.key import policy_chain_key
 from runner.audit.log import AuditLog
 from runner.call.answers import AnswerMetadata, CallResult
 from runner.call.backends import Backends
@@ -97,7 +98,12 @@ class Runner:
         # Warm sandboxes for a long-lived runner; a one-shot one (the CLI's
         # ``exec``) would start them only to throw them away.
         self._warm_pools = warm_pools
-        self._pools = WarmPools(audit.operator.warn, audit.operator.fault, hosted=MCP_WORK)
+        self._pools = WarmPools(
+            audit.operator.warn,
+            audit.operator.fault,
+            discarded=lambda fields: self.audit.emit("pool.discarded", **fields),
+            hosted=MCP_WORK,
+        )
         # Prometheus series, when given; spans whenever a tracer provider is set.
         self.metrics = metrics
         self._telemetry = Telemetry(
@@ -144,9 +150,17 @@ class Runner:
         settings = policy.model.audit
         if settings.chain and audit_path is None:
             raise ConfigError(str(policy_path), "audit.chain needs a file: set audit.path or --audit-log")
+        # Before anything opens: a keyed chain never goes unkeyed.
+        key = policy_chain_key(settings.key, policy.base_dir, policy.source)
         operator = OperatorLog.open(policy.operator_log_path)
         try:
-            audit = AuditLog(audit_path, required=settings.required, chain=settings.chain, operator=operator)
+            audit = AuditLog(
+                audit_path,
+                required=settings.required,
+                chain=settings.chain,
+                key=key.secret if key is not None else None,
+                operator=operator,
+            )
         except OSError as exc:
             raise ConfigError(str(audit_path), f"cannot open audit log: {exc.strerror}") from exc
         factory = sandbox_factory or backends
@@ -375,7 +389,7 @@ class Runner:
             else:
                 policy, guard = self.policy, self._guard  # the policy in force for the whole call
                 ctx = replace(call_context(request, request_id, trace_id, policy), telemetry=telemetry)
-                tool = guard.tool(self.registry, request.tool_name, ctx)
+                tool = guard.tool(self.registry, self.policy, request.tool_name, ctx)
                 plan = resolve_plan(tool, policy, request.options)
                 # The deadline bounds the whole call, validation of the params included.
                 deadline_at = received + plan.deadline_ms / 1000
@@ -434,5 +448,3 @@ class Runner:
             for tool in self.callable_tools(role)
             if matches_filter(tool, filter_text)
         ]
-
-

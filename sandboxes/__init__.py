@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         SandboxUnavailable,
         StopReason,
         ToolRequirements,
+        Waits,
         WarmSandbox,
     )
 
@@ -66,6 +67,7 @@ __all__ = [
     "SandboxUnavailable",
     "StopReason",
     "ToolRequirements",
+    "Waits",
     "WarmSandbox",
     "prestart_watchdog",
 ]

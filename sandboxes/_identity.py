@@ -14,6 +14,14 @@ workspace they were granted, which is shared by design; nothing else is keyed by
 A runner killed mid-call frees its leases at once, while its sandboxes live until its
 watchdog kills them (well under a second). Leases are handed out round-robin from a
 random start, so a uid just freed is not the next one taken.
+
+A released lease's file is removed, so the directory holds about as many files as uids
+are in use (not one per uid ever used). The holder unlinks it while it still holds the
+lock; a taker that opened the file just before may get the lock on that unlinked inode
+once it is closed, so every taker checks, holding the lock, that the path still names
+the inode it locked, and starts over when it does not. Only a holder ever unlinks, so the
+one lock on the inode the path names is the lease. A runner that died leaves its files;
+the next taker of each uid reuses and then removes it.
 """
 
 from __future__ import annotations
@@ -40,17 +48,30 @@ class NoFreeIdentity(Exception):
     """Every uid of the range is leased right now."""
 
 
+# A taker that keeps finding a uid's file replaced under its lock moves on to the next uid.
+SAME_UID_TRIES = 3
+
+
 class IdentityLease:
     """One leased uid; ``release`` gives it back (also safe twice)."""
 
-    def __init__(self, uid: int, fd: int | None) -> None:
+    def __init__(self, uid: int, fd: int | None, directory: int | None = None) -> None:
         self.uid = uid
         self.gid = SANDBOX_GID
         self._fd = fd
+        self._directory = directory  # the lease directory's descriptor: the file is removed
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
-        if fd is not None:
+        if fd is None:
+            return
+        try:
+            if self._directory is not None:
+                # Still holding the lock: no other holder of this inode can exist, and a
+                # taker that locks it after the close sees that the path no longer names it.
+                with contextlib.suppress(OSError):
+                    os.unlink(str(self.uid), dir_fd=self._directory)
+        finally:
             os.close(fd)  # closing the only descriptor drops the flock
 
 
@@ -90,19 +111,36 @@ class IdentityPool:
             directory = self._directory()
             for _ in range(self._count):
                 uid = self._base + next(self._cursor) % self._count
-                fd = os.open(
-                    str(uid),
-                    os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o600,
-                    dir_fd=directory,
-                )
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                return IdentityLease(uid, fd)
+                fd = _lock_file(str(uid), directory)
+                if fd is not None:
+                    return IdentityLease(uid, fd, directory)
         raise NoFreeIdentity(f"all {self._count} sandbox uids are in use")
+
+
+def _lock_file(name: str, directory: int) -> int | None:
+    """The descriptor of lease file ``name``, locked, and still the file the path names;
+    None when another sandbox holds it (or it kept being released and removed under us)."""
+    for _ in range(SAME_UID_TRIES):
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=directory)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        if _names(name, directory, fd):
+            return fd
+        os.close(fd)  # an inode its holder removed on release: the lock on it is no lease
+    return None
+
+
+def _names(name: str, directory: int, fd: int) -> bool:
+    """Does ``name`` in ``directory`` still name the file open as ``fd``?"""
+    try:
+        named = os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    locked = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (locked.st_dev, locked.st_ino)
 
 
 # One lease directory per host, whatever state folder a runner uses, so runners agree.

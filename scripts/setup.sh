@@ -24,6 +24,8 @@ ldconfig -p | grep -q 'libseccomp.so.2 ' || need_apt+=(libseccomp2)
 /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 command -v node >/dev/null || need_apt+=(nodejs)
 command -v npm >/dev/null || need_apt+=(npm)
+# runner audit report --html is checked by rendering it in headless Chromium.
+command -v chromium >/dev/null || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing ${need_apt[*]}"
   apt-get update -qq

@@ -47,4 +47,7 @@ cp -r "$repo/tests" "$work/suite/tests"
 cp "$repo/pyproject.toml" "$work/suite/"  # pytest's settings only
 find "$work/suite" -name __pycache__ -prune -exec rm -rf {} +
 cd "$work/suite"
+# What the wheel does not ship (README.md, docs/, deploy/) is read from the checkout: the
+# manual's own tests, its walk-through and the dashboard's queries run here too.
+export RUNNER_CHECKOUT="$repo"
 python -m pytest -p no:cacheprovider "$@"

@@ -345,3 +345,12 @@ def installed(registries: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "mcp", "add", "files", "--npm", FILES, "--force", "--json", "--", "/tmp", cwd=project
     )
     yield {"project": project, "time": time_added, "files": files_added}
+
+
+def checkout() -> Path | None:
+    """The repository the suite was copied from (scripts/test.sh names it in RUNNER_CHECKOUT;
+    a suite run inside the checkout finds it beside tests/), for what the wheel does not
+    ship: the README, docs/, deploy/. None when neither says."""
+    named = os.environ.get("RUNNER_CHECKOUT")
+    found = Path(named) if named else Path(__file__).resolve().parent.parent
+    return found if (found / "README.md").is_file() and (found / "docs").is_dir() else None

@@ -1,9 +1,9 @@
 """The manual stands alone: its links resolve inside the repository, and it names tests
 that exist.
 
-These read the checkout's own README.md and docs/. The suite also runs from a copy of
-tests/ outside the repository (scripts/test.sh), where there is no README beside it:
-then they are skipped.
+These read the checkout's own README.md and docs/: beside tests/, or, for the copy of
+tests/ that scripts/test.sh runs outside the repository, where RUNNER_CHECKOUT says.
+Without either they are skipped.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from conftest import checkout
 
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = checkout() or Path(__file__).resolve().parent.parent
 README = CHECKOUT / "README.md"
 
 pytestmark = pytest.mark.skipif(
-    not (README.is_file() and (CHECKOUT / "docs").is_dir()),
-    reason="not run from a checkout: README.md and docs/ are not beside tests/",
+    checkout() is None,
+    reason="no checkout: README.md and docs/ are neither beside tests/ nor in RUNNER_CHECKOUT",
 )
 
 # [text](target) and [text]: target; images too. The target ends at whitespace or ")".

@@ -1,8 +1,9 @@
 """The hash chain of a tamper-evident audit log (``audit: {chain: true}``).
 
 Each event gets ``prevHash`` (the ``hash`` of the file's last line, ``GENESIS`` when the
-file is empty or its last line carries no hash) and then ``hash``: the SHA-256, in lower-case
-hex, of the event without ``hash`` written as canonical JSON (``canonical``: keys sorted, no
+file is empty or its last line carries no hash) and then ``hash``: the SHA-256 (with a key,
+``audit.key``: the HMAC-SHA256 under it; ``runner.audit.key``), in lower-case hex, of the
+event without ``hash`` written as canonical JSON (``canonical``: keys sorted, no
 spaces, ``ensure_ascii``). The line on disk is exactly that canonical text with
 ``,"hash":"<64 hex>"`` put before its closing brace, so an auditor can check a line with any
 tool: cut the last 75 characters, put back ``}``, hash (``docs/audit.md``).
@@ -21,6 +22,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -38,6 +40,7 @@ _SUFFIX_START = ',"hash":"'
 SUFFIX_LENGTH = len(_SUFFIX_START) + 64 + len('"}')  # 75: what a chained line ends with
 # How a chained line ends (its newline, when it has one, included).
 _ENDING = re.compile(rb',"hash":"([0-9a-f]{64})"\}\n?\Z')
+TAIL_CHECK_BYTES = 64 * 1024  # far past any line the runner writes (16 KiB and the chain fields)
 LOCK_WAIT_S = 5.0  # a writer holds the lock for microseconds; 5 s means a stuck or hostile holder
 _LOCK_PAUSE_S = 0.0002  # first pause between tries, doubled up to _LOCK_PAUSE_MAX_S
 _LOCK_PAUSE_MAX_S = 0.01
@@ -57,8 +60,11 @@ def canonical(event: Mapping[str, Any]) -> str:
     return _ENCODER.encode(event)
 
 
-def digest(body: bytes) -> str:
-    return hashlib.sha256(body).hexdigest()
+def digest(body: bytes, key: bytes | None = None) -> str:
+    """The hash of a line's hashed text: SHA-256, or HMAC-SHA256 under ``key``."""
+    if key is None:
+        return hashlib.sha256(body).hexdigest()
+    return hmac.digest(key, body, "sha256").hex()
 
 
 def prepare(event: Mapping[str, Any]) -> str:
@@ -74,7 +80,7 @@ def prepare(event: Mapping[str, Any]) -> str:
     return f"{canonical(before)}{_HALVES}{canonical(after)}"
 
 
-def _assemble(prepared: str, prev_hash: str) -> str:
+def _assemble(prepared: str, prev_hash: str, key: bytes | None = None) -> str:
     """The chained line (without newline) of a prepared event."""
     before, separator, after = prepared.partition(_HALVES)
     if not separator or not before.startswith("{") or not after.endswith("}"):
@@ -82,12 +88,13 @@ def _assemble(prepared: str, prev_hash: str) -> str:
     head = f"{before[:-1]}," if len(before) > 2 else "{"
     tail = f",{after[1:]}" if len(after) > 2 else "}"
     body = f'{head}"{PREV_FIELD}":"{prev_hash}"{tail}'
-    return f'{body[:-1]}{_SUFFIX_START}{digest(body.encode("ascii"))}"}}'
+    return f'{body[:-1]}{_SUFFIX_START}{digest(body.encode("ascii"), key)}"}}'
 
 
-def chained_line(event: Mapping[str, Any], prev_hash: str) -> str:
-    """``event`` with ``prevHash`` and ``hash``, as the line to append (without newline)."""
-    return _assemble(prepare(event), prev_hash)
+def chained_line(event: Mapping[str, Any], prev_hash: str, key: bytes | None = None) -> str:
+    """``event`` with ``prevHash`` and ``hash`` (keyed with ``key``), as the line to append
+    (without newline)."""
+    return _assemble(prepare(event), prev_hash, key)
 
 
 def split_line(line: bytes) -> tuple[bytes, str] | None:
@@ -119,13 +126,15 @@ class ChainedFileSink:
     The log is opened once, read-write and append-only, without following a symlink at
     its path (``O_NOFOLLOW``: a link planted there must not redirect the trail), and must
     be a regular file (its tail is read with ``pread``). The lock file likewise, and it must
-    also belong to the runner's user and be closed to group and others.
+    also belong to the runner's user and be closed to group and others. With ``key`` each
+    hash is the HMAC-SHA256 under it.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, key: bytes | None = None) -> None:
         """Raises ``OSError``: the log or its lock file cannot be opened, is a symlink
         (``ELOOP``) or is not a regular file; the lock file is another user's or open to others."""
         self.path = path
+        self._key = key
         self._lock = threading.Lock()  # flock orders processes; threads share one descriptor
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = _open_regular(path, os.O_RDWR | os.O_APPEND, "the audit log")
@@ -143,6 +152,24 @@ class ChainedFileSink:
         self._fd: int | None = fd
         self._lock_fd = lock_fd
 
+    def tail_matches(self) -> bool | None:
+        """Whether the file's last line carries the hash this sink would have given it; None
+        when it is empty, or its last line is torn, unchained or longer than ``TAIL_CHECK_BYTES``.
+        False means a key set, changed or removed since that line was written (or the line
+        edited): what this sink appends will not verify together with what is there."""
+        if self._fd is None:
+            return None
+        size = os.fstat(self._fd).st_size
+        start = max(size - TAIL_CHECK_BYTES, 0)
+        tail = os.pread(self._fd, size - start, start)
+        if not tail.endswith(b"\n"):
+            return None
+        cut = tail.rfind(b"\n", 0, len(tail) - 1)
+        if cut < 0 and start > 0:
+            return None  # the last line began before the bytes read
+        parts = split_line(tail[cut + 1 : -1])
+        return None if parts is None else digest(parts[0], self._key) == parts[1]
+
     def write(self, line: str) -> None:
         """Append one event, given as ``prepare`` made it, with its chain fields.
 
@@ -157,7 +184,7 @@ class ChainedFileSink:
             _lock_file(self._lock_fd)
             try:
                 prev_hash, torn = _last_hash(fd)
-                data = (("\n" if torn else "") + _assemble(line, prev_hash) + "\n").encode("ascii")
+                data = (("\n" if torn else "") + _assemble(line, prev_hash, self._key) + "\n").encode("ascii")
                 written = os.write(fd, data)
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)

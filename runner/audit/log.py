@@ -151,8 +151,8 @@ class FileSink:
                 self._fd = None
 
 
-def _file_sink(path: Path, chain: bool) -> LineSink:
-    return ChainedFileSink(path) if chain else FileSink(path)
+def _file_sink(path: Path, chain: bool, key: bytes | None) -> LineSink:
+    return ChainedFileSink(path, key) if chain else FileSink(path)
 
 
 class StderrSink:
@@ -222,18 +222,25 @@ class AuditLog:
         sink: LineSink | None = None,
         required: bool = False,
         chain: bool = False,
+        key: bytes | None = None,
         operator: OperatorLog | None = None,
     ) -> None:
-        """With ``chain``, events written to ``path`` are hash-chained (``sink`` is used as given).
+        """With ``chain``, events written to ``path`` are hash-chained (``sink`` is used as given),
+        with ``key`` by HMAC-SHA256.
 
         Raises:
             OSError: ``path`` cannot be opened for appending (with ``chain``: also when it is a
                 symlink or not a regular file).
-            ValueError: ``chain`` without ``path`` or ``sink``: standard error cannot be chained.
+            ValueError: ``chain`` without ``path`` or ``sink``: standard error cannot be chained;
+                ``key`` without ``chain``.
         """
         if chain and path is None and sink is None:
             raise ValueError("a hash-chained audit trail needs a file")
-        self._sink: LineSink = sink if sink is not None else _file_sink(path, chain) if path else StderrSink()
+        if key is not None and not chain:
+            raise ValueError("a key is for a hash-chained audit trail")
+        self._sink: LineSink = (
+            sink if sink is not None else _file_sink(path, chain, key) if path else StderrSink()
+        )
         self.path = path
         self.required = required
         self.operator = operator or OperatorLog()
@@ -242,6 +249,13 @@ class AuditLog:
         self._dropped = 0
         self._unwarned = 0  # drops not yet in a warning
         self._warned_at: float | None = None
+        if isinstance(self._sink, ChainedFileSink) and self._sink.tail_matches() is False:
+            how = "with audit.key" if key is not None else "as unkeyed SHA-256"
+            self.operator.warn(
+                f"the last line of the audit log {path} does not verify {how}: the key was set, "
+                "changed or removed since it was written, or the line was edited; runner audit "
+                "verify will name the lines before as changed: start a new log file when the key changes"
+            )
 
     @property
     def sink(self) -> LineSink:

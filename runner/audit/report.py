@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from runner.audit import chain as audit_chain
 from runner.audit.query import bounded_lines, parse_time
+from runner.audit.timeline import Timeline
 
 GroupBy = Literal["tool", "role", "client"]
 GROUP_FIELDS: dict[str, str] = {"tool": "toolName", "role": "role", "client": "client"}
@@ -44,8 +45,10 @@ NONE = "-"  # the group of events without the field (a call not served over HTTP
 EXACT_BELOW_MS = 1000  # durations below this are counted exactly, per millisecond
 BUCKET_RATIO = 1.01  # above it, buckets 1% wide: a percentile is within 0.5% of the true value
 _LOG_RATIO = math.log(BUCKET_RATIO)
-# Only these lines are parsed: a call's end, and a denial (an allow adds nothing to count).
-_FINISHED, _DECISION, _DENY = b"call.finished", b"policy.decision", b"deny"
+# Only these lines are parsed: a call's end, a denial (an allow adds nothing to count), a
+# breaker opening.
+_FINISHED, _DECISION, _DENY, _OPENED = b"call.finished", b"policy.decision", b"deny", b"breaker.opened"
+_COUNTED = ("call.finished", "policy.decision", "breaker.opened")
 _DECODER = json.JSONDecoder()
 
 
@@ -162,8 +165,15 @@ class AuditReport:
     skipped: int = 0  # lines that were candidates but not events (torn, foreign, too long)
     chained: bool = False  # a line of the log ends with a hash: only chained lines are counted
     unchained_skipped: int = 0  # in a chained log, the lines without chain fields (not counted)
+    timeline: Timeline = field(default_factory=Timeline)
+    breaker_openings: Counter[str] = field(default_factory=Counter)  # tool -> times opened
 
     def take(self, event: dict[str, Any]) -> None:
+        if event.get("event") == "breaker.opened":
+            _count(self.breaker_openings, event.get("toolName"))
+            return
+        if event.get("event") == "call.finished":
+            self.timeline.take(event)
         name = _text(event.get(GROUP_FIELDS[self.by]))
         stats = self.groups.get(name)
         if stats is None:
@@ -188,6 +198,8 @@ class AuditReport:
             "unchainedSkipped": self.unchained_skipped,
             "groups": [{"group": name, **stats.as_json()} for name, stats in self.sorted_groups()],
             "total": self.total.as_json(),
+            "timeline": self.timeline.as_json(),
+            "breakerOpenings": dict(self.breaker_openings.most_common()),
         }
 
     def sorted_groups(self) -> list[tuple[str, GroupStats]]:
@@ -214,14 +226,14 @@ def build_report(lines: Iterable[bytes | None], by: GroupBy, since: datetime | N
             if report.chained:
                 continue
             target = plain
-        if _FINISHED not in raw and (_DECISION not in raw or _DENY not in raw):
+        if _FINISHED not in raw and _OPENED not in raw and (_DECISION not in raw or _DENY not in raw):
             continue
         try:
             event = _DECODER.decode(raw.decode("utf-8", errors="replace"))
         except (ValueError, RecursionError):  # RecursionError: a foreign line nested too deep
             report.skipped += 1
             continue
-        if not isinstance(event, dict) or event.get("event") not in ("call.finished", "policy.decision"):
+        if not isinstance(event, dict) or event.get("event") not in _COUNTED:
             continue
         if since is not None:
             when = parse_time(event.get("timestamp"))
@@ -232,6 +244,7 @@ def build_report(lines: Iterable[bytes | None], by: GroupBy, since: datetime | N
         report.unchained_skipped = unchained
     else:
         report.groups = plain.groups
+        report.timeline, report.breaker_openings = plain.timeline, plain.breaker_openings
     return report
 
 

@@ -19,9 +19,12 @@ What each problem means (``kind``):
   ``allow_unchained_prefix``, and are counted).
 - ``broken``: not a JSON object (or longer than ``MAX_LINE_BYTES``), in the middle of the file.
 - ``truncated``: the last line has no newline or is not JSON (the file was cut).
+- ``cut``: no intact line has the anchored hash (``--head``): the line recorded by
+  ``runner audit head`` was removed, or it or a line before it rewritten.
 
-What no chain can show is the removal of the last lines: compare ``head`` (the last hash)
-with one recorded elsewhere for that.
+What no chain can show by itself is the removal of the last lines, and (without a key) a
+rewrite of the whole chain from a line on: an anchor, a ``head`` recorded elsewhere, shows
+both up to that line.
 """
 
 from __future__ import annotations
@@ -57,7 +60,11 @@ class ChainVerdict:
 
     lines: int = 0
     chained: int = 0
+    keyed: bool = False  # checked as HMAC-SHA256 under a key
+    hashed: int = 0  # lines that end with a hash, whether it matched or not
     head: str | None = None  # the last line's hash: record it elsewhere to detect a cut tail
+    anchor: str | None = None  # the recorded head that must be found (``--head``)
+    anchor_line: int | None = None  # where it was found
     unchained_prefix: int = 0  # unchained lines before the first chained one, allowed and skipped
     problems: list[ChainProblem] = field(default_factory=list)  # the first MAX_PROBLEMS
     problem_count: int = 0
@@ -66,12 +73,21 @@ class ChainVerdict:
     def intact(self) -> bool:
         return self.problem_count == 0
 
+    @property
+    def none_matched(self) -> bool:
+        """Lines end with hashes, and not one matches its text: more likely the wrong key (or a
+        key for a log written without one, or the reverse) than every line edited."""
+        return self.hashed > 0 and self.chained == 0
+
     def as_json(self) -> dict[str, Any]:
+        anchor = None if self.anchor is None else {"hash": self.anchor, "line": self.anchor_line}
         return {
             "intact": self.intact,
+            "keyed": self.keyed,
             "lines": self.lines,
             "chained": self.chained,
             "head": self.head,
+            "anchor": anchor,
             "unchainedPrefix": self.unchained_prefix,
             "problemCount": self.problem_count,
             "problems": [problem.as_json() for problem in self.problems],
@@ -81,8 +97,9 @@ class ChainVerdict:
 class _Walk:
     """The state of one pass: what the next line's ``prevHash`` must be."""
 
-    def __init__(self, allow_unchained_prefix: bool) -> None:
-        self.verdict = ChainVerdict()
+    def __init__(self, allow_unchained_prefix: bool, key: bytes | None, anchor: str | None) -> None:
+        self.verdict = ChainVerdict(keyed=key is not None, anchor=anchor)
+        self.key = key
         self.allow_unchained_prefix = allow_unchained_prefix
         # What a writer would link the next line to (``audit_chain._last_hash``): the hash the
         # line before ends with, else GENESIS. Kept after a damaged line too, so that a damaged
@@ -118,8 +135,9 @@ class _Walk:
         if parts is None:
             return self._unchained(number, line)
         body, claimed = parts
+        self.verdict.hashed += 1
         prev_hash = _prev_hash(body)
-        if audit_chain.digest(body) != claimed:
+        if audit_chain.digest(body, self.key) != claimed:
             self.problem(number, "changed", "its hash does not match its text: the line was edited")
             if prev_hash is not None:  # an edit does not hide lines removed before the line
                 self._link(number, prev_hash)
@@ -134,6 +152,8 @@ class _Walk:
         self._link(number, prev_hash)
         self.next_links_to(claimed)
         self.verdict.head = claimed
+        if claimed == self.verdict.anchor and self.verdict.anchor_line is None:
+            self.verdict.anchor_line = number
         return None
 
     def _unchained(self, number: int, line: bytes) -> None:
@@ -239,15 +259,21 @@ def _lines(stream: BinaryIO) -> Iterator[tuple[bytes | None, bytes]]:
         yield None, tail
 
 
-def verify_stream(stream: BinaryIO, allow_unchained_prefix: bool = False) -> ChainVerdict:
+def verify_stream(
+    stream: BinaryIO,
+    allow_unchained_prefix: bool = False,
+    key: bytes | None = None,
+    anchor: str | None = None,
+) -> ChainVerdict:
     """Check every line of ``stream``; memory stays bounded by ``MAX_LINE_BYTES``. With
     ``allow_unchained_prefix``, unchained lines before the first chained one are counted
-    (``unchained_prefix``), not problems.
+    (``unchained_prefix``), not problems. With ``key`` the hashes are HMAC-SHA256 under it.
+    With ``anchor`` (a head recorded earlier) a line with that hash must be found intact.
 
     Raises:
         OSError: the stream cannot be read.
     """
-    walk = _Walk(allow_unchained_prefix)
+    walk = _Walk(allow_unchained_prefix, key, anchor)
     for number, (raw, tail) in enumerate(_lines(stream), start=1):
         walk.take(number, raw, tail)
     verdict = walk.verdict
@@ -255,16 +281,57 @@ def verify_stream(stream: BinaryIO, allow_unchained_prefix: bool = False) -> Cha
         last = verdict.problems[-1]
         if last.kind == "broken":  # a last line that is not JSON: the tail was cut mid-line
             verdict.problems[-1] = ChainProblem(last.line, "truncated", f"the last line is {last.detail}")
-    if verdict.lines and not verdict.chained:
+    if verdict.lines and not verdict.chained and not verdict.hashed:
         walk.problem(1, "unchained", "no line of the file is chained (is audit.chain on?)")
+    if anchor is not None and verdict.anchor_line is None:
+        walk.problem(
+            verdict.lines + 1,
+            "cut",
+            f"no intact line has the anchored hash {anchor}: the line recorded by runner audit head "
+            "was removed (the tail was cut), or it or a line before it was rewritten",
+        )
     return verdict
 
 
-def verify(path: Path, allow_unchained_prefix: bool = False) -> ChainVerdict:
+def verify(
+    path: Path, allow_unchained_prefix: bool = False, key: bytes | None = None, anchor: str | None = None
+) -> ChainVerdict:
     """Check the chain of the log at ``path`` (``verify_stream``).
 
     Raises:
         OSError: it cannot be opened or read.
     """
     with path.open("rb") as stream:
-        return verify_stream(stream, allow_unchained_prefix)
+        return verify_stream(stream, allow_unchained_prefix, key, anchor)
+
+
+@dataclass(frozen=True)
+class ChainHead:
+    """What ``runner audit head`` prints: the last line's hash (None when the last line has
+    none: torn, or unchained) and how many lines the file has."""
+
+    hash: str | None
+    lines: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"head": self.hash, "lines": self.lines}
+
+
+_COUNT_CHUNK = 1 << 20
+
+
+def read_head(path: Path) -> ChainHead:
+    """The last line's hash and the line count, without checking any hash (``verify`` does).
+
+    Raises:
+        OSError: the log cannot be opened or read.
+    """
+    with path.open("rb") as stream:
+        lines, last = 0, b""
+        while chunk := stream.read(_COUNT_CHUNK):
+            lines += chunk.count(b"\n")
+            last = (last + chunk)[-(_TAIL_BYTES + 1) :]  # a byte more than split_line needs
+    if last and not last.endswith(b"\n"):
+        return ChainHead(None, lines + 1)  # a torn last line: the file was cut, or is being written
+    parts = audit_chain.split_line(last.removesuffix(b"\n")) if last else None
+    return ChainHead(parts[1] if parts is not None else None, lines)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -73,8 +73,16 @@ class Ticket:
 
 
 class CircuitBreaker:
-    def __init__(self, failure_threshold: int, reset_timeout_s: float, clock: Clock) -> None:
+    def __init__(
+        self,
+        failure_threshold: int,
+        reset_timeout_s: float,
+        clock: Clock,
+        on_open: Callable[[int], None] | None = None,
+    ) -> None:
+        """``on_open(failures)`` is called, outside the breaker's lock, each time it opens."""
         self._threshold = failure_threshold
+        self._on_open = on_open
         self._reset_timeout_s = reset_timeout_s
         self._clock = clock
         self._lock = threading.Lock()  # one Runner may be driven from several threads
@@ -106,7 +114,9 @@ class CircuitBreaker:
         try:
             yield ticket
         finally:
-            self._settle(ticket)
+            opened = self._settle(ticket)
+            if opened and self._on_open is not None:
+                self._on_open(self._threshold if not ticket.probe else 1)
 
     def _state(self) -> BreakerState:
         if not self._open:
@@ -129,23 +139,26 @@ class CircuitBreaker:
             self._probe_ends_by = ends_by
             return self._probe
 
-    def _settle(self, ticket: Ticket) -> None:
+    def _settle(self, ticket: Ticket) -> bool:
+        """Apply the ticket's verdict; whether that opened the breaker (again)."""
         with self._lock:
             if ticket is self._probe:
                 self._probe = None
                 if ticket.verdict is None:
-                    return  # still open, opened_at unchanged: the next call probes
+                    return False  # still open, opened_at unchanged: the next call probes
             if ticket.verdict is None:
-                return
+                return False
             if ticket.verdict:
                 # Any success closes it: the tool works (a late one from before it opened too).
                 self._open = False
                 self._failures = 0
-                return
+                return False
             self._failures += 1
             if ticket.probe or (not self._open and self._failures >= self._threshold):
                 self._open = True
                 self._opened_at = self._clock.monotonic()
+                return True
+            return False
 
 
 def _ms(seconds: float) -> int:

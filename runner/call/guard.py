@@ -27,6 +27,7 @@ from runner.call.requests import CallRequest
 from runner.clock import Clock
 from runner.errors import CallError, ErrorCode
 from runner.schema.redaction import Scrubber, nodes_at, redact_nodes
+from runner.schema.suggest import did_you_mean
 from runner.secrets.sources import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
 from runner.tools.manifest import Tool
 from runner.tools.registry import Registry
@@ -91,8 +92,9 @@ class CallGuard:
         ctx.telemetry.finished(tool_name, ctx.role, code, attempts, elapsed)
         return duration
 
-    def tool(self, registry: Registry, name: str, ctx: CallContext) -> Tool:
-        """The tool a call names; TOOL_NOT_FOUND (and a deny event) when there is none."""
+    def tool(self, registry: Registry, policy: Policy, name: str, ctx: CallContext) -> Tool:
+        """The tool a call names; TOOL_NOT_FOUND (and a deny event) when there is none,
+        with the closest names among those the caller's role may call."""
         tool = registry.get(name)
         if tool is None:
             self.refused_before_policy(name, ctx, "tool_not_found")
@@ -102,8 +104,10 @@ class CallGuard:
                     f"tool {name!r} is not registered: its manifest is invalid (runner validate says why)",
                     {"toolName": name, "reason": "invalid_manifest"},
                 )
+            callable_names = [tool.name for tool in registry if policy.decide(tool, ctx.role).allowed]
+            hint = did_you_mean(name, callable_names)
             raise CallError(
-                ErrorCode.TOOL_NOT_FOUND, f"no tool named {name!r} is registered", {"toolName": name}
+                ErrorCode.TOOL_NOT_FOUND, f"no tool named {name!r} is registered{hint}", {"toolName": name}
             )
         return tool
 
@@ -248,7 +252,12 @@ class CallGuard:
             if breaker is None:
                 config = policy.model.circuit_breaker
                 breaker = CircuitBreaker(
-                    config.failure_threshold, config.reset_timeout_ms / 1000, self._clock
+                    config.failure_threshold,
+                    config.reset_timeout_ms / 1000,
+                    self._clock,
+                    on_open=lambda failures: self.audit.emit(
+                        "breaker.opened", toolName=name, failures=failures
+                    ),
                 )
                 self._breakers[name] = breaker
             return breaker

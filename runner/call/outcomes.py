@@ -50,10 +50,14 @@ def failure_error(tool: Tool, outcome: SandboxOutcome, timeout_ms: int, by_deadl
     reason = outcome.reason
     assert reason is not None
     if reason is StopReason.TIMEOUT:
-        what = "the call's deadline ran out" if by_deadline else f"timed out after {timeout_ms} ms"
+        what = (
+            "did not finish before the call's deadline"
+            if by_deadline
+            else f"did not finish within its timeout of {timeout_ms} ms"
+        )
         return CallError(
             ErrorCode.TIMEOUT,
-            f"{tool.name} {what}; it was killed",
+            f"{tool.name} {what}, so it was killed",
             {
                 "timeoutMs": timeout_ms,
                 "deadline": by_deadline,

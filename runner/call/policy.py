@@ -15,11 +15,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from runner.audit.key import ChainKeySource
 from runner.config.dispatch import DispatchModel, token_problem
 from runner.config.egress import NetworkAllow
 from runner.config.settings import CallSettings, ResourceSettings
 from runner.config.yaml_files import YamlFileError, load_yaml_file
 from runner.errors import ConfigError
+from runner.schema.suggest import pydantic_problem
 from runner.secrets.sources import SecretSource, name_problem
 from runner.tools.manifest import Tool
 
@@ -67,6 +69,14 @@ class AuditModel(_Strict):
     # Every event carries prevHash and hash, so that `runner audit verify` finds an
     # edited, removed or inserted line. Needs a file: standard error cannot be chained.
     chain: bool = False
+    # HMAC-SHA256 under this key instead of SHA-256: without it, a rewritten chain cannot verify.
+    key: ChainKeySource | None = None
+
+    @model_validator(mode="after")
+    def _key_needs_chain(self) -> AuditModel:
+        if self.key is not None and not self.chain:
+            raise ValueError("audit.key keys the hash chain: set chain: true too")
+        return self
 
 
 # Settings that moved into the backends' own configuration, and where they live now.
@@ -98,9 +108,24 @@ class ServeTokenModel(_Strict):
     role: str
 
 
+class ServeConnectionsModel(_Strict):
+    """Bounds on the connections of each listener of `runner serve` (MCP and metrics)."""
+
+    max_open: int = Field(default=1024, gt=0, le=65536)  # in all; the soft RLIMIT_NOFILE may lower it
+    max_per_peer: int = Field(default=256, gt=0, le=65536)  # from one IP address
+    header_timeout_ms: int = Field(default=10000, ge=100, le=300000)  # for a request's whole head
+    idle_timeout_ms: int = Field(default=5000, ge=100, le=3600000)  # between requests of a kept-alive one
+
+
 class ServeModel(_Strict):
     tokens: list[ServeTokenModel] = Field(default_factory=list)
     max_concurrent: int = Field(default=32, gt=0, le=4096)  # calls running at once; more wait
+    # MCP sessions one token may hold open; one more is refused (429), so a token that opens
+    # sessions in a loop locks out only itself.
+    max_sessions_per_token: int = Field(default=16, gt=0, le=1024)
+    # A session with no request in flight and no open event stream this long is closed.
+    session_idle_ms: int = Field(default=600_000, ge=1000, le=86_400_000)
+    connections: ServeConnectionsModel = Field(default_factory=ServeConnectionsModel)
 
     @model_validator(mode="after")
     def _unique(self) -> ServeModel:
@@ -219,9 +244,7 @@ class Policy:
         try:
             model = PolicyModel.model_validate(raw)
         except ValidationError as exc:
-            error = exc.errors()[0]
-            where = ".".join(str(p) for p in error["loc"]) or "(root)"
-            raise ConfigError(source, f"{where}: {error['msg']}") from exc
+            raise ConfigError(source, pydantic_problem(exc.errors()[0], PolicyModel)) from exc
         base_dir = path.resolve().parent
         # No dispatch without the cluster's token: refused here, before any call.
         if model.dispatch is not None and (problem := token_problem(model.dispatch, base_dir)):

@@ -19,11 +19,22 @@ sandboxes ahead (``PreStarts``). Those run cold; an explicit ``tools.NAME.pool``
 one of them is reported to the operator once.
 
 A hosted MCP server's warm sandbox is also initialized ahead when its backend
-can speak to it before the call (``Primes``): the keeper holds a ``Handshake`` with it
+can speak to it before the call (``Primes``): the keeper holds an opening (``HeldOpening``) with it
 within the tool's timeout, and only then is it ready; its call adopts the server's
 ``InitializeResult`` and goes straight to ``tools/call``. A server that fails its
 handshake is discarded, never handed out (the operator hears of it once per pool), and
 its pool backs off as after a failed start; calls meanwhile start it cold.
+
+A warm sandbox whose tool ends before its call (a limit killed it while it waited, it
+exited: ``Waits``), or that has used half its ``cpu_seconds`` while it waits, is found by
+the keeper within ``CHECK_EVERY_S``, or by the call about to take it, and discarded, never
+handed out (``runner.call.pool_health``). Each sandbox a pool loses before its call (one that
+could not be started, failed its handshake, ended, or was busy) doubles the pool's wait
+before its next refill, from 5 s up to 300 s; a taken sandbox, or one that waited out its
+``max_idle_ms`` quietly, ends the streak (one still busy then is lost too). So a tool that
+spins before reading its input costs an idle pool about ``size`` times half its
+``cpu_seconds`` per back-off, not two cores for ever. Each sandbox lost that way is
+audited (``pool.discarded``, with the reason), and the operator hears of it once per pool.
 """
 
 from __future__ import annotations
@@ -35,46 +46,33 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from runner.call.hosting import NO_HOSTED_WORK, Adopts, HeldOpening, HostedWork
-from runner.call.policy import Policy
+from runner.call.hosting import NO_HOSTED_WORK, HeldOpening, HostedWork
+from runner.call.pool_calls import PoolingSandbox, Ready
+from runner.call.pool_health import CHECK_EVERY_S, MAX_BACKOFF_S, back_off_s, lost_why
 from runner.call.pool_plans import PoolPlan, pool_plans
 from sandboxes import (
-    Converses,
-    Dialogue,
-    LaunchSpec,
     Limits,
     OpeningFailed,
-    PreparedSandbox,
     Primes,
     Sandbox,
-    SandboxOutcome,
     SandboxUnavailable,
+    Waits,
     WarmSandbox,
 )
 
 if TYPE_CHECKING:
+    from runner.call.policy import Policy
     from runner.call.requests import CallOptions
     from runner.tools.registry import Registry
 
-# After a tool's sandbox could not be started ahead, its pool waits this long before the
-# next try: a machine without the isolation must not be asked twenty times a second.
-RETRY_AFTER_FAILURE_S = 5.0
+__all__ = ["REFILL_DEFER_S", "PoolPlan", "Ready", "WarmPools"]
+
 # A taken sandbox is replaced once its call has ended, or this long after it was taken,
-# whichever comes first: a warm call is not slowed by its own replacement being
+# whichever comes first: a warm call (~7 ms) is not slowed by its own replacement being
 # set up beside it, and calls that come while a long one runs still find a warm sandbox.
 REFILL_DEFER_S = 0.05
-
-
-@dataclass(frozen=True)
-class Ready:
-    """An idle warm sandbox: when it was made ready, and the handshake it was primed with
-    (None: not primed)."""
-
-    warm: WarmSandbox
-    made: float
-    handshake: HeldOpening | None = None
 
 
 @dataclass
@@ -85,7 +83,8 @@ class _Pool:
     # Taken by calls still running, by a key of their own: when each was taken.
     in_use: dict[int, float] = field(default_factory=dict)
     retry_at: float = 0.0
-    warned: bool = False  # of a failed handshake: once per pool
+    lost: int = 0  # sandboxes lost before their call, in a row
+    warned: bool = False  # of a sandbox lost ahead: once per pool
 
 
 class WarmPools:
@@ -96,12 +95,18 @@ class WarmPools:
         warn: Callable[[str], None],
         fault: Callable[[BaseException], None],
         clock: Callable[[], float] = time.monotonic,
+        discarded: Callable[[dict[str, Any]], None] | None = None,
         hosted: HostedWork = NO_HOSTED_WORK,
     ) -> None:
+        """``discarded`` hears of each warm sandbox lost before its call (the fields of
+        a ``pool.discarded`` audit event), from the keeper's or a call's thread;
+        ``hosted`` says a hosted server's opening ahead."""
         self._warn = warn
+        self._hosted = hosted
         self._fault = fault
         self._clock = clock
-        self._hosted = hosted  # says a hosted server's opening ahead
+        self._discarded = discarded
+        self._notes: list[tuple[dict[str, Any], str | None]] = []  # said outside the lock
         self._cond = threading.Condition()
         self._pools: dict[str, _Pool] = {}
         self._doomed: list[WarmSandbox] = []  # to be discarded by the keeper
@@ -145,7 +150,7 @@ class WarmPools:
             pool = self._pools.get(tool_name)
         if pool is None or id(pool.plan.backend) != id(backend):  # the very backend it fills from
             return backend
-        return _PoolingSandbox(self, tool_name, backend)
+        return PoolingSandbox(self, tool_name, backend)
 
     def take(self, tool_name: str, limits: Limits) -> tuple[Ready, Callable[[], None]] | None:
         """A warm sandbox of ``tool_name`` made under ``limits`` (but the timeout, which is
@@ -153,9 +158,9 @@ class WarmPools:
         it is replaced); None when there is none.
 
         The replacement waits for the call's end (at most ``REFILL_DEFER_S``): started at
-        once, it would set up a sandbox (a dozen processes) and hold the GIL on the
-        call's cores just while the call's own tool runs (what that cost a warm call:
-        docs/performance.md, "Figures behind the code")."""
+        once, it would set up a sandbox (a dozen processes, ~10 ms of CPU) and hold the
+        GIL on the call's two cores just while the call's own tool runs. Measured, that
+        cost a warm call ~1 ms."""
         with self._cond:
             pool = self._pools.get(tool_name)
             if pool is None or replace(limits, timeout_ms=pool.plan.limits.timeout_ms) != pool.plan.limits:
@@ -164,18 +169,24 @@ class WarmPools:
             taken = None
             while pool.idle and taken is None:
                 ready = pool.idle.popleft()
-                if ready.made > fresh_after:
+                lost = lost_why(ready.warm, ready.cpu, pool.plan.limits, self._clock())
+                if lost is not None:
+                    self._lose(pool, ready.warm, *lost)
+                elif ready.made > fresh_after:
                     taken = ready
                 else:
                     self._doomed.append(ready.warm)
             # Stale ones to discard, an empty pool to fill, or the keeper's next wake:
             # REFILL_DEFER_S from now.
             self._cond.notify_all()
-            if taken is None:
-                return None
-            key = next(self._keys)
-            pool.in_use[key] = self._clock()
-            return taken, functools.partial(self._release, pool, key)
+            if taken is not None:
+                pool.lost = 0  # this one serves its call
+                key = next(self._keys)
+                pool.in_use[key] = self._clock()
+        self._say()
+        if taken is None:
+            return None
+        return taken, functools.partial(self._release, pool, key)
 
     def _release(self, pool: _Pool, key: int) -> None:
         """The call that took a sandbox of ``pool`` has ended: the keeper replaces it."""
@@ -214,6 +225,7 @@ class WarmPools:
                 if job is None and not doomed and not closing:
                     self._cond.wait(self._next_wake())
                     continue
+            self._say()
             self._discard(doomed)
             if closing:
                 return
@@ -225,8 +237,19 @@ class WarmPools:
         now = self._clock()
         stale_before = now - self._max_idle_s
         for pool in self._pools.values():
+            for ready in list(pool.idle):
+                lost = lost_why(ready.warm, ready.cpu, pool.plan.limits, self._clock())
+                if lost is not None:
+                    pool.idle.remove(ready)
+                    self._lose(pool, ready.warm, *lost)
             while pool.idle and pool.idle[0].made <= stale_before:
-                self._doomed.append(pool.idle.popleft().warm)
+                ready = pool.idle.popleft()
+                busy = ready.cpu.busy(ready.made)
+                if busy is not None:
+                    self._lose(pool, ready.warm, "busy", busy)
+                else:
+                    self._doomed.append(ready.warm)
+                    pool.lost = 0  # it waited all its idle life: the tool does wait
         if self._closing:
             return None
         total = sum(len(pool.idle) + pool.preparing for pool in self._pools.values())
@@ -243,9 +266,11 @@ class WarmPools:
     def _next_wake(self) -> float | None:
         """Seconds until the next sandbox goes stale, a failed pool may try again, or a
         taken sandbox's replacement may start."""
-        times = [ready.made + self._max_idle_s for pool in self._pools.values() for ready in pool.idle]
-        times += [pool.retry_at for pool in self._pools.values() if pool.retry_at > 0]
         now = self._clock()
+        times = [ready.made + self._max_idle_s for pool in self._pools.values() for ready in pool.idle]
+        times += [pool.retry_at for pool in self._pools.values() if pool.retry_at > now]
+        if any(isinstance(ready.warm, Waits) for pool in self._pools.values() for ready in pool.idle):
+            times.append(now + CHECK_EVERY_S)
         # A taken sandbox still deferring its replacement stops deferring then (once past
         # it, it no longer counts, and needs no wake).
         ends = (taken + REFILL_DEFER_S for pool in self._pools.values() for taken in pool.in_use.values())
@@ -258,6 +283,7 @@ class WarmPools:
         plan = pool.plan
         warm: WarmSandbox | None = None
         handshake: HeldOpening | None = None
+        failed: str | None = None  # why the handshake failed
         try:
             warm = plan.backend.prestart(plan.spec, plan.limits)
         except SandboxUnavailable as exc:
@@ -265,22 +291,64 @@ class WarmPools:
         except Exception as exc:  # a fault of the runner: logged, the pool backs off
             self._fault(exc)
         if warm is not None and plan.hosted and isinstance(warm, Primes):
-            handshake = self._prime(pool, warm)
-            if handshake is None:
-                warm = None  # discarded
+            handshake, failed = self._prime(pool, warm)
         with self._cond:
             pool.preparing -= 1
             if warm is None:
-                pool.retry_at = self._clock() + RETRY_AFTER_FAILURE_S
+                self._back_off(pool)
             elif self._closing or self._pools.get(plan.spec.tool_name) is not pool:
                 self._doomed.append(warm)  # drained meanwhile
+            elif failed is not None:
+                self._lose(pool, warm, "handshake", failed, quiet=True)  # _prime warned
             else:
-                pool.retry_at = 0.0
                 pool.idle.append(Ready(warm, self._clock(), handshake))
+        self._say()
 
-    def _prime(self, pool: _Pool, warm: WarmSandbox) -> HeldOpening | None:
-        """Initialize the MCP server of ``warm`` (a ``Primes``) within the tool's timeout;
-        None when it failed (``warm`` is discarded then)."""
+    def _back_off(self, pool: _Pool) -> float:
+        """One more sandbox ``pool`` lost ahead: its next refill waits (under the lock)."""
+        pool.lost += 1
+        wait = back_off_s(pool.lost)
+        pool.retry_at = max(pool.retry_at, self._clock() + wait)
+        return wait
+
+    def _lose(self, pool: _Pool, warm: WarmSandbox, reason: str, why: str, quiet: bool = False) -> None:
+        """Discard ``warm``, lost before its call, back off, and note it for the audit trail
+        and, once per pool, the operator (under the lock; ``_say`` says it)."""
+        self._doomed.append(warm)
+        wait = self._back_off(pool)
+        tool = pool.plan.spec.tool_name
+        fields = {
+            "toolName": tool,
+            "reason": reason,
+            "detail": why,
+            "lost": pool.lost,
+            "retryAfterMs": round(wait * 1000),
+        }
+        warning = None
+        if not (quiet or pool.warned or self._closing):
+            pool.warned = True
+            warning = (
+                f"a warm sandbox of {tool} is discarded before its call ({why}); its pool "
+                f"waits {wait:g} s before the next, longer after each one lost (up to {MAX_BACKOFF_S:g} s)"
+            )
+        self._notes.append((fields, warning))
+
+    def _say(self) -> None:
+        """Write what ``_lose`` noted (outside the lock: the audit trail is a file)."""
+        with self._cond:
+            notes, self._notes = self._notes, []
+        for fields, warning in notes:
+            if warning is not None:
+                self._warn(warning)
+            if self._discarded is not None:
+                try:
+                    self._discarded(fields)
+                except Exception as exc:  # the keeper must live on
+                    self._fault(exc)
+
+    def _prime(self, pool: _Pool, warm: WarmSandbox) -> tuple[HeldOpening | None, str | None]:
+        """Initialize the MCP server of ``warm`` (a ``Primes``) within the tool's timeout:
+        the handshake, or why it failed (``warm`` is then the caller's to discard)."""
         assert isinstance(warm, Primes)
         handshake = self._hosted.opening()
         with self._cond:
@@ -288,8 +356,7 @@ class WarmPools:
             if not closing:
                 self._priming = warm
         if closing:
-            self._discard([warm])
-            return None
+            return None, "the runner is closing"
         try:
             warm.prime(handshake, pool.plan.limits.timeout_ms / 1000)
         except OpeningFailed as exc:
@@ -302,15 +369,15 @@ class WarmPools:
                     f"a warm MCP server of {pool.plan.spec.tool_name} could not be initialized ahead "
                     f"and is discarded (calls start it cold meanwhile): {exc.message}"
                 )
+            return None, exc.message
         except Exception as exc:  # a fault of the runner: logged, the server discarded
             self._fault(exc)
+            return None, f"a fault of the runner ({type(exc).__name__})"
         else:
-            return handshake
+            return handshake, None
         finally:
             with self._cond:
                 self._priming = None
-        self._discard([warm])
-        return None
 
     def _take_doomed(self) -> list[WarmSandbox]:
         with self._cond:
@@ -330,54 +397,3 @@ def _held(pool: _Pool, now: float) -> int:
     less than ``REFILL_DEFER_S`` ago."""
     deferring = sum(1 for taken in pool.in_use.values() if taken > now - REFILL_DEFER_S)
     return len(pool.idle) + pool.preparing + deferring
-
-
-class _PoolingSandbox:
-    """A call's backend that takes a warm sandbox when one fits, else prepares cold."""
-
-    def __init__(self, pools: WarmPools, tool_name: str, backend: Sandbox) -> None:
-        self.name = backend.name
-        self._pools = pools
-        self._tool_name = tool_name
-        self._backend = backend
-
-    async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSandbox:
-        if not spec.secrets and spec.egress is None:
-            taken = self._pools.take(self._tool_name, limits)
-            if taken is not None:
-                ready, release = taken
-                ready.warm.set_timeout(limits.timeout_ms)
-                return _Taken(ready.warm, release, ready.handshake)
-        return await self._backend.prepare(spec, limits)
-
-
-class _Taken:
-    """A warm sandbox serving its one call; its outcome says it was warm. A primed one
-    gives its dialogue the handshake's result: its server is not initialized twice."""
-
-    def __init__(
-        self, warm: WarmSandbox, release: Callable[[], None], handshake: HeldOpening | None = None
-    ) -> None:
-        self._warm = warm
-        self._release: Callable[[], None] | None = release
-        self._handshake = handshake
-
-    async def run(self, payload: bytes) -> SandboxOutcome:
-        return replace(await self._warm.run(payload), warm=True)
-
-    async def converse(self, dialogue: Dialogue) -> SandboxOutcome:
-        if not isinstance(self._warm, Converses):
-            raise SandboxUnavailable("this warm sandbox cannot host an MCP server")
-        if self._handshake is not None:
-            if not isinstance(dialogue, Adopts) or self._handshake.result is None:
-                raise SandboxUnavailable("this warm MCP server was initialized ahead for a call only")
-            dialogue.adopt(self._handshake.result)
-        return replace(await self._warm.converse(dialogue), warm=True)
-
-    async def close(self) -> None:
-        try:
-            await self._warm.close()
-        finally:
-            release, self._release = self._release, None
-            if release is not None:  # once, however often close is called
-                release()

@@ -1,5 +1,6 @@
 """The ``runner audit`` commands (registered by ``runner.cli``): search and follow the trail,
-``verify`` its hash chain, ``report`` what the calls did.
+``verify`` its hash chain (against a ``head`` recorded earlier too), ``report`` what the
+calls did.
 
 Each reads the log at ``--log``, else where the runner writes (``--audit-log``,
 ``RUNNER_AUDIT_LOG``, the policy's ``audit.path``). Exit codes as everywhere: 0, 1 (verify:
@@ -8,13 +9,15 @@ the chain is broken), 2 (misuse: no log, an unreadable one, a bad option).
 
 from __future__ import annotations
 
+import collections
 import io
 import itertools
 import os
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import click
 
@@ -22,9 +25,9 @@ from runner.cli._common import EXIT_FAILED, EXIT_OK, _Command, _fail_usage, _loc
 from runner.errors import ConfigError
 
 if TYPE_CHECKING:
-    from runner.audit.report import AuditReport, GroupBy, GroupStats
-    from runner.audit.verify import ChainVerdict
-    from runner.cli.terminal import Cell, Output
+    from runner.audit.key import ChainKey
+    from runner.audit.query import AuditFilter
+    from runner.audit.report import AuditReport, GroupBy
 
 _LOG_HELP = "The log to read (default: where the runner writes)."
 
@@ -37,7 +40,18 @@ def _log_option(command: _Command) -> _Command:
 @click.group("audit", invoke_without_command=True)
 @_location_options
 @click.option("--request-id", default=None, help="A request id, or the start of one.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Print at most this many events.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Print at most this many events, the oldest first.",
+)
+@click.option(
+    "--last",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Print only the newest N matching events (newest last; with --follow, like tail -n N -f).",
+)
 @click.option("--tool", default=None, help="Only events of this tool.")
 @click.option("--role", default=None, help="Only events of calls made as this role.")
 @click.option(
@@ -62,6 +76,7 @@ def audit_group(
     ctx: click.Context,
     request_id: str | None,
     limit: int | None,
+    last: int | None,
     tool: str | None,
     role: str | None,
     decision: str | None,
@@ -96,6 +111,8 @@ def audit_group(
         sys.stdout.reconfigure(line_buffering=True)  # a followed event is wanted now, not when a buffer fills
     try:
         found = follow_log(path, wanted, pipe_reader_gone(sys.stdout)) if follow else query(path, wanted)
+        if last is not None:
+            found = _newest(found, last, path, wanted, follow)
         events = itertools.islice(found, limit)
         if as_json:
             for event in events:
@@ -116,6 +133,14 @@ def audit_group(
         _unreadable(path, exc)
 
 
+def _anchor(_: click.Context, __: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    if len(value) != 64 or not all(char in "0123456789abcdefABCDEF" for char in value):
+        raise click.BadParameter("a head is 64 hex digits, as runner audit head prints it")
+    return value.lower()
+
+
 @audit_group.command("verify")
 @_location_options
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as one JSON object.")
@@ -125,19 +150,42 @@ def audit_group(
     help="Accept (and count) unchained lines before the first chained one: "
     "a log written before audit.chain was turned on.",
 )
+@click.option(
+    "--head",
+    "anchor",
+    metavar="HASH",
+    default=None,
+    callback=_anchor,
+    help="A head recorded earlier (runner audit head): fail unless that line is still there, intact.",
+)
+@click.option("--key-env", metavar="NAME", default=None, help="Read the chain's key from this variable.")
+@click.option(
+    "--key-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Read the chain's key from this file (default for both: the policy's audit.key).",
+)
 @_log_option
 @click.pass_context
 def verify_command(
-    ctx: click.Context, as_json: bool, allow_unchained_prefix: bool, log_path: Path | None
+    ctx: click.Context,
+    as_json: bool,
+    allow_unchained_prefix: bool,
+    anchor: str | None,
+    key_env: str | None,
+    key_file: Path | None,
+    log_path: Path | None,
 ) -> None:
     """Check the hash chain of the whole log: exit 0 when intact, 1 when a line was changed,
-    removed, inserted or unchained, or the tail was cut."""
+    removed, inserted or unchained, the tail was cut, or the --head line is not there. A
+    keyed chain (audit.key) is checked with its key, read as the runner reads it."""
     from runner.audit.verify import verify
     from runner.cli.terminal import Output
 
     path = _log(ctx, log_path)
+    key = _chain_key(ctx, key_env, key_file)
     try:
-        verdict = verify(path, allow_unchained_prefix)
+        verdict = verify(path, allow_unchained_prefix, key.secret if key else None, anchor)
     except OSError as exc:
         _unreadable(path, exc)
     except KeyboardInterrupt:
@@ -145,8 +193,37 @@ def verify_command(
     if as_json:
         _print_json(verdict.as_json())
     else:
-        _print_verdict(verdict, path, Output.detect())
+        from runner.cli.audit_output import print_verdict
+
+        print_verdict(verdict, path, key, Output.detect())
     sys.exit(EXIT_OK if verdict.intact else EXIT_FAILED)
+
+
+@audit_group.command("head")
+@_location_options
+@click.option("--json", "as_json", is_flag=True, help='Print {"head": HASH, "lines": N}.')
+@_log_option
+@click.pass_context
+def head_command(ctx: click.Context, as_json: bool, log_path: Path | None) -> None:
+    """Print the last line's hash and the line count, to keep elsewhere: runner audit verify
+    --head HASH later fails if that line is gone or changed. Checks no hash (verify does);
+    exit 1 when the last line carries none."""
+    from runner.audit.verify import read_head
+
+    path = _log(ctx, log_path)
+    try:
+        head = read_head(path)
+    except OSError as exc:
+        _unreadable(path, exc)
+    if as_json:
+        _print_json(head.as_json())
+    elif head.hash is not None:
+        click.echo(f"{head.hash} {head.lines}")
+    if head.hash is None:
+        why = "it is empty" if not head.lines else "its last line carries no hash (torn, or unchained)"
+        click.echo(f"runner: audit log {path} has no head: {why}; runner audit verify says more", err=True)
+        sys.exit(EXIT_FAILED)
+    sys.exit(EXIT_OK)
 
 
 @audit_group.command("report")
@@ -160,12 +237,26 @@ def verify_command(
     help="Group the calls by tool (default), role or client (the HTTP token's name).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option(
+    "--html",
+    "html_path",
+    default=None,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write the report as one self-contained web page with charts (per tool; nothing is fetched).",
+)
 @_log_option
 @click.pass_context
 def report_command(
-    ctx: click.Context, since: str | None, by: str, as_json: bool, log_path: Path | None
+    ctx: click.Context,
+    since: str | None,
+    by: str,
+    as_json: bool,
+    html_path: Path | None,
+    log_path: Path | None,
 ) -> None:
     """Per group: calls, successes, denials by reason, errors by code and reason, p50/p95 duration."""
+    if html_path is not None and by != "tool":
+        _fail_usage("--html reports per tool: leave out --by")
     from runner.audit.report import report_file
     from runner.cli.terminal import Output
 
@@ -176,13 +267,42 @@ def report_command(
         _unreadable(path, exc)
     except KeyboardInterrupt:
         sys.exit(130)
+    if html_path is not None:
+        _write_html(report, path, html_path)
     try:
         if as_json:
             _print_json(report.as_json())
         else:
-            _print_report(report, Output.detect())
+            from runner.cli.audit_output import print_report
+
+            print_report(report, Output.detect())
     except BrokenPipeError:
         _reader_gone()
+    sys.exit(EXIT_OK)
+
+
+def _write_html(report: AuditReport, log: Path, target: Path) -> NoReturn:
+    """The page, written beside ``target`` and renamed into place (never half a page)."""
+    import tempfile
+
+    from runner.audit.html import render
+
+    page = render(report, str(log))
+    try:
+        handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".html")
+    except OSError as exc:
+        _fail_usage(f"cannot write {target}: {exc.strerror or exc}")
+    temporary = Path(name)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(page)
+        temporary.chmod(0o644)
+        temporary.replace(target)
+    except OSError as exc:
+        _fail_usage(f"cannot write {target}: {exc.strerror or exc}")
+    finally:
+        temporary.unlink(missing_ok=True)
+    click.echo(f"wrote {target}")
     sys.exit(EXIT_OK)
 
 
@@ -196,6 +316,19 @@ def _log(ctx: click.Context, log_path: Path | None) -> Path:
     if not path.is_file():
         _fail_usage(f"audit log {path} does not exist")
     return cast(Path, path)
+
+
+def _newest(
+    found: Iterator[dict[str, Any]], last: int, path: Path, wanted: AuditFilter, follow: bool
+) -> Iterator[dict[str, Any]]:
+    """The newest ``last`` events of ``found`` in log order; when following, the newest
+    ``last`` of the backlog and then every new one."""
+    if not follow:
+        return iter(collections.deque(found, maxlen=last))
+    from runner.audit.query import query
+
+    backlog = sum(1 for _ in query(path, wanted))
+    return itertools.islice(found, max(0, backlog - last), None)
 
 
 def _time_option(value: str | None, flag: str) -> datetime | None:
@@ -219,6 +352,37 @@ def _policy_audit_path(ctx: click.Context) -> Path | None:
         _fail_usage(" ".join(str(exc).split()))
 
 
+def _chain_key(ctx: click.Context, key_env: str | None, key_file: Path | None) -> ChainKey | None:
+    """The key ``verify`` checks with: ``--key-env`` or ``--key-file``, else the policy's
+    ``audit.key`` when a policy is given or found; None (unkeyed) only when neither sets one."""
+    from pydantic import ValidationError
+
+    from runner.audit.key import ChainKeyError, ChainKeySource, policy_chain_key, read_chain_key
+    from runner.call.policy import Policy
+    from runner.config.locations import find_policy
+
+    if key_env is not None and key_file is not None:
+        _fail_usage("give --key-env or --key-file, not both")
+    if key_env is not None or key_file is not None:
+        flag = "--key-env" if key_env is not None else "--key-file"
+        try:
+            source = ChainKeySource(env=key_env, file=None if key_file is None else str(key_file))
+            return read_chain_key(source, Path.cwd())
+        except ValidationError as exc:
+            _fail_usage(f"{flag}: {exc.errors()[0]['msg']}")
+        except ChainKeyError as exc:
+            _fail_usage(f"{flag}: {exc}")
+    try:
+        policy_path = find_policy(ctx.obj["policies"])
+    except ConfigError:
+        return None  # none given, none found: nothing says the chain is keyed
+    try:
+        policy = Policy.load(policy_path)
+        return policy_chain_key(policy.model.audit.key, policy.base_dir, policy.source)
+    except ConfigError as exc:
+        _fail_usage(" ".join(str(exc).split()))
+
+
 def _unreadable(path: Path, exc: OSError) -> NoReturn:
     _fail_usage(f"cannot read audit log {path}: {exc.strerror or 'read failed'}")
 
@@ -227,87 +391,3 @@ def _reader_gone() -> None:
     # The reader went away (`runner audit | head`): not an error. Point stdout at
     # /dev/null so that the interpreter's last flush does not complain either.
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
-# -- human output ----------------------------------------------------------------------------
-
-
-def _print_verdict(verdict: ChainVerdict, path: Path, out: Output) -> None:
-    from runner.audit.query import escape_cell
-
-    shown = escape_cell(str(path))
-    counts = f"{verdict.lines} lines, {verdict.chained} chained"
-    if verdict.unchained_prefix:
-        counts += f" ({verdict.unchained_prefix} unchained before the first chained one, allowed)"
-    if not verdict.lines:
-        out.write(f"{out.paint('empty', 'warn')}: {shown}: 0 lines")
-        out.write("an emptied log cannot be told from a new one: compare with a head recorded elsewhere")
-        return
-    if verdict.intact:
-        out.write(f"{out.paint('intact', 'ok')}: {shown}: {counts}")
-        if verdict.head:
-            out.write(f"head {verdict.head}  (record it elsewhere: removed last lines show only against it)")
-        return
-    first = verdict.problems[0]
-    out.write(f"{out.paint('NOT intact', 'bad')}: {shown}: line {first.line}: {first.kind}: {first.detail}")
-    out.write(f"{counts}; {verdict.problem_count} problem(s):")
-    for problem in verdict.problems:
-        out.write(f"  line {problem.line}: {out.paint(problem.kind, 'warn')}: {problem.detail}")
-    if verdict.problem_count > len(verdict.problems):
-        out.write(f"  ... and {verdict.problem_count - len(verdict.problems)} more")
-
-
-def _print_report(report: AuditReport, out: Output) -> None:
-    from runner.cli.terminal import Cell, Column, Table
-
-    columns = [
-        Column(report.by.upper()),
-        Column("CALLS"),
-        Column("OK"),
-        Column("DENIED"),
-        Column("ERRORS"),
-        Column("P50 MS"),
-        Column("P95 MS"),
-        Column("DENIALS AND ERRORS"),
-    ]
-    rows = [_report_row(Cell(name, "key"), stats) for name, stats in report.sorted_groups()]
-    rows.append(_report_row(Cell("(all)", "head"), report.total))
-    Table(out, columns).print(rows)
-    if report.chained:
-        out.write(
-            out.paint(
-                f"a chained log: only chained lines counted, {report.unchained_skipped} unchained "
-                "skipped (runner audit verify checks the chain)",
-                "dim",
-            )
-        )
-    if report.since is not None:
-        out.write(out.paint(f"since {report.since.isoformat()}", "dim"))
-
-
-def _report_row(name: Cell, stats: GroupStats) -> list[Cell | str]:
-    from runner.cli.terminal import Cell
-
-    denied = sum(stats.denials.values())
-    errors = sum(sum(reasons.values()) for reasons in stats.errors.values())
-    why = [f"denied {reason} {count}" for reason, count in stats.denials.most_common()]
-    why += [
-        f"{code} {reason} {count}"
-        for code, reasons in sorted(stats.errors.items())
-        for reason, count in reasons.most_common()
-    ]
-    p50, p95 = stats.durations.percentile(0.5), stats.durations.percentile(0.95)
-    return [
-        name,
-        str(stats.calls),
-        Cell(str(stats.successes), "ok") if stats.successes else "0",
-        Cell(str(denied), "bad") if denied else "0",
-        Cell(str(errors), "bad") if errors else "0",
-        _ms(p50),
-        _ms(p95),
-        "; ".join(why) or "-",
-    ]
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:g}"

@@ -51,12 +51,24 @@ def export_command(ctx: click.Context, fmt: str, role: str | None) -> None:
     "metrics",
     default=None,
     metavar="HOST:PORT",
-    help="Serve Prometheus metrics at http://HOST:PORT/metrics (a PORT alone: on 127.0.0.1; "
-    "no authentication: name a non-loopback HOST only on a trusted network).",
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (a PORT alone: on 127.0.0.1). "
+    "They name every tool, admin-only ones included: see --metrics-token-env.",
+)
+@click.option(
+    "--metrics-token-env",
+    "metrics_token_env",
+    default=None,
+    metavar="VAR",
+    help="/metrics answers only requests with Authorization: Bearer $VAR (others: 401).",
 )
 @click.pass_context
 def serve_group(
-    ctx: click.Context, stdio: bool, http: str | None, role: str | None, metrics: str | None
+    ctx: click.Context,
+    stdio: bool,
+    http: str | None,
+    role: str | None,
+    metrics: str | None,
+    metrics_token_env: str | None,
 ) -> None:
     """Serve the tools over MCP: --stdio, or --http HOST:PORT; each call is a
     span of the caller's trace (_meta.traceparent, or the HTTP traceparent header)."""
@@ -68,7 +80,7 @@ def serve_group(
         _fail_usage("--role is for --stdio; over HTTP each token's entry in serve.tokens gives the role")
     from runner.cli.serve_main import serve
 
-    serve(ctx.obj, role=role, http=http, metrics=metrics)
+    serve(ctx.obj, role=role, http=http, metrics=metrics, metrics_token_env=metrics_token_env)
 
 
 @serve_group.group("tokens")

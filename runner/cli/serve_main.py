@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import anyio
@@ -15,15 +17,28 @@ from runner.errors import ConfigError
 from runner.mcp.serve.app import Caller, ToolService
 from runner.mcp.serve.lifecycle import Transport, run_until_stopped
 from runner.mcp.serve.reload import Reloader
-from runner.telemetry import MetricsServer, RunnerMetrics
+from runner.telemetry import RunnerMetrics
+from runner.telemetry.connections import ConnectionLimits, raise_descriptor_limit
 from runner.telemetry.tracing import configure_from_env
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-def serve(options: dict[str, Any], *, role: str | None, http: str | None, metrics: str | None) -> None:
+def serve(
+    options: dict[str, Any],
+    *,
+    role: str | None,
+    http: str | None,
+    metrics: str | None,
+    metrics_token_env: str | None = None,
+) -> None:
     """Run the server; exit 0 when it stopped (end of input, SIGTERM), 2 on misuse."""
     from runner.mcp.serve.http import HttpAddressError, parse_address
+
+    metrics_token = _metrics_token(metrics, metrics_token_env)
+    # Connections, sandboxes and pools all take descriptors: the soft limit (often 1024)
+    # goes up to the hard one, and the listeners' caps are fitted to what is there.
+    descriptors = raise_descriptor_limit()
 
     # The MCP SDK reads a request's ``_meta`` trace context itself, and OpenTelemetry logs
     # each ``tracestate`` member it rejects, raw: a client's escape sequences and newlines
@@ -59,7 +74,7 @@ def serve(options: dict[str, Any], *, role: str | None, http: str | None, metric
             service,
             StdioTransport(service),
             Reloader(runner, policy_path, dirs, service.tools_changed),
-            metrics_at,
+            _Metrics(metrics_at, metrics_token, _limits(runner, descriptors, listeners=1)),
         )
     from runner.mcp.serve.http import HttpTransport, http_caller
 
@@ -69,8 +84,9 @@ def serve(options: dict[str, Any], *, role: str | None, http: str | None, metric
         runner.close()
         _fail_usage(str(exc))
     service = ToolService(runner, http_caller, runner.policy.model.serve.max_concurrent)
+    limits = _limits(runner, descriptors, listeners=2 if metrics_at is not None else 1)
     try:
-        transport = HttpTransport(service, host, port)
+        transport = HttpTransport(service, host, port, limits)
     except OSError as exc:
         runner.close()
         _fail_usage(f"cannot listen on {http}: {exc.strerror or exc}")
@@ -78,7 +94,41 @@ def serve(options: dict[str, Any], *, role: str | None, http: str | None, metric
         runner.audit.operator.warn("serve: no serve.tokens in the policy; every request is refused (401)")
     # stderr: the address, with the port the system chose for port 0.
     print(f"runner: serving MCP at {transport.url}", file=sys.stderr, flush=True)
-    _run(runner, service, transport, Reloader(runner, policy_path, dirs, service.tools_changed), metrics_at)
+    reloader = Reloader(runner, policy_path, dirs, service.tools_changed)
+    _run(runner, service, transport, reloader, _Metrics(metrics_at, metrics_token, limits))
+
+
+@dataclass(frozen=True)
+class _Metrics:
+    """Where ``--metrics`` listens (None: nowhere), its scrape token and connection limits."""
+
+    at: tuple[str, int] | None
+    token: str | None
+    limits: ConnectionLimits
+
+
+def _metrics_token(metrics: str | None, env: str | None) -> str | None:
+    """The scrape token in the environment variable ``env``; exits 2 on misuse."""
+    if env is None:
+        return None
+    if metrics is None:
+        _fail_usage("--metrics-token-env needs --metrics HOST:PORT")
+    token = os.environ.get(env, "").strip()
+    if not token:
+        _fail_usage(f"--metrics-token-env {env}: the variable is not set or empty")
+    return token
+
+
+def _limits(runner: Runner, descriptors: int, *, listeners: int) -> ConnectionLimits:
+    """The policy's connection limits, fitted to ``descriptors``; the operator hears of a cut."""
+    wanted = ConnectionLimits.from_policy(runner.policy.model.serve.connections)
+    fitted = wanted.within(descriptors, listeners)
+    if fitted.max_open < wanted.max_open:
+        runner.audit.operator.warn(
+            f"serve: serve.connections.max_open lowered to {fitted.max_open} per listener "
+            f"(RLIMIT_NOFILE is {descriptors}; raise the hard limit, e.g. systemd's LimitNOFILE)"
+        )
+    return fitted
 
 
 def _own_metrics() -> RunnerMetrics:
@@ -95,20 +145,23 @@ def _run(
     service: ToolService,
     transport: Transport,
     reloader: Reloader,
-    metrics_at: tuple[str, int] | None,
+    metrics: _Metrics,
 ) -> NoReturn:
     """Serve with the metrics listener and the exporters of traces set up around it."""
+    from runner.telemetry.listener import MetricsServer
+
     listener: MetricsServer | None = None
-    if metrics_at is not None and runner.metrics is not None:
-        host, port = metrics_at
+    if metrics.at is not None and runner.metrics is not None:
+        host, port = metrics.at
         try:
-            listener = MetricsServer(runner.metrics, host, port)
+            listener = MetricsServer(runner.metrics, host, port, metrics.limits, metrics.token)
         except OSError as exc:
             runner.close()
             _fail_usage(f"cannot listen on {host}:{port} for --metrics: {exc.strerror or exc}")
-        if host not in LOOPBACK:
+        if host not in LOOPBACK and metrics.token is None:
             runner.audit.operator.warn(
-                f"serve: --metrics listens on {host}, beyond this machine; /metrics has no authentication"
+                f"serve: --metrics listens on {host}, beyond this machine, without --metrics-token-env; "
+                "anyone who reaches it reads every tool's name and counts"
             )
         print(f"runner: serving metrics at {listener.url}", file=sys.stderr, flush=True)
     stop_tracing = configure_from_env(runner.audit.operator.warn)

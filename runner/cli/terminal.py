@@ -176,7 +176,8 @@ class Table:
             parts.append(self._out.paint(text, cell.style) if cell.style else text)
             used += width + 2
         last = cells[-1]
-        room = max(self._out.width() - used, MIN_LAST_COLUMN)
+        # Piped, the reader is a program or a file: nothing is cut (there is no width to fit).
+        room = max(self._out.width() - used, MIN_LAST_COLUMN) if self._out.human else len(last.text)
         text = _fit(last.text, room)
         parts.append(self._out.paint(text, last.style) if last.style else text)
         self._out.write("  ".join(parts).rstrip())
@@ -253,6 +254,15 @@ def _secrets_text(asks: Mapping[str, Any]) -> str:
     return ", ".join(shown) or "-"
 
 
+def _network_text(network: object) -> str:
+    if network is True:
+        return "yes"
+    if network is False:
+        return "no"
+    allow = network.get("allow", []) if isinstance(network, dict) else []
+    return "only " + ", ".join(str(entry) for entry in allow)
+
+
 def print_tool_sheet(sheet: Mapping[str, Any], out: Output) -> None:
     """``runner show`` on a terminal: labelled lines, then the schemas as indented JSON."""
     meta = sheet["metadata"]
@@ -273,7 +283,7 @@ def print_tool_sheet(sheet: Mapping[str, Any], out: Output) -> None:
         ("folder", sheet["directory"]),
         ("limits", _limits_text(limits)),
         ("calls", _calls_text(sheet["calls"])),
-        ("network", {True: "yes", False: "no"}.get(asks["network"], str(asks["network"]))),
+        ("network", _network_text(asks["network"])),
         ("workspace", asks["workspace"]),
         ("secrets", _secrets_text(asks)),
         ("default role", sheet["defaultRole"] or "- (a call must name its role)"),

@@ -14,6 +14,7 @@ from runner.api import Runner
 from runner.call.plan import describe, resolve_plan
 from runner.call.policy import Policy
 from runner.call.requests import CallOptions
+from runner.config.egress import NetworkAllow
 from runner.tools.manifest import Tool
 
 
@@ -53,7 +54,7 @@ def tool_sheet(runner: Runner, name: str) -> dict[str, Any]:
             "deadlineMs": plan.deadline_ms,
         },
         "asks": {
-            "network": manifest.network,
+            "network": _network(manifest.network),
             "workspace": manifest.workspace,
             "secrets": manifest.secrets,
             "secretsGranted": policy.granted_secrets(tool),  # names only, never a value
@@ -61,6 +62,13 @@ def tool_sheet(runner: Runner, name: str) -> dict[str, Any]:
         "defaultRole": policy.model.default_role,
         "roles": _roles(tool, policy),
     }
+
+
+def _network(network: bool | NetworkAllow) -> bool | dict[str, list[str]]:
+    """``true``/``false``, or the allow-list as written (``{"allow": [...]}``)."""
+    if isinstance(network, bool):
+        return network
+    return {"allow": list(network.allow)}
 
 
 def _roles(tool: Tool, policy: Policy) -> dict[str, dict[str, Any]]:

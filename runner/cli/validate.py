@@ -24,10 +24,11 @@ from runner.config.egress import NetworkAllow
 from runner.secrets.sources import read_secrets
 from runner.tools.manifest import Tool
 from runner.tools.registry import Registry
+from runner.tools.scaffold import PLACEHOLDER
 
 Severity = Literal["error", "warning"]
 # Which check found it: "manifest" (loading left the tool out), "command", "image",
-# "network", "secrets", "policy".
+# "network", "secrets", "policy", "description".
 Check = str
 DOCKER, SUBPROCESS = "docker", "subprocess"
 
@@ -93,6 +94,9 @@ def _sandbox_of(tool: Tool, policy: Policy) -> str:
 def _tool_findings(tool: Tool, policy: Policy, sandbox: str, probe: ImageProbe | str | None) -> list[Finding]:
     manifest_file = str(tool.directory / "tool.yaml")
     reasons = list(_command_reasons(tool, sandbox, probe))
+    if PLACEHOLDER in (tool.manifest.description or ""):
+        what = "the description is still runner new's placeholder: say what the tool does"
+        reasons.append(("warning", "description", what))
     reasons += [(severity, "network", reason) for severity, reason in _network_reasons(tool, policy)]
     reasons += [(severity, "secrets", reason) for severity, reason in _secret_reasons(tool, policy)]
     return [Finding(severity, check, tool.name, manifest_file, reason) for severity, check, reason in reasons]

@@ -109,33 +109,38 @@ class NetworkAllow(BaseModel):
 # IPv6 ranges that carry an IPv4 address in their last 32 bits: the well-known NAT64 prefix
 # and the IPv4-compatible range. A gateway on the way turns them into that IPv4 address.
 _IPV4_IN_LOW_BITS = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("::/96"))
-# Local-use NAT64 (RFC 8215): where the IPv4 address sits depends on the network's own prefix.
-_LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")
+# Never public, whatever the Python: local-use NAT64 (RFC 8215: where the IPv4 address sits
+# depends on the network's own prefix), and the ranges whose ``is_global`` changed between
+# Python releases (CPython gh-113171, in 3.11.10 and 3.12.4, and in distributions'
+# backports such as Debian 12's 3.11.2) or are new to later ones (documentation 3fff::/20,
+# SRv6 5f00::/16): special-purpose blocks nobody fetches from, Teredo (2001::/32) among
+# them. So every interpreter allows the same destinations.
+_NEVER_PUBLIC = (
+    ipaddress.ip_network("64:ff9b:1::/48"),
+    ipaddress.ip_network("192.0.0.0/24"),
+    ipaddress.ip_network("2001::/23"),
+    ipaddress.ip_network("3fff::/20"),
+    ipaddress.ip_network("5f00::/16"),
+)
 
 
 def is_public(address: IPAddress) -> bool:
     """Globally routable unicast: not loopback, private, link-local, multicast, reserved;
-    an IPv6 address that leads to an IPv4 one (NAT64, 6to4, Teredo) only when that one is
-    public too (Python counts 64:ff9b::/96 and 2002::/16 as global whatever they carry)."""
-    if not address.is_global or address.is_multicast:
+    an IPv6 address that carries an IPv4 one (NAT64, 6to4, IPv4-compatible) exactly when
+    that one is public (Pythons disagree on whether 2002::/16 is global)."""
+    if any(address.version == network.version and address in network for network in _NEVER_PUBLIC):
         return False
     if isinstance(address, ipaddress.IPv6Address):
-        if address in _LOCAL_NAT64:
-            return False
         carried = _carried_ipv4(address)
         if carried is not None:
             return is_public(carried)
-    return True
+    return address.is_global and not address.is_multicast
 
 
 def _carried_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     if any(address in network for network in _IPV4_IN_LOW_BITS):
         return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-    if address.sixtofour is not None:
-        return address.sixtofour
-    if address.teredo is not None:
-        return address.teredo[1]  # the client's address, where the traffic goes
-    return None
+    return address.sixtofour
 
 
 @dataclass(frozen=True)

@@ -72,11 +72,12 @@ def load_yaml_file(path: Path, max_bytes: int = MAX_YAML_BYTES) -> object:
         YamlFileError: not a regular file, too large, not UTF-8, not YAML, uses an alias,
             or nests too deep.
     """
-    return parse_yaml(read_bounded(path, max_bytes))
+    return parse_yaml(read_bounded(path, max_bytes), path.name)
 
 
-def parse_yaml(data: bytes) -> object:
-    """The document in ``data`` (read with ``read_bounded``).
+def parse_yaml(data: bytes, name: str = "the text") -> object:
+    """The document in ``data`` (read with ``read_bounded``); ``name`` (the file's) is what
+    an error says it was reading.
 
     Raises:
         YamlFileError: not UTF-8, not YAML, uses an alias, or nests too deep.
@@ -89,4 +90,5 @@ def parse_yaml(data: bytes) -> object:
         _refuse_expansion(text)
         return yaml.load(text, Loader=_LOADER)  # noqa: S506  # a safe loader, see _LOADER
     except yaml.YAMLError as exc:
-        raise YamlFileError(f"bad YAML: {' '.join(str(exc).split())}") from exc
+        problem = " ".join(str(exc).split()).replace('"<unicode string>"', name)
+        raise YamlFileError(f"bad YAML: {problem}") from exc

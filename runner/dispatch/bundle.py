@@ -4,9 +4,9 @@ The caller packs the folder it registered (a tar, symlinks kept as links, never 
 and hashes the very bytes it packs; the node unpacks into a private cache keyed by that
 hash, recomputes the hash of what is on its disk and runs the tool only when both agree.
 So a node never runs a stale copy (another hash is another folder) or an altered one (the
-recomputed hash differs), and an archive cannot write outside its folder: Python's
-``data`` extraction filter refuses absolute paths, ``..``, links leading out of the folder
-and device files, and drops set-uid bits.
+recomputed hash differs), and an archive cannot write outside its folder: the runner's own
+extraction (``extract``, the same on every Python it supports) refuses absolute paths,
+``..``, links leading out of the folder, hard links, devices, fifos and set-id bits.
 
 The folder is read through directory descriptors, each entry opened relative to its
 folder without following a link and checked to be the entry the listing saw: a folder
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.dispatch.extract import extract
 from sandboxes import SandboxUnavailable
 
 # A cache entry not used for this long may be removed by the next unpacking on the node.
@@ -306,8 +307,8 @@ def unpack(bundle: ToolBundle, cache_root: Path) -> Path:
         staging.mkdir(mode=0o700)
         try:
             with tarfile.open(fileobj=io.BytesIO(bundle.data), mode="r:") as tar:
-                tar.extractall(staging, filter="data")
-        except (tarfile.TarError, OSError) as exc:
+                extract(tar, str(staging), MAX_ENTRIES, MAX_PATH_BYTES)
+        except (tarfile.TarError, OSError, ValueError) as exc:  # ValueError: a malformed header
             raise SandboxUnavailable(f"the tool bundle cannot be unpacked: {exc}") from exc
         found = tree_hash(staging)
         if found != bundle.sha256:

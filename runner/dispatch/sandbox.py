@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -42,10 +43,14 @@ REPORT_GRACE_S = 1.0
 CANCEL_WAIT_S = 5.0
 FORCE_WAIT_S = 5.0
 MAX_MESSAGE = 300
+MAX_TRACE = 16_000
+# Ray colours the task's name in its errors' text: the operator log is a file, not a terminal.
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class DispatchFault(RuntimeError):
-    """The node task failed in the runner's own code (a fault for the operator's log)."""
+    """The node task failed in the runner's own code (a fault for the operator's log); its
+    text holds the node's traceback."""
 
 
 class DispatchedSandbox:
@@ -131,8 +136,10 @@ class DispatchedRun:
             return _stopped(StopReason.NODE_LOST, message, started)
         except rex.RayError as fault:
             self._pending = None
-            problem = f"the node task of {self._spec.tool_name} failed: {_first_line(fault)}"
-            raise DispatchFault(problem) from fault
+            # Ray's text of the error is the node's traceback: the operator log gets it
+            # once, uncoloured (the answer names the fault's type only).
+            node_trace = _COLOURS.sub("", str(fault)).strip()[:MAX_TRACE]
+            raise DispatchFault(f"the node task of {self._spec.tool_name} failed: {node_trace}") from None
         self._pending = None
         return outcome
 
@@ -172,7 +179,7 @@ class DispatchedRun:
 
 
 def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
+    text = _COLOURS.sub("", str(error)).strip().splitlines()
     return text[0][:MAX_MESSAGE] if text else type(error).__name__
 
 

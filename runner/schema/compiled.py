@@ -18,6 +18,7 @@ from referencing.exceptions import NoSuchResource, Unresolvable
 
 from runner.schema.keywords import FORMAT_CHECKER, SafeValidator, ValidationExpired, validation_run
 from runner.schema.redaction import Scrubber, holds_marked, nodes_at, redact_nodes
+from runner.schema.suggest import did_you_mean
 
 
 def _refuse_retrieval(uri: str) -> Resource[Any]:
@@ -55,7 +56,25 @@ def check_schema(schema: dict[str, Any] | bool) -> None:
                 f"pattern {exc.instance!r} at {where} is not supported: patterns are matched by RE2,"
                 f" which has no lookarounds or backreferences ({exc.cause})"
             ) from exc
-        raise SchemaProblem(f"invalid JSON Schema at {where}: {exc.message}") from exc
+        raise SchemaProblem(f"invalid JSON Schema at {where}: {exc.message}{_type_hint(exc)}") from exc
+
+
+JSON_SCHEMA_TYPES = ("array", "boolean", "integer", "null", "number", "object", "string")
+
+
+def _type_hint(exc: SchemaError) -> str:
+    """For an unknown ``type``: the closest type and the list of them ("did you mean")."""
+    path = list(exc.absolute_path)
+    if "type" not in path[-2:]:
+        return ""
+    unknown = [t for t in _as_list(exc.instance) if isinstance(t, str) and t not in JSON_SCHEMA_TYPES]
+    if not unknown:
+        return ""
+    return f"{did_you_mean(unknown[0], JSON_SCHEMA_TYPES)}; the types are {', '.join(JSON_SCHEMA_TYPES)}"
+
+
+def _as_list(value: object) -> list[object]:
+    return list(value) if isinstance(value, list) else [value]
 
 
 def build_validator(schema: dict[str, Any] | bool) -> Validator:

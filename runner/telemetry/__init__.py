@@ -13,12 +13,15 @@ from runner.telemetry.labels import RunnerState
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from runner.telemetry.metrics import MetricsServer, RunnerMetrics
+    from runner.telemetry.listener import MetricsServer
+    from runner.telemetry.metrics import RunnerMetrics
 
 __all__ = ["NO_TELEMETRY", "CallTelemetry", "MetricsServer", "RunnerMetrics", "RunnerState", "Telemetry"]
 
 
 def __getattr__(name: str) -> object:
-    if name in ("MetricsServer", "RunnerMetrics"):
+    if name == "RunnerMetrics":
         return getattr(importlib.import_module("runner.telemetry.metrics"), name)
+    if name == "MetricsServer":
+        return getattr(importlib.import_module("runner.telemetry.listener"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

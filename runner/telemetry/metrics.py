@@ -18,7 +18,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
-from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -51,7 +50,6 @@ __all__ = [
     "OK",
     "OTHER_REASON",
     "UNKNOWN",
-    "MetricsServer",
     "RunnerMetrics",
     "RunnerState",
     "attempt_reason",
@@ -119,7 +117,7 @@ class RunnerMetrics:
     """The series of docs/observability.md in ``registry`` (a new ``CollectorRegistry`` by default).
 
     Give one to ``Runner.load(metrics=...)``; read it with ``exposition()`` or serve it
-    with ``serve_metrics``. One may serve several runners (their counts add up).
+    with ``runner serve --metrics``. One may serve several runners (their counts add up).
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -192,23 +190,3 @@ def _child(
     if child is None:
         child = cache[(metric, key)] = metric.labels(*key)
     return child
-
-
-class MetricsServer:
-    """``/metrics`` of one ``RunnerMetrics`` on a listener of its own, in a daemon thread."""
-
-    def __init__(self, metrics: RunnerMetrics, host: str, port: int) -> None:
-        """Raises ``OSError`` when the address cannot be bound."""
-        from prometheus_client import start_http_server
-
-        self._httpd: WSGIServer
-        self._httpd, self._thread = start_http_server(port, host, metrics.registry)
-        bound_host, bound_port = self._httpd.socket.getsockname()[:2]
-        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-        self.url = f"http://{shown}:{bound_port}/metrics"
-
-    def close(self) -> None:
-        """Stop listening; the thread ends with the request it serves, if any."""
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from runner.config.egress import NetworkAllow
 from runner.config.settings import CallSettings
 from runner.config.yaml_files import YamlFileError, parse_yaml, read_bounded
+from runner.schema.suggest import pydantic_problem
 from runner.secrets.sources import name_problem
 from runner.tools.cache import ManifestCache, digest
 from sandboxes import ToolRequirements
@@ -195,12 +196,8 @@ class ManifestError(ValueError):
         self.reason = reason
 
 
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for error in exc.errors()[:3]:
-        where = ".".join(str(p) for p in error["loc"]) or "(root)"
-        parts.append(f"{where}: {error['msg']}")
-    return "; ".join(parts)
+def _describe(exc: ValidationError, model: type[BaseModel]) -> str:
+    return "; ".join(pydantic_problem(error, model) for error in exc.errors()[:3])
 
 
 class ServerManifestModel(LaunchModel):
@@ -268,7 +265,7 @@ def load_entry(directory: Path, cache: ManifestCache | None = None) -> Tool | Se
         with contextlib.suppress(ValidationError):  # not what it was: check it all again
             return _entry(known, directory, key)
     try:
-        raw = parse_yaml(data)
+        raw = parse_yaml(data, path.name)
     except YamlFileError as exc:
         raise ManifestError(path, str(exc)) from exc
     if not isinstance(raw, dict):
@@ -276,7 +273,8 @@ def load_entry(directory: Path, cache: ManifestCache | None = None) -> Tool | Se
     try:
         entry = _entry(raw, directory, key)
     except ValidationError as exc:
-        raise ManifestError(path, _describe(exc)) from exc
+        model = ServerManifestModel if raw.get("kind") == "mcp" else ManifestModel
+        raise ManifestError(path, _describe(exc, model)) from exc
     if isinstance(entry, Tool):
         from runner.schema.compiled import SchemaProblem, check_schema
 

@@ -16,10 +16,13 @@ NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 LANGUAGES = ("python", "sh")
 SAMPLE_FILE = "sample.json"
 IMAGES = {"python": "runner/python-tools:latest", "sh": "runner/base:latest"}
+# In every scaffolded description until its author writes a real one (runner validate warns:
+# the description is what a model reads to choose the tool).
+PLACEHOLDER = "(scaffolded by runner new; describe what it does)"
 
 _PYTHON_MANIFEST = """\
 name: {name}
-description: Greet someone by name (scaffolded by runner new; describe what it does)
+description: Greet someone by name {placeholder}
 version: "0.1.0"
 tags: [read]                   # the starter policy lets role user call tag:read tools
 command: ["python3", "main.py"]
@@ -59,7 +62,7 @@ if __name__ == "__main__":
 
 _SH_MANIFEST = """\
 name: {name}
-description: Report the size of its request (scaffolded by runner new; describe what it does)
+description: Report the size of its request {placeholder}
 version: "0.1.0"
 tags: [read]                   # the starter policy lets role user call tag:read tools
 command: ["sh", "main.sh"]
@@ -121,12 +124,12 @@ def new_tool(tools_dir: Path, name: str, *, lang: str = "python", docker: bool =
     files: dict[str, str]
     if lang == "python":
         files = {
-            "tool.yaml": _PYTHON_MANIFEST.format(name=name, sandbox=sandbox),
+            "tool.yaml": _PYTHON_MANIFEST.format(name=name, sandbox=sandbox, placeholder=PLACEHOLDER),
             "main.py": _PYTHON_MAIN.format(name=name),
         }
     else:
         files = {
-            "tool.yaml": _SH_MANIFEST.format(name=name, sandbox=sandbox),
+            "tool.yaml": _SH_MANIFEST.format(name=name, sandbox=sandbox, placeholder=PLACEHOLDER),
             "main.sh": _SH_MAIN.format(name=name),
         }
     files[SAMPLE_FILE] = json.dumps(_SAMPLES[lang], indent=2) + "\n"

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxes._kernel import read_keyed
+from sandboxes._socket_memory import TCP_LIMIT_FILE, sockets_overran
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # Where a local daemon puts a container's cgroup: cgroupfs driver, then systemd driver.
 V1_LAYOUTS = ("{controller}/docker/{id}", "{controller}/system.slice/docker-{id}.scope")
 V2_LAYOUTS = ("docker/{id}", "system.slice/docker-{id}.scope")
 V1_CONTROLLERS = ("memory", "cpuacct", "pids")
-TCP_LIMIT_FILE = "memory.kmem.tcp.limit_in_bytes"
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,17 @@ class ContainerCgroup:
     def pids_refused(self) -> int:
         """Forks the kernel refused for the pids limit."""
         return read_keyed(self.pids / "pids.events", "max")
+
+    def sockets_overran(self) -> bool:
+        """Whether socket buffers were ever charged past the limit (``sandboxes._socket_memory``)."""
+        return sockets_overran(self.version, self.memory)
+
+    def members(self) -> list[int]:
+        """The host pids of the container's processes (none once its cgroup is gone)."""
+        try:
+            return [int(pid) for pid in (self.pids / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
 
     def empty(self) -> bool:
         """Whether no process is left in the container (its cgroup gone counts as empty)."""

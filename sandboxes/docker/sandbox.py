@@ -55,9 +55,11 @@ from sandboxes._exchange import DialogueExchange, Exchange, PayloadExchange, Std
 from sandboxes._exec_status import EXEC_GUARD, exec_failure, new_token, token_line
 from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes._kernel import signal_from_init_status
+from sandboxes._netns_sockets import SandboxSockets
 from sandboxes._owners import pid_alive
 from sandboxes._prepare import Preparers, prepare_in_thread, start_ahead
 from sandboxes._priming import Opened, prime_with
+from sandboxes._socket_memory import tcp_budget
 from sandboxes._staging import STAGING_ROOT
 from sandboxes._streams import OutputOverflow, TailBuffer
 from sandboxes._watchdog import watch
@@ -106,8 +108,6 @@ BUILD_HINT = "run `runner images build`"
 # How often the container's cgroup is read: CPU time, OOM kills and refused forks of all
 # its processes. A fork bomb that gives up and exits within one poll can still slip past.
 LIMITS_POLL_S = 0.02
-# On cgroup v1 TCP buffers are counted apart from memory_mb; they get this share of it.
-TCP_MEMORY_SHARE = 4
 # Holds the tool until the runner writes its release on stdin, once the cgroup is
 # complete. The release is first the gate's own token (its trailer, ``_trailer``), then the
 # secrets, so
@@ -397,6 +397,7 @@ class PreparedContainer:
         self._workspace: GrantedWorkspace | None = None
         self._pids_refused = 0
         self._oom_killed = False
+        self._sockets = SandboxSockets(tcp_budget(limits.memory_mb))  # what its cgroup does not count
         self.egress: EgressEndpoint | None = None
         self._waiting: _Attached | None = None  # started ahead of its call
         self._opened: Opened | None = None  # primed: what the opening left for the call
@@ -526,6 +527,19 @@ class PreparedContainer:
     def discard(self) -> None:
         self._teardown()
 
+    def ended(self) -> str | None:
+        """``Waits.ended``: its processes are gone from its cgroup (not told under gVisor)."""
+        attached = self._waiting
+        if attached is None or attached.cgroup is None or not self.cgroup_shows_processes:
+            return None
+        return "its container stopped" if attached.cgroup.empty() else None
+
+    def used_cpu_seconds(self) -> float | None:
+        attached = self._waiting
+        if attached is None or attached.cgroup is None or not self.cgroup_shows_processes:
+            return None
+        return attached.cgroup.cpu_seconds()
+
     def _attach_socket(self) -> Any:
         """The container's stdin, stdout and stderr as one socket (blocking)."""
         params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
@@ -556,7 +570,7 @@ class PreparedContainer:
         problem: Exception | None = None
         if cgroup is not None:
             try:
-                cgroup.limit_tcp_memory(self._limits.memory_mb * 1024 * 1024 // TCP_MEMORY_SHARE)
+                cgroup.limit_tcp_memory(tcp_budget(self._limits.memory_mb))
             except OSError as exc:
                 problem = exc
         if cgroup is None or problem is not None:
@@ -606,10 +620,11 @@ class PreparedContainer:
         return breach
 
     def _breach(self, cgroup: ContainerCgroup) -> StopReason | None:
-        """CPU time over the budget or an OOM kill, over all the container's processes; a
-        refused fork is only noted (a tool may cope with it). Reads 0 once the cgroup is gone."""
+        """CPU time over the budget, an OOM kill or socket buffers past their share, over all
+        the container's processes; a refused fork is only noted (a tool may cope with it).
+        Reads 0 once the cgroup is gone."""
         self._pids_refused = max(self._pids_refused, cgroup.pids_refused())
-        if cgroup.oom_kills() > 0:
+        if cgroup.oom_kills() > 0 or cgroup.sockets_overran() or self._sockets.over_budget(cgroup.members):
             self._oom_killed = True
             return StopReason.MEMORY_LIMIT
         if cgroup.cpu_seconds() > self._limits.cpu_seconds:
@@ -617,7 +632,11 @@ class PreparedContainer:
         return None
 
     def _blame_limits(self, outcome: SandboxOutcome) -> SandboxOutcome:
-        """A failure after a limit was hit is that limit's, not a plain exit or timeout."""
+        """A failure after a limit was hit is that limit's, not a plain exit or timeout; a
+        success after the memory limit broke (an OOM kill, sockets past their share, see
+        ``sandboxes._socket_memory``) within the last poll is not one."""
+        if outcome.reason is None and self._oom_killed:
+            return dataclasses.replace(outcome, reason=StopReason.MEMORY_LIMIT)
         if outcome.reason not in (StopReason.EXIT_CODE, StopReason.SIGNAL, StopReason.TIMEOUT):
             return outcome
         if self._oom_killed:
@@ -730,6 +749,7 @@ class PreparedContainer:
         if self._closed:
             return
         self._closed = True
+        self._sockets.close()
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
             waiting.close()

@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from sandboxes._kernel import read_keyed
+from sandboxes._netns_sockets import SandboxSockets
 from sandboxes._owners import owner_alive
+from sandboxes._socket_memory import TCP_LIMIT_FILE, sockets_overran, tcp_budget
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # v1 controllers we need: memory and pids are limits; cpuacct tells CPU-limit kills apart.
@@ -69,9 +71,11 @@ def _read_int(path: Path, default: int = 0) -> int:
 class CallCgroup:
     """The cgroup(s) of one attempt. ``join_files`` are what the launcher joins."""
 
-    def __init__(self, version: int, dirs: list[Path]) -> None:
+    def __init__(self, version: int, dirs: list[Path], socket_budget: int = 0) -> None:
         self.version = version
         self.dirs = dirs
+        # Sockets its cgroup does not count (not yet accepted): read in its network namespace.
+        self._sockets = SandboxSockets(socket_budget) if socket_budget else None
 
     @property
     def procs_files(self) -> list[Path]:
@@ -106,6 +110,14 @@ class CallCgroup:
         """Forks the kernel refused for the pids limit."""
         pids = self.dirs[1] if self.version == 1 else self.dirs[0]
         return read_keyed(pids / "pids.events", "max")
+
+    def sockets_overran(self) -> bool:
+        """Whether socket buffers were ever charged past the limit (``sandboxes._socket_memory``),
+        or the sockets of the tool's network namespace hold more than that now
+        (``sandboxes._netns_sockets``)."""
+        if sockets_overran(self.version, self.dirs[0]):
+            return True
+        return self._sockets is not None and self._sockets.over_budget(lambda: self.members(everywhere=False))
 
     def members(self, everywhere: bool = True) -> set[int]:
         """The processes in the attempt's cgroups. ``everywhere=False`` reads only the one
@@ -155,6 +167,8 @@ class CallCgroup:
 
     def remove(self) -> None:
         """Kill what is left and remove the directories. Safe to call twice."""
+        if self._sockets is not None:
+            self._sockets.close()
         self.kill_all()
         for d in self.dirs:
             for _ in range(KILL_ROUNDS):
@@ -265,7 +279,7 @@ class CgroupFactory:
         self._sequence += 1
         name = f"{os.getpid()}-{self._sequence}-{time.monotonic_ns()}"
         dirs = [parent / name for parent in self._parents]
-        group = CallCgroup(self.version, dirs)
+        group = CallCgroup(self.version, dirs, tcp_budget(memory_mb))
         limit = str(memory_mb * 1024 * 1024)
         try:
             for d in dirs:
@@ -276,11 +290,10 @@ class CgroupFactory:
                 swap = memory / "memory.memsw.limit_in_bytes"
                 if swap.exists():
                     _write(swap, limit)
-                # v1 keeps socket buffers outside memory.limit_in_bytes: without this a
-                # tool can queue hundreds of MB on loopback sockets. (v2 charges them to
-                # memory.max.) Writing the limit is also what turns the accounting on.
-                # A quarter of the memory limit on top of it, as the docker backend gives.
-                _write(memory / "memory.kmem.tcp.limit_in_bytes", str(memory_mb * 1024 * 1024 // 4))
+                # v1 keeps socket buffers outside memory.limit_in_bytes (v2 charges them to
+                # memory.max). Writing the limit is also what turns the accounting on; a
+                # tool that passes it anyway is stopped (``CallCgroup.sockets_overran``).
+                _write(memory / TCP_LIMIT_FILE, str(tcp_budget(memory_mb)))
                 _write(pids / "pids.max", str(max_pids))
             else:
                 (unified,) = dirs

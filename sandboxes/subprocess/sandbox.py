@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sandboxes._config import read_config
 from sandboxes._deferred import DeferredTeardown
+from sandboxes._ended import process_ended
 from sandboxes._exchange import DialogueExchange, Exchange, PayloadExchange
 from sandboxes._exec_status import exec_failure, new_token, token_line
 from sandboxes._identity import IdentityLease, lease_identity
@@ -480,6 +481,15 @@ class PreparedSubprocess:
         self._close_fds()
         self._teardown()
 
+    def ended(self) -> str | None:
+        """``Waits.ended``: from the launcher's status, which stays unreaped for the run."""
+        if self._popen is None or self._popen.returncode is not None:
+            return None if self._popen is None else "it ended"
+        return process_ended(self._popen.pid, self._hardened)
+
+    def used_cpu_seconds(self) -> float | None:
+        return self._cgroup.cpu_seconds() if self._cgroup is not None else None
+
     async def _run_started(
         self, popen: subprocess.Popen[bytes], exchange: Exchange, started: float | None
     ) -> SandboxOutcome:
@@ -549,7 +559,7 @@ class PreparedSubprocess:
         processes together use at most one second per CPU per second.
         """
         assert self._cgroup is not None
-        if self._cgroup.oom_kills() > 0:
+        if self._cgroup.oom_kills() > 0 or self._cgroup.sockets_overran():
             return Ending.MEMORY_LIMIT
         now = time.monotonic()
         if now >= self._cpu_look_at:
@@ -718,9 +728,11 @@ class PreparedSubprocess:
             return StopReason.MEMORY_LIMIT
         if not started_ok:  # the shim never ran: the launcher or bubblewrap gave up
             return StopReason.SANDBOX_UNAVAILABLE
+        cgroup = self._cgroup
+        if cgroup and cgroup.sockets_overran():  # between the last poll and the exit
+            return StopReason.MEMORY_LIMIT
         if rc == 0:
             return None
-        cgroup = self._cgroup
         if cgroup and cgroup.oom_kills() > 0:
             return StopReason.MEMORY_LIMIT
         if sig == signal.SIGXCPU or (

@@ -17,8 +17,9 @@ backend without a copy in the tool's folder. A tool is then a function::
 ``run`` reads the request from stdin, calls the function with ``params`` and ``context``
 (``requestId``, ``toolName``, ``attempt``) and prints its result as JSON (exit 0). A
 ``ToolError`` prints the error document ``{"error": {"message", "code", "retryable",
-"details"}}`` on stdout and exits 1; any other exception prints one line on stderr and
-exits 1.
+"details"}}`` on stdout and exits 1; any other exception is a bug of the tool's, the same on
+every try: its last traceback line becomes the error message (not retried), and that line
+with where it was raised goes to stderr; exit 1.
 
 ``run(main, fast_exit=True)`` ends the process, once the answer is out, without Python's
 own shutdown (tearing down every module and object: 2-3 ms, a third of a warm call), when
@@ -178,6 +179,21 @@ def _where(exc: BaseException) -> str:
     return f" (at {os.path.basename(last.filename)}:{last.lineno})"  # noqa: PTH119 - no pathlib import
 
 
+def _crashed(exc: Exception, fast_exit: bool) -> NoReturn:
+    """An uncaught exception: its last traceback line as a tool error (not retried) on
+    stdout, and that line with where it was raised on stderr for the operator."""
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose __str__ fails is still an exception of its type
+        text = ""
+    last_line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    sys.stderr.write(f"{last_line}{_where(exc)}\n")
+    sys.stderr.flush()
+    details = {"exception": type(exc).__name__}
+    _print({"error": {"message": last_line, "retryable": False, "details": details}})
+    _exit(EXIT_FAILED, fast_exit)
+
+
 def _read_request() -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         request = json.loads(sys.stdin.read())
@@ -204,8 +220,8 @@ def run(handler: Handler, *, fast_exit: bool = False) -> NoReturn:
         except (TypeError, ValueError) as bad:
             _fail(f"runner_tool: ToolError details are not JSON: {bad}")
         _exit(EXIT_FAILED, fast_exit)
-    except Exception as exc:  # any bug in the tool becomes one line on stderr
-        _fail(f"{type(exc).__name__}: {exc}{_where(exc)}")
+    except Exception as exc:  # a bug in the tool: the same every time, so not worth a retry
+        _crashed(exc, fast_exit)
     try:
         _print(result)
     except (TypeError, ValueError) as exc:

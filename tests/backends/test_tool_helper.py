@@ -124,3 +124,50 @@ def test_a_python_tool_with_fast_exit_ends_without_pythons_shutdown_in_every_san
     assert answer["result"][:3] == ["0", "1", "2"]  # and the listing's own, closed since
     assert len(answer["result"]) == 4
     assert "finalized" not in attempt_stderr(bench)
+
+
+CRASHES = """
+from runner_tool import run
+
+def main(params, context):
+    return {"ratio": params["n"] / 0}
+
+if __name__ == "__main__":
+    run(main)
+"""
+
+
+def test_an_uncaught_exception_is_a_tool_error_with_its_last_line_and_is_not_retried(bench: ToolBench) -> None:
+    bench.tool("crashy", CRASHES)
+    answer = bench.runner().handle(
+        {"toolName": "crashy", "params": {"n": 1}, "options": {"retries": 3, "retryDelay": 1000}}
+    )
+    error = answer["error"]
+    assert error["code"] == "EXECUTION_ERROR"
+    assert error["message"] == "ZeroDivisionError: division by zero"
+    assert error["details"]["reason"] == "tool_error"
+    assert error["details"]["toolDetails"] == {"exception": "ZeroDivisionError"}
+    assert error["retryable"] is False
+    assert answer["metadata"]["attempts"] == 1  # the same bug every time: no retry, no waiting
+    assert "main.py:" in error["details"]["stderr"]  # where it was raised, for the operator
+
+
+def test_an_uncaught_exception_quoting_a_secret_reaches_the_answer_scrubbed(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "s3cr3t-value-that-must-not-leak"
+    monkeypatch.setenv("LEAKY_HOST_VARIABLE", secret)
+    bench.tool(
+        "leaky",
+        "import os\nfrom runner_tool import run\n"
+        "def main(params, context):\n    raise RuntimeError('key is ' + os.environ['API_TOKEN'])\n"
+        "run(main)\n",
+        secrets=["API_TOKEN"],
+    )
+    bench.policy["secrets"] = {"API_TOKEN": {"env": "LEAKY_HOST_VARIABLE"}}
+    bench.policy.setdefault("tools", {})["leaky"] = {"secrets": ["API_TOKEN"]}
+    answer = bench.runner().handle({"toolName": "leaky", "params": {}})
+    assert answer["error"]["details"]["reason"] == "tool_error", answer
+    assert answer["error"]["message"].startswith("RuntimeError: key is ")
+    assert secret not in json.dumps(answer)
+    assert secret not in bench.audit_log.read_text()

@@ -575,3 +575,121 @@ def test_invalid_params_lists_every_failing_field_bounded_and_keeps_the_first_er
         few = runner.handle({"toolName": "many", "params": {"f03": "z", "f04": 4, "a_token": "s3cr3t-value"}})
         assert [e["path"] for e in few["error"]["details"]["errors"]] == ["a_token", "f03"]
         assert "moreErrors" not in few["error"]["details"]
+
+
+# -- the first hour: what a newcomer tripped on ----------------------------------------------
+
+
+def test_show_works_for_every_shipped_tool_piped_and_on_a_terminal() -> None:
+    names = [tool["name"] for tool in json.loads(piped("list", "--json").stdout)["tools"]]
+    assert "get_weather" in names  # the one with an egress allow-list
+    for name in names:
+        done = piped("show", name)
+        assert done.returncode == 0, (name, done.stderr)
+        sheet = json.loads(done.stdout)
+        code, shown, err = on_terminal("show", name, env={"NO_COLOR": "1"})
+        assert code == 0 and "Traceback" not in err, (name, err)
+        assert name in shown
+    weather = json.loads(piped("show", "get_weather").stdout)
+    assert weather["asks"]["network"] == {"allow": ["api.openweathermap.org:443"]}
+    _, shown, _ = on_terminal("show", "get_weather", env={"NO_COLOR": "1"})
+    assert "only api.openweathermap.org:443" in shown
+    assert sheet  # the last one parsed as JSON too
+
+
+def _calls(bench: ToolBench, count: int) -> None:
+    bench.tool("adder", "import json, sys\nprint(json.load(sys.stdin)['params'].get('n', 0))\n")
+    runner = bench.runner()
+    for n in range(count):
+        assert runner.handle({"toolName": "adder", "params": {"n": n}, "requestId": f"req-{n}"})["success"]
+    runner.close()
+
+
+def test_audit_last_shows_the_newest_events_newest_last(bench: ToolBench) -> None:
+    _calls(bench, 5)
+    done = piped("audit", "--last", "2", "--json", "--log", str(bench.audit_log))
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [e["requestId"] for e in events] == ["req-4", "req-4"]  # the attempt, then the finish
+    assert events[-1]["event"] == "call.finished"
+    everything = [
+        json.loads(line)
+        for line in piped("audit", "--json", "--log", str(bench.audit_log)).stdout.splitlines()
+    ]
+    assert everything[-2:] == events  # the same two, in the log's order
+    oldest = piped("audit", "--limit", "1", "--json", "--log", str(bench.audit_log))
+    assert json.loads(oldest.stdout)["requestId"] == everything[0]["requestId"]  # --limit: unchanged
+
+
+def test_a_piped_audit_report_never_cuts_its_last_column(bench: ToolBench) -> None:
+    bench.tool("adder", "import json, sys\nprint(json.load(sys.stdin)['params'].get('n', 0))\n")
+    bench.tool("broken", "import sys\nsys.exit(3)\n")
+    runner = bench.runner()
+    for request in (
+        {"toolName": "adder", "params": {"n": "not a number", "extra": 1}},
+        {"toolName": "nothing_by_that_name"},
+        {"toolName": "broken", "options": {"retries": 0}},
+        {"toolName": "adder", "params": {"n": 1}, "role": "nobody_has_this_role"},
+    ):
+        runner.handle(request)
+    runner.close()
+    done = piped("audit", "report", "--log", str(bench.audit_log), env={"COLUMNS": "60"})
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout and "..." not in done.stdout
+    for reason in ("EXECUTION_ERROR exit_code 1", "PERMISSION_DENIED unknown_role 1", "TOOL_NOT_FOUND - 1"):
+        assert reason in done.stdout
+
+
+def test_mistyped_names_get_the_closest_valid_ones(bench: ToolBench, tmp_path: Path) -> None:
+    bench.tool("adder", "print(1)\n", limts={"timeout_ms": 100})
+    bench.tool("typed", "print(1)\n", parameters={"type": "object", "properties": {"n": {"type": "strng"}}})
+    bench.tool("broken_yaml", "print(1)\n")
+    (bench.tools / "broken_yaml" / "tool.yaml").write_text("name: broken_yaml\ntags: [a, b\n")
+    bench.tool("fine", "print(1)\n")
+    bench.runner().close()
+    done = piped("validate", "--tools", str(bench.tools), "--policies", str(bench.root / "policies.yaml"))
+    assert "limts: Extra inputs are not permitted (did you mean limits?)" in done.stdout
+    assert "'strng' is not valid under any of the given schemas (did you mean string?)" in done.stdout
+    assert "the types are array, boolean, integer, null, number, object, string" in done.stdout
+    assert "<unicode string>" not in done.stdout and "in tool.yaml, line 2" in done.stdout
+    policy = yaml.safe_load((bench.root / "policies.yaml").read_text())
+    policy["defualt_role"] = policy.pop("default_role", "user")
+    (tmp_path / "typo.yaml").write_text(yaml.safe_dump(policy))
+    done = piped("validate", "--tools", str(bench.tools), "--policies", str(tmp_path / "typo.yaml"))
+    assert (
+        "defualt_role: Extra inputs are not permitted (did you mean default_role" in done.stderr + done.stdout
+    )
+    answer = json.loads(
+        piped(
+            "exec", "fin", "--tools", str(bench.tools), "--policies", str(bench.root / "policies.yaml")
+        ).stdout
+    )
+    assert answer["error"]["code"] == "TOOL_NOT_FOUND"
+    assert "(did you mean fine?)" in answer["error"]["message"]
+
+
+def test_a_tool_name_is_suggested_only_among_the_tools_the_role_may_call(bench: ToolBench) -> None:
+    bench.tool("secret_admin_tool", "print(1)\n")
+    bench.policy["whitelist"] = ["secret_admin_tool"]
+    bench.policy["roles"] = {"user": {"allow": []}, "admin": {"allow": ["secret_admin_tool"]}}
+    runner = bench.runner()
+    refused = runner.handle({"toolName": "secret_admin_too", "role": "user"})
+    assert "did you mean" not in refused["error"]["message"]
+    offered = runner.handle({"toolName": "secret_admin_too", "role": "admin"})
+    assert "(did you mean secret_admin_tool?)" in offered["error"]["message"]
+    runner.close()
+
+
+def test_validate_warns_about_a_scaffold_placeholder_description(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    assert piped("init", cwd=project).returncode == 0
+    assert piped("new", "hello", cwd=project).returncode == 0
+    done = piped("validate", cwd=project)
+    assert "warning: hello: the description is still runner new's placeholder" in done.stdout
+
+
+def test_a_hanging_tool_is_reported_in_plain_words(bench: ToolBench) -> None:
+    bench.tool("hangs", "import time\ntime.sleep(60)\n")
+    answer = bench.runner().handle({"toolName": "hangs", "options": {"timeout": 300, "retries": 0}})
+    assert answer["error"]["code"] == "TIMEOUT"
+    assert answer["error"]["message"] == "hangs did not finish within its timeout of 300 ms, so it was killed"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import BASE_POLICY, ToolBench, write_tool
+from support.bundle_cases import HOSTILE, refusal
 
 from runner.call.policy import Policy
 from runner.dispatch.bundle import (
@@ -118,6 +119,34 @@ def test_an_archive_reaching_out_of_its_folder_is_refused(
         unpack(ToolBundle(data, "0" * 64), tmp_path / "cache")
     assert not (tmp_path / "evil").exists() and not (tmp_path.parent / "evil").exists()
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_archive_with_a_matching_hash_is_refused_before_anything_is_written(
+    tmp_path: Path, case: str
+) -> None:
+    """The runner's own extraction, the same on every Python: not only a hash that fails."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    cache = outside / "a" / "b" / "cache"
+    answer = refusal(case, cache)
+    assert answer is not None and answer.startswith("UnsafeBundle: "), answer
+    assert [p.name for p in cache.iterdir()] == []
+    assert sorted(p.name for p in outside.rglob("*")) == ["a", "b", "cache"]
+
+
+def test_links_that_stay_inside_the_folder_are_unpacked_as_links(tmp_path: Path) -> None:
+    folder = tool_folder(tmp_path / "tools")
+    (folder / "bin").mkdir()
+    (folder / "bin" / "tool").symlink_to("../lib/run.sh")
+    (folder / "bin" / "here").symlink_to("..")
+    (folder / "again").symlink_to("bin/here/link")
+    unpacked = unpack(pack(folder, 1 << 20), tmp_path / "cache")
+    assert (unpacked / "again").read_text() == "#!/bin/sh\necho hi\n"
+    assert os.readlink(unpacked / "bin" / "tool") == "../lib/run.sh"
+    assert oct((unpacked / "bin").stat().st_mode & 0o7777) == "0o755"
+    assert oct((unpacked / "main.py").stat().st_mode & 0o7777) == "0o644"
+    assert oct((unpacked / "lib" / "run.sh").stat().st_mode & 0o7777) == "0o755"
 
 
 def test_a_link_to_a_file_outside_is_never_followed_by_the_packing(tmp_path: Path) -> None:

@@ -11,6 +11,12 @@ from typing import Any
 import pytest
 from conftest import HOARDING_CHILDREN, SPINNING_CHILDREN, ToolBench
 from docker import APIClient
+from support.socket_hoard import (
+    SOCKET_HOARDER,
+    UNACCEPTED_HOARDER,
+    assert_sockets_held,
+    assert_unaccepted_held,
+)
 
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome
 from sandboxes.docker import DockerSandbox
@@ -30,46 +36,21 @@ def call(bench: ToolBench, tool: str, timeout_ms: int) -> tuple[dict[str, Any], 
     return answer, time.monotonic() - started
 
 
-TCP_HOARDER = """
-import json, socket, sys, time
-sys.stdin.read()
-target, chunk = 300 * 1024 * 1024, b"x" * 65536
-server = socket.create_server(("127.0.0.1", 0), backlog=1024)
-port = server.getsockname()[1]
-connections, queued, stalls = [], 0, 0
-while queued < target and stalls < 3 and len(connections) < 2000:
-    try:
-        client = socket.create_connection(("127.0.0.1", port), timeout=2)
-        peer, _ = server.accept()
-    except OSError:
-        break
-    client.setblocking(False)
-    connections.append((client, peer))  # the peer never reads: everything stays queued
-    before, ends = queued, time.monotonic() + 0.5
-    while time.monotonic() < ends:
-        try:
-            queued += client.send(chunk)
-        except BlockingIOError:
-            time.sleep(0.01)
-            try:
-                queued += client.send(chunk)
-            except BlockingIOError:
-                break
-    stalls = stalls + 1 if queued - before < 1024 * 1024 else 0
-json.dump({"queued": queued, "connections": len(connections)}, sys.stdout)
-"""
-
-
-def test_tcp_buffers_queued_on_loopback_are_held_within_the_memory_limit(
-    bench: ToolBench, docker_client: APIClient
-) -> None:
-    docker_tool(bench, "hoarder", TCP_HOARDER, limits={"memory_mb": 64})
+def test_thousands_of_loopback_connections_cannot_pin_more_than_the_memory_limit(bench: ToolBench) -> None:
+    # 4,000 connections, each holding the minimum the kernel lets a socket keep past the
+    # cgroup's TCP limit: 340 MB queued at memory_mb 256 before they were stopped.
+    docker_tool(bench, "hoarder", SOCKET_HOARDER, limits={"memory_mb": 256, "timeout_ms": 30000})
     answer, _ = call(bench, "hoarder", timeout_ms=30000)
-    if answer["success"]:
-        # Without a limit on socket memory this queues the whole 300 MB.
-        assert answer["result"]["queued"] < 64 * MiB, answer["result"]
-    else:
-        assert answer["error"]["details"]["reason"] == "memory_limit"
+    assert_sockets_held(answer, 256)
+
+
+def test_connections_nobody_accepts_cannot_pin_more_than_the_memory_limit(bench: ToolBench) -> None:
+    # Charged to no cgroup: 100 such connections held 479 MB at memory_mb 256 before.
+    command = ["python3", "main.py", str(256 * MiB)]
+    limits = {"memory_mb": 128, "timeout_ms": 30000}
+    docker_tool(bench, "unaccepted", UNACCEPTED_HOARDER, limits=limits, command=command)
+    answer, _ = call(bench, "unaccepted", timeout_ms=30000)
+    assert_unaccepted_held(answer, 128)
 
 
 UDP_HOARDER = """

@@ -14,6 +14,9 @@ from typing import Any
 import pytest
 from conftest import ToolBench
 
+from runner import Runner
+from runner.call.guard import VALIDATION_GRACE_S
+
 ECHO = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
 SECRET = "s3cr3t-TOKEN-1f9d"
 EVIL = "^(a+)+$"
@@ -239,15 +242,39 @@ def _slow_to_validate(bench: ToolBench) -> None:
 SLOW_PARAMS = {"xs": ["ab"] * 400_000}  # 2.4 MB; about 4 s of jsonschema here
 
 
+DEADLINE_MS = 200
+
+
+def _timed(runner: Runner, tool: str) -> tuple[float, dict[str, Any]]:
+    started = time.monotonic()
+    answer = runner.handle({"toolName": tool, "params": SLOW_PARAMS, "options": {"deadline": DEADLINE_MS}})
+    return time.monotonic() - started, answer
+
+
 @pytest.mark.slow
 def test_a_validation_slower_than_the_deadline_answers_timeout_on_time(bench: ToolBench) -> None:
+    # Parsing, redacting and auditing 2.4 MB of params take their own time, which a loaded
+    # machine stretches: that floor is measured here, in turns with the slow call, as the
+    # same params sent to a tool with nothing slow to check (denied after validation: no
+    # sandbox). Waiting for the slow validation may add the deadline and its grace on top,
+    # and up to the floor again (a second redaction of the params while the expired one
+    # finishes, load that changes between the turns); never the validation's own time,
+    # which is many times the floor and grows with the load alike.
     _slow_to_validate(bench)
+    bench.tool("quick", ECHO, parameters={"type": "object"})
+    bench.policy["roles"] = {"user": {"allow": ["slow"]}}
     runner = bench.runner()
-    started = time.monotonic()
-    answer = runner.handle({"toolName": "slow", "params": SLOW_PARAMS, "options": {"deadline": 200}})
-    assert time.monotonic() - started < 1.5
-    assert answer["error"]["code"] == "TIMEOUT"
-    assert answer["metadata"]["attempts"] == 0
+    floors, slows = [], []
+    for _ in range(3):
+        floor, denied = _timed(runner, "quick")
+        assert denied["error"]["code"] == "PERMISSION_DENIED"
+        slow, answer = _timed(runner, "slow")
+        assert answer["error"]["code"] == "TIMEOUT"
+        assert answer["metadata"]["attempts"] == 0
+        floors.append(floor)
+        slows.append(slow)
+    floor, slow = min(floors), min(slows)
+    assert slow - floor < DEADLINE_MS / 1000 + VALIDATION_GRACE_S + floor, (floors, slows)
 
 
 @pytest.mark.slow

@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import select
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,20 +85,32 @@ def audit_events(bench: ToolBench, **match: Any) -> list[dict[str, Any]]:
 
 
 class HttpServer:
-    """``runner serve --http 127.0.0.1:0`` in a process of its own; ``url`` once it listens."""
+    """``runner serve --http 127.0.0.1:0 ARGS`` in a process of its own; ``url`` (and
+    ``metrics_url`` with ``--metrics``) once it listens. ``soft_nofile``: the server starts
+    with that soft RLIMIT_NOFILE (systemd's default is 1024)."""
 
-    def __init__(self, bench: ToolBench) -> None:
+    def __init__(self, bench: ToolBench, *args: str, soft_nofile: int | None = None) -> None:
         self.process = subprocess.Popen(
-            server_argv(bench, "--http", "127.0.0.1:0"), stderr=subprocess.PIPE, text=True
+            server_argv(bench, "--http", "127.0.0.1:0", *args),
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=None if soft_nofile is None else _soft_nofile(soft_nofile),  # noqa: PLW1509 - setrlimit only
         )
         assert self.process.stderr is not None
         self.stderr: list[str] = []
-        ready, _, _ = select.select([self.process.stderr], [], [], 30)
-        assert ready, "the server did not start"
-        line = self.process.stderr.readline()
-        self.stderr.append(line)
-        assert "serving MCP at " in line, line
-        self.url = line.split("serving MCP at ", 1)[1].strip()
+        urls: dict[str, str] = {}
+        wanted = {"MCP", "metrics"} if "--metrics" in args else {"MCP"}
+        while set(urls) != wanted:
+            ready, _, _ = select.select([self.process.stderr], [], [], 30)
+            assert ready, f"the server did not start: {self.stderr}"
+            line = self.process.stderr.readline()
+            assert line, f"the server exited: {self.stderr}"
+            self.stderr.append(line)
+            for what in wanted:
+                if f"serving {what} at " in line:
+                    urls[what] = line.split(" at ", 1)[1].strip()
+        self.url = urls["MCP"]
+        self.metrics_url = urls.get("metrics", "")
 
     @contextlib.asynccontextmanager
     async def client(self, token: str | None, **options: Any) -> AsyncIterator[Client]:
@@ -120,6 +133,14 @@ class HttpServer:
             self.stderr.append(self.process.stderr.read())
             self.process.stderr.close()
         return status
+
+
+def _soft_nofile(soft: int) -> Callable[[], None]:
+    def lower() -> None:
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return lower
 
 
 def add_token(bench: ToolBench, name: str, role: str) -> str:

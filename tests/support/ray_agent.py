@@ -143,6 +143,24 @@ class Agent:
         await asyncio.gather(*(one() for _ in range(calls)))
         return {"latencies": seconds, "wall": time.perf_counter() - began, "failures": failures[:3]}
 
+    def python(self) -> dict[str, Any]:
+        return {"version": list(sys.version_info[:3]), "executable": sys.executable}
+
+    def break_node_jobs(self, broken: bool) -> dict[str, Any]:
+        """A fault of the runner's own code on the node, for the tests: while ``broken``,
+        every node job names a cache folder no path can be (a NUL in it: ValueError)."""
+        from dataclasses import replace
+
+        from runner.dispatch.sandbox import DispatchedSandbox
+
+        original = self.__dict__.setdefault("_job", DispatchedSandbox.job)
+
+        def broken_job(sandbox: Any, *args: Any) -> Any:
+            return replace(original(sandbox, *args), cache_root="node-cache\0broken")
+
+        DispatchedSandbox.job = broken_job if broken else original  # type: ignore[method-assign,assignment]
+        return {}
+
     def cancel(self, id: str) -> dict[str, Any]:
         self.calls[id].cancel()
         return {}

@@ -29,15 +29,21 @@ class RayCluster:
     """A cluster (``locked``: token auth, a head without slots and two nodes with two each;
     ``open``: one node, no authentication) and a runner client beside it."""
 
-    def __init__(self, workdir: Path, mode: str) -> None:
+    def __init__(
+        self, workdir: Path, mode: str, python: str = sys.executable, stderr: Path | None = None
+    ) -> None:
+        """The agent, the cluster's nodes and the runner client run on ``python``; the
+        agent's standard error (the runner's too) goes to ``stderr`` when given."""
         self.workdir = workdir
         self.netns: str | None = None
-        self._proc = subprocess.Popen(
-            ["unshare", "--net", sys.executable, str(AGENT), str(workdir), mode],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        with open(stderr or os.devnull, "ab") as err:
+            self._proc = subprocess.Popen(
+                ["unshare", "--net", python, str(AGENT), str(workdir), mode],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err if stderr is not None else None,
+                text=True,
+            )
         try:
             self.netns = os.readlink(f"/proc/{self._proc.pid}/ns/net")
             self.ask("start", timeout=180)

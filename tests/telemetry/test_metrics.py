@@ -5,6 +5,8 @@ MCP calls (success, denial, failure, an unknown tool, a warm one, an open breake
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import select
 import subprocess
 import sys
@@ -14,7 +16,7 @@ from collections.abc import Iterator
 import anyio
 import httpx2
 import pytest
-from conftest import ToolBench
+from conftest import ToolBench, checkout
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from prometheus_client import REGISTRY, generate_latest
@@ -250,3 +252,52 @@ def test_an_attempt_dispatched_to_a_node_is_counted_under_that_node(bench: ToolB
     samples = parse(metrics.exposition().decode())
     assert value(samples, "runner_attempts_total", tool="echo", reason="exit_code", node="node-a") == 1
     assert value(samples, "runner_attempts_total", tool="echo", reason="ok", node="node-b") == 1
+
+
+PROMQL_METRIC = re.compile(r"\b(runner_[a-z_]+)\b")
+PROMQL_LABELS = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)|\{([^}]*)\}")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_grafana_dashboard_queries_only_metrics_and_labels_that_serve_exports(
+    metered: tuple[MeteredServer, str],
+) -> None:
+    root = checkout()
+    if root is None:
+        pytest.skip("no checkout beside the suite (RUNNER_CHECKOUT unset): deploy/ is not in the wheel")
+    dashboard = json.loads((root / "deploy" / "grafana" / "runner.json").read_text())
+    server, token = metered
+    async with (
+        httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(60.0)
+        ) as http,
+        Client(streamable_http_client(server.url, http_client=http)) as client,
+    ):
+        assert not (await client.call_tool("echo", {"x": 1})).is_error
+        assert (await client.call_tool("fails", {})).is_error
+    exported: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(server.scrape_text()):
+        for sample in family.samples:
+            exported.setdefault(sample.name, set()).update(sample.labels)
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    queries += [
+        v["query"]["query"] for v in dashboard["templating"]["list"] if isinstance(v.get("query"), dict)
+    ]
+    assert len(queries) >= 15
+    grafana_labels = {"le", "job", "instance"}  # le: histogram buckets; job, instance: Prometheus adds them
+    for query in queries:
+        names = set(PROMQL_METRIC.findall(query))
+        assert names, query
+        assert names <= exported.keys(), (query, names - exported.keys())
+        labels = {
+            label.split("=")[0].strip(" !~")
+            for by, selector in PROMQL_LABELS.findall(query)
+            for label in (by or selector).split(",")
+            if label.strip()
+        }
+        known = set().union(*(exported[name] for name in names)) | grafana_labels
+        assert labels <= known, (query, labels - known)
+    titles = " ".join(panel["title"] for panel in dashboard["panels"]).lower()
+    for subject in ("by tool", "by code", "by role", "p95", "breaker", "warm", "in flight"):
+        assert subject in titles

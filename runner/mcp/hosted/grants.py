@@ -40,11 +40,13 @@ class Grants:
         return text.splitlines()
 
 
-def needed_grants(policy: Policy, server: str, tools: Sequence[Tool], manifest: Mapping[str, Any]) -> Grants:
-    """The grants that let the policy's default role call ``tools``, the server's registered
-    tools; with none registered (its tools did not load), what a tool ``SERVER_*`` with the
-    server's ``manifest`` needs."""
-    role = policy.model.default_role
+def needed_grants(
+    policy: Policy, server: str, tools: Sequence[Tool], manifest: Mapping[str, Any], role: str | None = None
+) -> Grants:
+    """The grants that let ``role`` (default: the policy's default role) call ``tools``, the
+    server's registered tools; with none registered (its tools did not load), what a tool
+    ``SERVER_*`` with the server's ``manifest`` needs."""
+    role = role or policy.model.default_role
     pattern = f"{server}_*"
     additions: dict[str, Any] = {}
     removals: list[str] = []

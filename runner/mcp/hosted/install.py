@@ -94,7 +94,13 @@ class Installed:
 
 
 def add_server(
-    tools_dir: Path, name: str, source: Source, args: Sequence[str] = (), *, force: bool = False
+    tools_dir: Path,
+    name: str,
+    source: Source,
+    args: Sequence[str] = (),
+    *,
+    force: bool = False,
+    asks: Asks | None = None,
 ) -> Installed:
     """Install ``source`` into ``tools_dir/name`` and write its ``kind: mcp`` manifest.
 
@@ -121,7 +127,8 @@ def add_server(
         else:
             command = _install_npm(staging, source)
         command = [*command, *args]
-        (staging / MANIFEST_FILE).write_text(manifest_text(name, source, command), encoding="utf-8")
+        text = manifest_text(name, source, command, asks or Asks())
+        (staging / MANIFEST_FILE).write_text(text, encoding="utf-8")
         _readable_by_all(staging)
         _move_into_place(staging, folder)
     except BaseException:
@@ -144,7 +151,29 @@ def _check_source(source: Source) -> None:
         )
 
 
-def manifest_text(name: str, source: Source, command: Sequence[str]) -> str:
+@dataclass(frozen=True)
+class Asks:
+    """What the server's manifest asks for: the workspace, secrets, fixed environment."""
+
+    workspace: str = "none"  # none, read or write
+    secrets: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    def lines(self) -> str:
+        text = ""
+        if self.workspace != "none":
+            text += f"workspace: {self.workspace}   # the policy's workspace, at /workspace\n"
+        else:
+            text += "# workspace: read     # or write: the policy's workspace at /workspace\n"
+        if self.secrets:
+            text += f"secrets: [{', '.join(json.dumps(name) for name in self.secrets)}]\n"
+        if self.env:
+            pairs = ", ".join(f"{json.dumps(key)}: {json.dumps(value)}" for key, value in self.env)
+            text += f"env: {{{pairs}}}\n"
+        return text
+
+
+def manifest_text(name: str, source: Source, command: Sequence[str], asks: Asks) -> str:
     """The ``tool.yaml`` of an installed server. Strings are written as JSON, which YAML
     reads as double-quoted scalars, whatever they hold."""
     kind = "pip" if isinstance(source, PipSource) else "npm"
@@ -158,7 +187,7 @@ def manifest_text(name: str, source: Source, command: Sequence[str]) -> str:
         "sandbox: subprocess\n"
         "# tools: [a, b]       # optional: expose only these\n"
         '# prefix: ""          # optional: keep the server\'s own tool names\n'
-        "# workspace: read     # or write: the policy's workspace at /workspace\n"
+        f"{asks.lines()}"
         f"limits: {{{limits}}}\n"
     )
 

@@ -119,7 +119,12 @@ class _Conversation:
                     self.spoken.break_("it wrote a line that is not JSON-RPC", text)
                     scope.cancel()
                     return
-                await sink.send(SessionMessage(message))
+                try:
+                    await sink.send(SessionMessage(message))
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    # The session is gone: the run ended (a limit broke, the timeout
+                    # passed) and cancels this task next; the outcome says how it ended.
+                    await anyio.sleep_forever()
         await anyio.sleep_forever()
 
 

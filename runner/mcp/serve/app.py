@@ -35,6 +35,7 @@ from runner.call.plan import resolve_plan
 from runner.call.requests import CallOptions
 from runner.errors import CallError
 from runner.mcp.hosted.dialogue import CALL_PROGRESS
+from runner.mcp.serve.disconnect import cancel_when_gone
 from runner.telemetry.labels import role_label
 from runner.telemetry.tracing import TRACEPARENT, TRACESTATE
 from runner.tools.definitions import mcp_definition
@@ -140,16 +141,20 @@ class ToolService:
         hosted = tool is not None and tool.hosted is not None
         client_token = AUDIT_CLIENT.set(caller.client)
         progress_token = CALL_PROGRESS.set(ctx.session.report_progress if hosted and wants_progress else None)
+        answer: dict[str, Any] | None = None
         try:
             with self._counted():
                 async with anyio.create_task_group() as tasks:
                     if wants_progress and not hosted:
                         tasks.start_soon(_tick_progress, ctx, params.name)
+                    tasks.start_soon(cancel_when_gone, ctx.request, tasks.cancel_scope)
                     answer = await self._run(request, tool)
                     tasks.cancel_scope.cancel()
         finally:
             CALL_PROGRESS.reset(progress_token)
             AUDIT_CLIENT.reset(client_token)
+        if answer is None:  # the client went away: the call was cancelled, the answer is lost
+            raise MCPError(types.CONNECTION_CLOSED, "the client disconnected; the call was cancelled")
         return _to_result(answer, tool)
 
     async def _run(self, request: dict[str, Any], tool: Tool | None) -> dict[str, Any]:

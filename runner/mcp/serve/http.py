@@ -7,20 +7,27 @@ off, as the server's drain (``runner.mcp.serve.lifecycle``) decides when it stop
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
 from mcp.server.context import ServerRequestContext
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runner.mcp.serve.app import Caller, ToolService
-from runner.mcp.serve.auth import BearerAuth, token_of
+from runner.mcp.serve.auth import token_of
+from runner.mcp.serve.connections import gated_h11
+from runner.mcp.serve.sessions import http_app
+from runner.telemetry.connections import ACCEPT_BACKLOG, ConnectionGate, ConnectionLimits
 
 MCP_PATH = "/mcp"
 DEFAULT_HOST = "127.0.0.1"
 # How long uvicorn waits for open connections (a client's event stream) after a stop.
 GRACEFUL_S = 3
+UNAUTHORIZED = 401
+CLOSE = (b"connection", b"close")
 
 
 class HttpAddressError(ValueError):
@@ -51,6 +58,41 @@ def http_caller(ctx: ServerRequestContext[Any, Any]) -> Caller:
     return Caller(role=entry.role, client=entry.name)
 
 
+class TrustAuthorized:
+    """ASGI middleware behind ``BearerAuth``: a request that reaches it carried a valid
+    token, so its connection is trusted by the gate (no longer evicted for newer ones)."""
+
+    def __init__(self, app: ASGIApp, gate: ConnectionGate) -> None:
+        self._app = app
+        self._gate = gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = scope.get("client")
+        if scope["type"] == "http" and client is not None:
+            self._gate.trust((client[0], client[1]))
+        await self._app(scope, receive, send)
+
+
+class CloseRefused:
+    """ASGI middleware in front of ``BearerAuth``: a 401 closes its connection, so a client
+    without a token holds none after its answer."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+
+        async def send_closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == UNAUTHORIZED:
+                message = {**message, "headers": [*message.get("headers", []), CLOSE]}
+            await send(message)
+
+        await self._app(scope, receive, send_closing)
+
+
 class _QuietServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -60,10 +102,12 @@ class _QuietServer(uvicorn.Server):
 class HttpTransport:
     """The streamable HTTP app on a socket bound at construction (so the port is known)."""
 
-    def __init__(self, service: ToolService, host: str, port: int) -> None:
+    def __init__(self, service: ToolService, host: str, port: int, limits: ConnectionLimits) -> None:
         """Raises ``OSError`` when the address cannot be bound."""
         server = service.server()
-        app = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host)
+        self.gate = ConnectionGate(limits)
+        gate = self.gate
+        app = http_app(server, service.runner, host, MCP_PATH, inner=lambda app: TrustAuthorized(app, gate))
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.create_server((host, port), family=family)
         # Answers go out as several small writes (an SSE event stream): without this,
@@ -71,9 +115,12 @@ class HttpTransport:
         # Accepted connections inherit it.
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         config = uvicorn.Config(
-            BearerAuth(app, service.runner),
+            CloseRefused(app),
+            http=gated_h11(self.gate),
             log_level="warning",
             lifespan="on",
+            timeout_keep_alive=math.ceil(limits.idle_timeout_s),
+            backlog=ACCEPT_BACKLOG,
             timeout_graceful_shutdown=GRACEFUL_S,
         )
         self._server = _QuietServer(config)

@@ -31,6 +31,7 @@ NAMES = {
     "garbage",
     "progress",
     "flood",
+    "notify",
     "structured",
     "nan",
     "leak",
@@ -392,3 +393,27 @@ def test_progress_passed_on_is_bounded_per_call_finite_and_scrubbed() -> None:
     assert len(got) == MAX_PROGRESS
     assert got[0] == (2.0, None, "step 2 of ***")
     assert all("s3cr3t" not in (message or "") for _, _, message in got)
+
+
+def test_a_server_flooding_notifications_is_output_limit_audited_and_counted_by_the_breaker(
+    bench: ToolBench, backend: dict[str, Any]
+) -> None:
+    # Each notification is a well-formed line the client session takes in; past
+    # max_output_bytes the run ends and the session is torn down under the line reader,
+    # which must not turn that into a fault of the runner (``internal``, a traceback, no
+    # attempt on record and nothing for the breaker to count).
+    add_server(bench, limits={"max_output_bytes": 65536}, **backend)
+    bench.policy["circuit_breaker"]["failure_threshold"] = 3
+    bench.policy["circuit_breaker"]["reset_timeout_ms"] = 60000
+    bench.policy["audit"] = {"operator_log": "operator.log"}
+    with bench.runner(warm_pools=False) as runner:
+        wires = [runner.call("st_notify", request_id=f"notify-{n}").to_wire() for n in range(5)]
+    codes = [(wire["error"]["code"], wire["error"]["details"].get("reason")) for wire in wires]
+    assert codes == [("EXECUTION_ERROR", "output_limit")] * 3 + [("CIRCUIT_OPEN", None)] * 2, codes
+    events = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
+    attempts = [event for event in events if event["event"] == "call.attempt"]
+    assert [event["requestId"] for event in attempts] == ["notify-0", "notify-1", "notify-2"]
+    operator = bench.root / "operator.log"
+    assert "Traceback" not in (operator.read_text() if operator.exists() else "")
+    for n in range(3):
+        assert_nothing_survives(f"notify-{n}")

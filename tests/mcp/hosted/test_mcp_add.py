@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -605,3 +606,132 @@ def test_the_report_escapes_what_the_server_says(project: Path, tmp_path: Path) 
     # The tool whose name the registry refused is a load problem, printed as inert too
     # (the registry already shows the server's name as its repr).
     assert "bad\\\\x1b[2Jname" in done.stdout and "is not a valid tool name" in done.stdout
+
+
+# Like the official filesystem server: refuses to start unless its folder argument is there.
+DIRECTORY_SERVER = r"""
+import json, os, sys
+folder = sys.argv[1]
+if not os.path.isdir(folder):
+    sys.exit(f"Error: None of the specified directories are accessible: {folder}")
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" not in message:
+        continue
+    if message["method"] == "initialize":
+        result = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "dirs", "version": "1.0"}}
+    elif message["method"] == "tools/list":
+        result = {"tools": [{"name": "list_files", "description": "Lists the folder",
+                             "inputSchema": {"type": "object"}}]}
+    else:
+        names = sorted(os.listdir(folder))
+        result = {"content": [{"type": "text", "text": json.dumps(names)}]}
+    print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+"""
+
+
+def _runner_offline(project: Path, wheels: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """This checkout's command line (not an installed one), pip reading only ``wheels``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "PIP_"))}
+    offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "HOME": str(project.parent / "home")}
+    return subprocess.run(
+        [sys.executable, "-m", "runner", *args],
+        cwd=project,
+        env={**clean, **offline},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture
+def directory_wheel(tmp_path: Path) -> Path:
+    wheels = tmp_path / "wheels"
+    _wheel(wheels, "dirmcp", {"dirmcp/__init__.py": b"", "dirmcp/__main__.py": DIRECTORY_SERVER.encode()})
+    return wheels
+
+
+@pytest.mark.slow
+def test_a_server_that_lists_no_tools_fails_with_the_fix_and_workspace_and_grant_make_it_work(
+    project: Path, directory_wheel: Path
+) -> None:
+    failed = _runner_offline(
+        project, directory_wheel, "mcp", "add", "files", "--pip", "dirmcp", "--", "/workspace"
+    )
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "tools: none registered" in failed.stdout
+    assert "files registered no tools" in failed.stderr and "--workspace read|write" in failed.stderr
+    assert "installing dirmcp from PyPI" in failed.stderr  # progress while pip runs
+    assert "Traceback" not in failed.stderr
+    assert "workspace" not in _manifest(project / "tools" / "files")
+
+    policy_before = (project / "policies.yaml").read_text()
+    done = _runner_offline(
+        project,
+        directory_wheel,
+        "mcp",
+        "add",
+        "files",
+        "--pip",
+        "dirmcp",
+        "--workspace",
+        "read",
+        "--grant",
+        "user",
+        "--force",
+        "--",
+        "/workspace",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _manifest(project / "tools" / "files")["workspace"] == "read"
+    policy_after = (project / "policies.yaml").read_text()
+    assert policy_after.startswith(policy_before.splitlines()[0])  # its comments are kept
+    assert policy_after.count("# ") == policy_before.count("# ")
+    assert "files_*" in yaml.safe_load(policy_after)["roles"]["user"]["allow"]
+    (project / "workspace" / "seen.txt").write_text("x")
+    answer = answer_of(
+        _runner_offline(project, directory_wheel, "exec", "files_list_files", "--role", "user")
+    )
+    assert answer["success"], answer
+    assert "seen.txt" in json.dumps(answer["result"])
+
+
+@pytest.mark.slow
+def test_mcp_list_shows_installed_servers_and_remove_takes_only_a_servers_folder(
+    project: Path, directory_wheel: Path, tmp_path: Path
+) -> None:
+    added = _runner_offline(
+        project,
+        directory_wheel,
+        "mcp",
+        "add",
+        "files",
+        "--pip",
+        "dirmcp",
+        "--workspace",
+        "read",
+        "--",
+        "/workspace",
+    )
+    assert added.returncode == 0, added.stdout + added.stderr
+    listed = _runner_offline(project, directory_wheel, "mcp", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    servers = json.loads(listed.stdout)["servers"]
+    assert [(s["name"], s["tools"], s["workspace"]) for s in servers] == [
+        ("files", ["files_list_files"], "read")
+    ]
+    # A plain tool is not a server; a symlink named like one is never followed.
+    refused = _runner_offline(project, directory_wheel, "mcp", "remove", "add_numbers")
+    assert refused.returncode == 1 and "no MCP server named 'add_numbers'" in refused.stderr
+    outside = tmp_path / "outside"
+    shutil.copytree(project / "tools" / "files", outside)
+    (project / "tools" / "linked").symlink_to(outside)
+    assert _runner_offline(project, directory_wheel, "mcp", "remove", "linked").returncode == 1
+    assert (outside / "tool.yaml").exists()
+    (project / "tools" / "linked").unlink()
+    removed = _runner_offline(project, directory_wheel, "mcp", "remove", "files")
+    assert removed.returncode == 0, removed.stderr
+    assert not (project / "tools" / "files").exists()
+    after = _runner_offline(project, directory_wheel, "mcp", "list", "--json")
+    assert json.loads(after.stdout)["servers"] == []

@@ -8,6 +8,7 @@ SDK): every way a hosted server can behave, good or hostile, as a tool of its ow
 - ``progress``: three progress notifications, then its result.
 - ``structured``: ``structuredContent`` with an ``outputSchema``.
 - ``flood``: writes without end on stdout.
+- ``notify``: sends log notifications without end, each a well-formed JSON-RPC line.
 - ``nan``: ``structuredContent`` holding NaN (not JSON).
 - ``chatty``: 1000 progress notifications, the first with a NaN progress.
 - ``leak``: ``isError`` and a non-JSON line, each with the secret ``API_TOKEN`` far into a
@@ -49,6 +50,7 @@ TOOLS = [
         "garbage",
         "progress",
         "flood",
+        "notify",
         "nan",
         "leak",
         "chatty",
@@ -97,6 +99,16 @@ def call(request: dict[str, Any]) -> Any:
     if name == "flood":
         while True:
             sys.stdout.write("x" * 65536)
+    if name == "notify":
+        line = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/message",
+                "params": {"level": "info", "data": "x" * 200},
+            }
+        )
+        while True:
+            sys.stdout.write(line + "\n")
     if name == "progress":
         token = request["params"].get("_meta", {}).get("progressToken")
         for step in (1, 2, 3):

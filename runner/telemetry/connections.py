@@ -1,0 +1,152 @@
+"""Bounds on the connections of a listener of the runner (``runner serve``'s MCP and
+metrics listeners).
+
+A local user without a token can open connections and send nothing. Unbounded, they use
+up the process's file descriptors (the default soft ``RLIMIT_NOFILE`` is 1024) and the
+runner can no longer start a sandbox. So each listener has a ``ConnectionGate``:
+
+- at most ``max_open`` connections in all and ``max_per_peer`` from one IP address;
+- a connection that has not yet been *trusted* (its request passed the token check, or a
+  valid scrape on the metrics listener) is the first to go: when a cap is reached, a new
+  connection closes the oldest untrusted one (of the same peer for the per-peer cap)
+  instead of being refused. A flood of idle connections thus keeps cycling through its
+  own slots, and a client with a token, which sends its request at once, gets in. Only
+  when every slot holds a trusted connection is a new one refused;
+- a refused or evicted connection is closed at once with a reset (nothing lingers);
+- a request's head must arrive within ``header_timeout_s``, and a kept-alive connection
+  may stay idle ``idle_timeout_s`` between requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from runner.call.policy import ServeConnectionsModel
+
+Peer = tuple[str, int]
+# The share of the process's descriptors that the listeners may hold between them; the
+# rest is for sandboxes (pipes, pidfds), pools, the audit log and the tools' files.
+LISTENERS_SHARE = 0.5
+# The kernel's queue of connections not yet accepted, and how many asyncio accepts at once
+# before the gate sees them: each accepted one is a descriptor, so a burst of a flood
+# must not be taken in thousands (uvicorn's default is 2048).
+ACCEPT_BACKLOG = 64
+# What an unlimited number of descriptors counts as.
+UNLIMITED = 1 << 20
+# The fewest connections a listener keeps, however low the descriptor limit.
+MIN_OPEN = 16
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """The bounds of one listener (see the module's docstring)."""
+
+    max_open: int = 1024
+    max_per_peer: int = 256
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 5.0
+
+    @classmethod
+    def from_policy(cls, model: ServeConnectionsModel) -> ConnectionLimits:
+        return cls(
+            max_open=model.max_open,
+            max_per_peer=model.max_per_peer,
+            header_timeout_s=model.header_timeout_ms / 1000,
+            idle_timeout_s=model.idle_timeout_ms / 1000,
+        )
+
+    def within(self, descriptors: int, listeners: int) -> ConnectionLimits:
+        """These limits, lowered so that ``listeners`` listeners together hold at most
+        ``LISTENERS_SHARE`` of ``descriptors``."""
+        share = max(MIN_OPEN, int(descriptors * LISTENERS_SHARE) // max(1, listeners))
+        most = min(self.max_open, share)
+        return replace(self, max_open=most, max_per_peer=min(self.max_per_peer, most))
+
+
+def raise_descriptor_limit() -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard one (systemd's default soft limit is
+    1024); returns the soft limit in force. Never raises: a limit that cannot be changed
+    is kept."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard in (resource.RLIM_INFINITY, soft):
+        return soft if soft != resource.RLIM_INFINITY else UNLIMITED
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        return soft
+    return hard
+
+
+@dataclass
+class _Held:
+    owner: object
+    close: Callable[[], None]
+    trusted: bool = False
+
+
+class ConnectionGate:
+    """Admission of one listener's connections. Not thread-safe: one event loop uses it."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self._open: OrderedDict[Peer, _Held] = OrderedDict()  # oldest first
+        self._per_host: Counter[str] = Counter()
+        self.refused = 0
+        self.evicted = 0
+
+    def admit(self, peer: Peer, owner: object, close: Callable[[], None]) -> bool:
+        """Take the connection from ``peer`` (closed with ``close`` if it is evicted later);
+        False: refused, the caller closes it at once."""
+        host = peer[0]
+        if self._per_host[host] >= self.limits.max_per_peer and not self._evict(host):
+            self.refused += 1
+            return False
+        if len(self._open) >= self.limits.max_open and not self._evict(None):
+            self.refused += 1
+            return False
+        self._open[peer] = _Held(owner, close)
+        self._per_host[host] += 1
+        return True
+
+    def trust(self, peer: Peer) -> None:
+        """The connection from ``peer`` was answered as a client with a token: it is no
+        longer evicted for newer ones."""
+        held = self._open.get(peer)
+        if held is not None:
+            held.trusted = True
+
+    def release(self, peer: Peer, owner: object) -> None:
+        """``owner``'s connection from ``peer`` is closed (a no-op once it was evicted)."""
+        held = self._open.get(peer)
+        if held is not None and held.owner is owner:
+            self._forget(peer)
+
+    @property
+    def open(self) -> int:
+        return len(self._open)
+
+    def _evict(self, host: str | None) -> bool:
+        for peer, held in self._open.items():
+            if not held.trusted and (host is None or peer[0] == host):
+                self._forget(peer)
+                self.evicted += 1
+                held.close()
+                return True
+        return False
+
+    def _forget(self, peer: Peer) -> None:
+        del self._open[peer]
+        self._per_host[peer[0]] -= 1
+        if not self._per_host[peer[0]]:
+            del self._per_host[peer[0]]
+
+
+def reset(transport: asyncio.BaseTransport) -> Callable[[], None]:
+    """Close ``transport`` at once, unsent data dropped: a refused or evicted
+    connection costs nothing after it."""
+    abort = getattr(transport, "abort", None)
+    return abort if callable(abort) else transport.close

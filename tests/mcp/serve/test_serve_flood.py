@@ -1,0 +1,177 @@
+"""``runner serve --http ... --metrics ...`` against local users without a token: idle
+connections held by ``nobody`` against both listeners starve neither of descriptors or
+threads; a request head that never ends is cut off; ``/metrics`` behind a scrape token.
+The server is the real process, started with systemd's default soft RLIMIT_NOFILE (1024);
+the client with a token is the MCP SDK's."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from conftest import ToolBench, wait_for
+from support.flood_harness import Flood, Usage, port_of, soft_nofile
+from support.mcp_harness import ECHO, HttpServer, add_token, server_argv
+
+pytestmark = pytest.mark.anyio
+
+# systemd's default soft limit, which the runner used to keep.
+SOFT_NOFILE = 1024
+# A generous bound for a client with a token to initialize and call while the flood runs.
+THROUGH_S = 60.0
+ADMIN_TOOL = "rotate_keys"
+# The default head timeout is 10 s: a connection must be gone well before this.
+HEAD_BOUND_S = 25.0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def tools(bench: ToolBench) -> Iterator[str]:
+    """An echo tool for a user, an admin-only tool, and the user's token."""
+    bench.tool("echo", ECHO)
+    bench.tool(ADMIN_TOOL, ECHO)
+    bench.policy["roles"] = {"user": {"allow": ["echo"]}, "admin": {"inherits": ["user"], "allow": ["*"]}}
+    yield add_token(bench, "agent", "user")
+
+
+def _read_all(sock: socket.socket, timeout_s: float = 5.0) -> bytes:
+    """What the server sent until it closed ``sock``; fails if it is still open after ``timeout_s``."""
+    sock.settimeout(timeout_s)
+    received = b""
+    try:
+        while chunk := sock.recv(4096):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        pytest.fail(f"the connection is still open after {timeout_s} s (received {received[:80]!r})")
+    return received
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def test_idle_connections_of_a_local_user_on_both_ports_leave_a_client_with_a_token_its_calls(
+    bench: ToolBench, tools: str
+) -> None:
+    server = HttpServer(bench, "--metrics", "127.0.0.1:0", soft_nofile=SOFT_NOFILE)
+    pid = server.process.pid
+    usage = Usage(pid)
+    try:
+        baseline = _fds(pid)
+        limit = soft_nofile(pid)  # raised to the hard limit at start
+        flood = Flood([port_of(server.url), port_of(server.metrics_url)])
+        try:
+            report = flood.wait_holding(ticks=3)
+            await anyio.to_thread.run_sync(usage.sample_for, 2.0)
+            started = time.monotonic()
+            with anyio.fail_after(THROUGH_S):
+                async with server.client(tools) as client:
+                    result = await client.call_tool("echo", {"word": "through"})
+                async with httpx2.AsyncClient(timeout=THROUGH_S) as http:
+                    scrape = await http.get(server.metrics_url)
+            took = time.monotonic() - started
+            usage.sample()
+            assert flood.process.poll() is None
+        finally:
+            flood.stop()
+        # Nothing lasting: once the flood is gone, so are its descriptors.
+        wait_for(lambda: _fds(pid) <= baseline + 8, 30.0)
+    finally:
+        assert server.stop() == 0
+    assert not result.is_error and isinstance(result.content[0], types.TextContent)
+    assert json.loads(result.content[0].text) == {"word": "through"}
+    assert scrape.status_code == 200 and "runner_calls_total" in scrape.text
+    print(f"through in {took:.2f} s; server at most {usage.fds} fds (soft limit now {limit}),")
+    print(f"{usage.threads} threads; flood {report}")
+    assert usage.fds < SOFT_NOFILE, f"{usage.fds} descriptors open"
+    assert usage.threads < 64, f"{usage.threads} threads"
+
+
+async def test_a_request_head_that_never_ends_is_cut_off_on_both_ports_and_a_401_closes_its_connection(
+    bench: ToolBench, tools: str
+) -> None:
+    server = HttpServer(bench, "--metrics", "127.0.0.1:0")
+    try:
+        slow = [
+            socket.create_connection(("127.0.0.1", port_of(url)), timeout=10)
+            for url in (server.url, server.metrics_url)
+        ]
+        for sock in slow:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        for sock in slow:
+            with sock:
+                # Closed unanswered by the head timeout (10 s by default).
+                assert _read_all(sock, timeout_s=HEAD_BOUND_S) == b""
+        # A request without a token is answered 401, and its connection is closed with it.
+        with socket.create_connection(("127.0.0.1", port_of(server.url)), timeout=10) as refused:
+            refused.sendall(b"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            answer = _read_all(refused)
+        assert answer.startswith(b"HTTP/1.1 401")
+    finally:
+        assert server.stop() == 0
+
+
+async def test_the_policy_caps_connections_per_peer_evicting_the_oldest_idle_one_first(
+    bench: ToolBench, tools: str
+) -> None:
+    bench.policy["serve"]["connections"] = {"max_per_peer": 8, "header_timeout_ms": 20000}
+    server = HttpServer(bench)
+    idle = [socket.create_connection(("127.0.0.1", port_of(server.url)), timeout=10) for _ in range(20)]
+    try:
+        # The twelve oldest made room for the eight newest, at once (no head timeout yet).
+        assert [_read_all(sock, timeout_s=5.0) for sock in idle[:12]] == [b""] * 12
+        async with server.client(tools) as client:  # and those, in turn, for a client with a token
+            result = await client.call_tool("echo", {"n": 1})
+        assert not result.is_error
+    finally:
+        for sock in idle:
+            sock.close()
+        assert server.stop() == 0
+
+
+async def test_a_scrape_token_guards_metrics_that_name_every_tool_admin_ones_included(
+    bench: ToolBench, tools: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SCRAPE_TOKEN", "scrape-secret-7f3a")
+    server = HttpServer(bench, "--metrics", "127.0.0.1:0", "--metrics-token-env", "SCRAPE_TOKEN")
+    try:
+        async with server.client(tools) as client:
+            await client.call_tool("echo", {})
+        async with httpx2.AsyncClient(timeout=10) as http:
+            missing = await http.get(server.metrics_url)
+            wrong = await http.get(server.metrics_url, headers={"Authorization": "Bearer scrape-secret-7f3b"})
+            longer = await http.get(
+                server.metrics_url, headers={"Authorization": "Bearer scrape-secret-7f3a0"}
+            )
+            right = await http.get(server.metrics_url, headers={"Authorization": "Bearer scrape-secret-7f3a"})
+    finally:
+        assert server.stop() == 0
+    for refused in (missing, wrong, longer):
+        assert refused.status_code == 401
+        assert refused.headers["www-authenticate"].startswith("Bearer")
+        assert ADMIN_TOOL not in refused.text and "echo" not in refused.text
+    assert right.status_code == 200
+    # What the page reveals to whoever may scrape it: every tool's name, the admin's too.
+    assert f'tool="{ADMIN_TOOL}"' in right.text or ADMIN_TOOL in right.text
+
+
+def test_a_metrics_token_variable_that_is_unset_is_a_usage_error(bench: ToolBench) -> None:
+    metrics = ("--metrics", "127.0.0.1:0", "--metrics-token-env", "NO_SUCH")
+    argv = server_argv(bench, "--http", "127.0.0.1:0", *metrics)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, "NO_SUCH": ""})
+    assert done.returncode == 2
+    assert "--metrics-token-env NO_SUCH" in done.stderr and "Traceback" not in done.stderr
