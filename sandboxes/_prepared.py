@@ -61,7 +61,7 @@ class OneRun(ABC):
         if self._stage is Stage.PRIMED:
             raise SandboxUnavailable("a primed sandbox holds a dialogue, not a payload")
         exchange = PayloadExchange(payload, self._limits.max_output_bytes)
-        return await self._exchange(exchange, self._begin_run())
+        return await self._hold(exchange, self._begin_run())
 
     async def converse(self, dialogue: Dialogue) -> SandboxOutcome:
         """Hold ``dialogue`` with the tool under the limits (``Converses.converse``).
@@ -72,7 +72,7 @@ class OneRun(ABC):
                 the tool is dead.
         """
         exchange = DialogueExchange(dialogue, self._limits.max_output_bytes, self._opened)
-        outcome = await self._exchange(exchange, self._begin_run())
+        outcome = await self._hold(exchange, self._begin_run())
         exchange.raise_failure()
         return outcome
 
@@ -123,7 +123,7 @@ class OneRun(ABC):
         """The started tool's stdin and stdout, as an ``Opening`` speaks through them."""
 
     @abstractmethod
-    async def _exchange(self, exchange: Exchange, begun_at: Stage) -> SandboxOutcome:
+    async def _hold(self, exchange: Exchange, begun_at: Stage) -> SandboxOutcome:
         """Start the tool unless ``begun_at`` says it was started ahead, and let
         ``exchange`` speak with it until the run ends.
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import ToolBench
 
-from sandboxes.subprocess._staged_folders import StagedFolders, folder_id
 from sandboxes.subprocess._command import reachable_by_others
+from sandboxes.subprocess._staged_folders import StagedFolders, folder_id
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="only a root runner stages tool folders")
 

@@ -102,7 +102,7 @@ class PreparedSubprocess(OneRun):
             assert self._spec.egress is not None
             await self._spec.egress.attach(listener)
 
-    async def _exchange(self, exchange: Exchange, begun_at: Stage) -> SandboxOutcome:
+    async def _hold(self, exchange: Exchange, begun_at: Stage) -> SandboxOutcome:
         """Start the tool (or take the one started ahead) and let ``exchange`` speak with it.
 
         Raises:
