@@ -346,9 +346,11 @@ def exec_command(
     Prints the answer as JSON (indented on a terminal); exits 0 on success, 1 when the
     call failed, 130 after Ctrl-C (once the tool's sandbox is gone).
     """
-    from sandboxes._watchdog import prestart
+    from sandboxes import StartsEarly, plugins
 
-    prestart()  # it boots on the other core while the tools load; the call waits for it
+    backend = plugins.create("subprocess")  # its watchdog is every shipped backend's
+    if isinstance(backend, StartsEarly):
+        backend.start_early()  # it boots on the other core while the tools load; the call waits for it
     request: object
     if tool == "-":
         try:
@@ -454,17 +456,13 @@ def images_build_command(contexts: Path | None) -> None:
     """Build runner/base:latest from Debian packages, then every tool image."""
     from runner.locations import examples_dir
     from sandboxes import SandboxUnavailable
-    from sandboxes.docker._client import api_client
-    from sandboxes.docker.images import ImageBuildError, build_base, build_tool_images
+    from sandboxes.docker.images import ImageBuildError, build_images
 
     def progress(message: str) -> None:
         click.echo(f"images: {message}", err=True)
 
     try:
-        client = api_client()
-        client.timeout = 600  # importing a root filesystem takes a while
-        build_base(client, progress)
-        build_tool_images(client, contexts or examples_dir() / "tool_images", progress)
+        build_images(contexts or examples_dir() / "tool_images", progress)
     except (SandboxUnavailable, ImageBuildError) as exc:
         _fail_usage(str(exc))
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from runner.command_checks import ImageProbe, host_command_problem, image_probe, script_problem
+from runner.command_checks import host_command_problem, image_probe, script_problem
 from runner.egress_rules import NetworkAllow
 from runner.manifest import Tool
 from runner.models import CallOptions
@@ -24,6 +24,7 @@ from runner.plan import resolve_plan
 from runner.policy import Policy, matching_rule
 from runner.registry import Registry
 from runner.secrets import read_secrets
+from sandboxes import ImageProbe
 
 Severity = Literal["error", "warning"]
 # Which check found it: "manifest" (loading left the tool out), "command", "image",

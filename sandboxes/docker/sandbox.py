@@ -37,13 +37,22 @@ from sandboxes._watchdog import prestart as prestart_watchdog
 from sandboxes._watchdog import watch
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import Check, LaunchSpec, Limits, SandboxUnavailable, ToolRequirements
-from sandboxes.docker._client import LABEL_MANAGED, LABEL_OWNER, daemon_call, daemon_failures, shared_client
+from sandboxes.docker._client import (
+    LABEL_MANAGED,
+    LABEL_OWNER,
+    api_client,
+    daemon_call,
+    daemon_failures,
+    shared_client,
+)
 from sandboxes.docker._container import create_container, gate_release
 from sandboxes.docker._egress import egress_problem
 from sandboxes.docker._prepared import PreparedContainer
 
 if TYPE_CHECKING:
     from docker import APIClient
+
+    from sandboxes.docker._probe import DaemonImageProbe
 
 __all__ = ["DockerConfig", "DockerSandbox", "PreparedContainer", "create", "remove_leftovers"]
 
@@ -96,6 +105,16 @@ class DockerSandbox:
         """Begin starting the runner's watchdog, which removes this process's containers
         should it die, without waiting for it (``StartsEarly``)."""
         prestart_watchdog()
+
+    def image_probe(self) -> DaemonImageProbe:
+        """Questions about images to the daemon (``ProbesImages``); the caller closes it.
+
+        Raises:
+            SandboxUnavailable: the daemon cannot be reached.
+        """
+        from sandboxes.docker._probe import DaemonImageProbe
+
+        return DaemonImageProbe(api_client())
 
     def checks(self) -> list[Check]:
         """``runner doctor``: the daemon, the base image, gVisor."""
