@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from _timing import ADD_PAYLOAD, PYTHON, bare_env, starter_folder  # noqa: E402
 
 from runner import Runner  # noqa: E402
-from sandboxes.subprocess import sandbox  # noqa: E402
+from sandboxes.subprocess import _command, sandbox  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -65,7 +65,7 @@ def main() -> None:
     def setting(mode: int, staging: Callable[..., object]) -> Callable[[], None]:
         def apply() -> None:
             starter.chmod(mode)
-            sandbox._reachable_by_others.cache_clear()
+            _command.reachable_by_others.cache_clear()
             sandbox.SubprocessSandbox._stage_id = staging  # type: ignore[method-assign,assignment]
 
         return apply

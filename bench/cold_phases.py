@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from _timing import starter_folder  # noqa: E402
 
 from runner import Runner  # noqa: E402
-from sandboxes.subprocess import sandbox  # noqa: E402
+from sandboxes.subprocess import _prepared as sandbox  # noqa: E402
 
 marks: dict[str, float] = {}
 

@@ -16,7 +16,6 @@ import importlib
 # (it runs without site, so nothing has imported typing before); mypy knows this name.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from sandboxes._watchdog import prestart as prestart_watchdog
     from sandboxes.base import (
         BackendConfigError,
         Check,
@@ -26,6 +25,7 @@ if TYPE_CHECKING:
         Converses,
         Dialogue,
         EgressEndpoint,
+        ImageProbe,
         LaunchSpec,
         Limits,
         Opening,
@@ -35,9 +35,11 @@ if TYPE_CHECKING:
         PreparedSandbox,
         PreStarts,
         Primes,
+        ProbesImages,
         Sandbox,
         SandboxOutcome,
         SandboxUnavailable,
+        StartsEarly,
         StopReason,
         ToolRequirements,
         Waits,
@@ -53,6 +55,7 @@ __all__ = [
     "Converses",
     "Dialogue",
     "EgressEndpoint",
+    "ImageProbe",
     "LaunchSpec",
     "Limits",
     "Opening",
@@ -62,20 +65,19 @@ __all__ = [
     "PreStarts",
     "PreparedSandbox",
     "Primes",
+    "ProbesImages",
     "Sandbox",
     "SandboxOutcome",
     "SandboxUnavailable",
+    "StartsEarly",
     "StopReason",
     "ToolRequirements",
     "Waits",
     "WarmSandbox",
-    "prestart_watchdog",
 ]
 
 
 def __getattr__(name: str) -> object:
-    if name == "prestart_watchdog":  # start the reaper ahead (the command line's `exec`)
-        return importlib.import_module("sandboxes._watchdog").prestart
     if name in __all__:
         return getattr(importlib.import_module("sandboxes.base"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
@@ -337,7 +337,8 @@ class Sandbox(Protocol):
     """An isolation backend. Made by its entry point's factory, which does no I/O.
 
     Beyond ``prepare``, a backend may have (each optional, found with ``isinstance``):
-    ``ChecksTools.tool_problems``, ``ChecksMachine.checks`` and ``Closable.aclose``.
+    ``ChecksTools.tool_problems``, ``ChecksMachine.checks``, ``Closable.aclose``,
+    ``PreStarts.prestart``, ``StartsEarly.start_early`` and ``ProbesImages.image_probe``.
     """
 
     name: str
@@ -375,4 +376,57 @@ class Closable(Protocol):
 
     async def aclose(self) -> None:
         """Release it; no sandbox of this backend may be alive afterwards."""
+        ...
+
+
+@runtime_checkable
+class StartsEarly(Protocol):
+    """A backend with something to start before its first sandbox (our backends: the
+    runner's watchdog process, which sweeps up after a runner that dies), which a host
+    may begin early so that it boots while the host goes on loading."""
+
+    def start_early(self) -> None:
+        """Begin it now, without waiting for it; the first ``prepare`` waits until it is
+        ready. Never raises: a failure is met again, and raised, by ``prepare``."""
+        ...
+
+
+@runtime_checkable
+class ImageProbe(Protocol):
+    """Questions about a backend's images, answered without running a tool.
+    ``close`` releases what the answers needed (containers made to look inside)."""
+
+    def image_problem(self, image: str) -> str | None:
+        """Why ``image`` cannot be used (it does not exist, with how to build it), or None.
+
+        Raises:
+            SandboxUnavailable: the image store could not say.
+        """
+        ...
+
+    def command_problem(self, image: str, command: Sequence[str], env: Mapping[str, str]) -> str | None:
+        """Why ``command[0]`` is not in ``image`` (a bare name looked up on the ``PATH`` of
+        ``env``, else the sandbox's default), or None; a command in the tool's folder is
+        not this probe's to check.
+
+        Raises:
+            SandboxUnavailable: the image store could not say.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release what the probe made; never raises."""
+        ...
+
+
+@runtime_checkable
+class ProbesImages(Protocol):
+    """A backend whose tools run from images it can look into (``runner validate``)."""
+
+    def image_probe(self) -> ImageProbe:
+        """A probe on this backend's image store; the caller closes it.
+
+        Raises:
+            SandboxUnavailable: the image store cannot be reached.
+        """
         ...

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from sandboxes.base import BackendConfigError, Sandbox
+from sandboxes.base import BackendConfigError, Sandbox, StartsEarly
 
 GROUP = "runner.sandboxes"
 
@@ -50,3 +50,15 @@ def create(name: str, config: Mapping[str, Any] | None = None) -> Sandbox:
         raise BackendConfigError(f"the {name!r} backend cannot be loaded: {problem}") from exc
     backend: Sandbox = factory(dict(config or {}))
     return backend
+
+
+def start_early(name: str) -> None:
+    """Begin what backend ``name`` starts before its first sandbox (``StartsEarly``: our
+    backends' watchdog), when it has such a part. Never raises: a backend that cannot be
+    made, or started, says so when a call uses it."""
+    try:
+        backend = create(name)
+    except (UnknownBackend, BackendConfigError):
+        return
+    if isinstance(backend, StartsEarly):
+        backend.start_early()

@@ -10,6 +10,7 @@ environment ``tool_env`` builds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from sandboxes.base import LaunchSpec
@@ -53,3 +54,9 @@ def tool_env(
     if workspace is not None:
         env["WORKSPACE"] = workspace
     return env
+
+
+def search_path(env: Mapping[str, str]) -> list[str]:
+    """The folders the sandbox searches for a bare command name, in order: the ``PATH``
+    of the tool's manifest ``env``, else ``DEFAULT_PATH``."""
+    return [part for part in env.get("PATH", DEFAULT_PATH).split(":") if part.startswith("/")]

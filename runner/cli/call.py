@@ -110,9 +110,11 @@ def exec_command(
     Prints the answer as JSON (indented on a terminal); exits 0 on success, 1 when the
     call failed, 130 after Ctrl-C (once the tool's sandbox is gone).
     """
-    from sandboxes import prestart_watchdog as prestart
+    from sandboxes import plugins
 
-    prestart()  # it boots on the other core while the tools load; the call waits for it
+    # The default backend's watchdog (every shipped backend's) boots on the other core while
+    # the tools load; the call waits for it.
+    plugins.start_early("subprocess")
     request: object
     if tool == "-":
         try:

@@ -17,12 +17,9 @@ import re
 import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
 
-from sandboxes.view import DEFAULT_PATH, TOOL_MOUNT
-
-if TYPE_CHECKING:
-    from docker import APIClient
+from sandboxes import ImageProbe
+from sandboxes.view import TOOL_MOUNT, search_path
 
 # What the subprocess sandbox shows of the host (sandboxes/subprocess/_layout.py binds
 # /usr and this hook read-only, and /bin, /sbin, /lib... as they are on the host).
@@ -31,12 +28,6 @@ HOST_SYSTEM_ROOTS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx
 INTERPRETER = re.compile(
     r"(python[0-9.]*|pypy[0-9.]*|sh|bash|dash|zsh|node|nodejs|deno|ruby|perl|php|lua|Rscript)"
 )
-BUILD_HINT = "run `runner images build`"
-
-
-def search_path(env: dict[str, str]) -> list[str]:
-    """The folders the sandbox searches for a bare command name, in order."""
-    return [part for part in env.get("PATH", DEFAULT_PATH).split(":") if part.startswith("/")]
 
 
 def inside_to_host(path: str, tool_dir: Path) -> Path | None:
@@ -102,92 +93,24 @@ def script_problem(command: Sequence[str], tool_dir: Path) -> str | None:
     return None
 
 
-class ImageProbe:
-    """Questions to the Docker daemon about images, one stopped container per image.
-
-    Created lazily; ``close`` removes the containers. Nothing is ever started.
-    """
-
-    def __init__(self, client: APIClient) -> None:
-        self._client = client
-        self._containers: dict[str, str] = {}
-
-    def image_problem(self, image: str) -> str | None:
-        """Why ``image`` cannot be used, or None.
-
-        Raises:
-            SandboxUnavailable: the daemon could not say.
-        """
-        from sandboxes.docker import image_exists
-
-        if not image_exists(self._client, image):
-            return f"image {image} does not exist; {BUILD_HINT}"
-        return None
-
-    def command_problem(self, image: str, command: Sequence[str], env: dict[str, str]) -> str | None:
-        """Why ``command[0]`` is not in ``image`` (the tool's folder is checked on the host).
-
-        Raises:
-            SandboxUnavailable: the daemon could not say.
-        """
-        program = command[0]
-        if "/" not in program:
-            candidates = [f"{folder}/{program}" for folder in search_path(env)]
-        elif program.startswith("/") and not PurePosixPath(program).is_relative_to(TOOL_MOUNT):
-            candidates = [program]
-        else:
-            return None  # in the tool's folder: checked there
-        if any(self._exists(image, path) for path in candidates):
-            return None
-        where = f"on its PATH ({':'.join(search_path(env))})" if "/" not in program else ""
-        return f"command {program!r} is not found in image {image} {where}".rstrip()
-
-    def _exists(self, image: str, path: str) -> bool:
-        from sandboxes.docker import daemon_call
-
-        with daemon_call("look into the image"):
-            container = self._container(image)
-            # HEAD of the archive endpoint: the path's stat without copying a byte.
-            url = f"{self._client.base_url}/v{self._client.api_version}/containers/{container}/archive"
-            answer = self._client.head(url, params={"path": path})
-        return answer.status_code == 200
-
-    def _container(self, image: str) -> str:
-        from sandboxes.docker import LABEL_MANAGED, LABEL_OWNER
-
-        if image not in self._containers:
-            created = self._client.create_container(
-                image,
-                command=["/bin/true"],
-                network_disabled=True,
-                labels={LABEL_MANAGED: "true", LABEL_OWNER: str(os.getpid())},  # swept if we die
-            )
-            self._containers[image] = str(created["Id"])
-        return self._containers[image]
-
-    def close(self) -> None:
-        from sandboxes.docker import daemon_failures
-
-        for container in self._containers.values():
-            with contextlib.suppress(*daemon_failures()):
-                self._client.remove_container(container, force=True)
-        self._containers.clear()
-
-
 @contextlib.contextmanager
 def image_probe() -> Iterator[ImageProbe | str]:
-    """An ``ImageProbe`` on the daemon, or why there is none (the daemon is unreachable)."""
-    from sandboxes import SandboxUnavailable
-    from sandboxes.docker import api_client
+    """An ``ImageProbe`` on the docker backend's images, or why there is none (the daemon
+    is unreachable)."""
+    from sandboxes import BackendConfigError, ProbesImages, SandboxUnavailable, plugins
 
     try:
-        client = api_client()
-    except SandboxUnavailable as exc:
+        backend = plugins.create("docker")
+        if not isinstance(backend, ProbesImages):
+            raise SandboxUnavailable("the docker backend cannot look into its images")
+        probe = backend.image_probe()
+    except (BackendConfigError, SandboxUnavailable) as exc:
         yield str(exc)
         return
-    probe = ImageProbe(client)
+    except plugins.UnknownBackend:
+        yield "no docker backend is installed"
+        return
     try:
         yield probe
     finally:
         probe.close()
-        client.close()

@@ -90,16 +90,12 @@ def images_build_command(contexts: Path | None) -> None:
     """Build runner/base:latest from Debian packages, then every tool image."""
     from runner.config.locations import examples_dir
     from sandboxes import SandboxUnavailable
-    from sandboxes.docker import api_client
-    from sandboxes.docker.images import ImageBuildError, build_base, build_tool_images
+    from sandboxes.docker.images import ImageBuildError, build_images
 
     def progress(message: str) -> None:
         click.echo(f"images: {message}", err=True)
 
     try:
-        client = api_client()
-        client.timeout = 600  # importing a root filesystem takes a while
-        build_base(client, progress)
-        build_tool_images(client, contexts or examples_dir() / "tool_images", progress)
+        build_images(contexts or examples_dir() / "tool_images", progress)
     except (SandboxUnavailable, ImageBuildError) as exc:
         _fail_usage(str(exc))

@@ -19,12 +19,13 @@ from typing import Literal
 from runner.call.plan import resolve_plan
 from runner.call.policy import Policy, matching_rule
 from runner.call.requests import CallOptions
-from runner.cli.checks import ImageProbe, host_command_problem, image_probe, script_problem
+from runner.cli.checks import host_command_problem, image_probe, script_problem
 from runner.config.egress import NetworkAllow
 from runner.secrets.sources import read_secrets
 from runner.tools.manifest import Tool
 from runner.tools.registry import Registry
 from runner.tools.scaffold import PLACEHOLDER
+from sandboxes import ImageProbe
 
 Severity = Literal["error", "warning"]
 # Which check found it: "manifest" (loading left the tool out), "command", "image",

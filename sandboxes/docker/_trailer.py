@@ -8,7 +8,7 @@ ordered, so once both trailers are read everything the tool wrote has arrived. T
 token is fresh per container, read by the gate from its stdin and never exported: the
 tool never has it (it could only read it from the gate's memory, and then say no more
 than it could say by exiting with that status). The call still returns only once the
-container's cgroup is empty (``sandbox.PreparedContainer``), and the limits are read
+container's cgroup is empty (``_prepared.PreparedContainer``), and the limits are read
 from that cgroup as before; a trailer that does not come (the gate killed, a stream cut)
 leaves the run to the daemon's end of stream and exit status, as before.
 """

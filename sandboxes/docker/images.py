@@ -32,6 +32,8 @@ TRIM = (
 )
 
 Progress = Callable[[str], None]
+# Importing a root filesystem takes a while: the daemon's answer is waited for this long.
+BUILD_TIMEOUT_S = 600
 
 
 class ImageBuildError(Exception):
@@ -148,3 +150,22 @@ def build_tool_images(client: Any, root: Path, progress: Progress) -> list[str]:
         progress(f"{tag}: built")
         built.append(tag)
     return built
+
+
+def build_images(contexts: Path, progress: Progress) -> None:
+    """``runner images build``: the base image, then every tool image in ``contexts``
+    (a folder of build contexts), on the local daemon.
+
+    Raises:
+        SandboxUnavailable: the daemon cannot be reached.
+        ImageBuildError: an image could not be built.
+    """
+    from sandboxes.docker._client import api_client
+
+    client = api_client()
+    client.timeout = BUILD_TIMEOUT_S
+    try:
+        build_base(client, progress)
+        build_tool_images(client, contexts, progress)
+    finally:
+        client.close()

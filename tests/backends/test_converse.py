@@ -15,7 +15,7 @@ from docker import APIClient
 from sandboxes import Sandbox, plugins
 from sandboxes._exchange import DialogueExchange, Stdin
 from sandboxes.base import Pipe, StopReason
-from sandboxes.docker.sandbox import _SocketStdin
+from sandboxes.docker._attach import SocketStdin
 from sandboxes.subprocess._process import _WriterStdin
 from sandboxes.testing import DIALOGUE_CONTRACT, Harness, Lines
 from sandboxes.testing import Check as ContractCheck
@@ -95,7 +95,7 @@ def test_a_send_to_a_closed_attach_socket_is_a_connection_error() -> None:
         ours.setblocking(False)
         theirs.close()  # the container is gone
         try:
-            return await _sends_until_refused(_SocketStdin(ours))
+            return await _sends_until_refused(SocketStdin(ours))
         finally:
             ours.close()
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import ToolBench
 
+from sandboxes.subprocess._command import reachable_by_others
 from sandboxes.subprocess._staged_folders import StagedFolders, folder_id
-from sandboxes.subprocess.sandbox import _reachable_by_others
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="only a root runner stages tool folders")
 
@@ -70,7 +70,7 @@ def test_a_tool_sees_its_own_folder_and_no_other_tools(bench: ToolBench) -> None
     (other / "secret.txt").write_text("other's secret")
     mine = bench.tool("mine", LOOKS_AROUND, parameters={"type": "object"})
     (mine / "secret.txt").write_text("my secret")
-    assert not _reachable_by_others(mine)  # pytest's folders are root's own (0700)
+    assert not reachable_by_others(mine)  # pytest's folders are root's own (0700)
     runner = bench.runner()
     try:
         first = runner.handle({"toolName": "other", "params": {"other": str(mine)}})

@@ -1,0 +1,114 @@
+"""How a subprocess sandbox's run ended, told from its launcher's status, the started
+byte, the cgroup's counters and the exec guard's token (``sandboxes._exec_status``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+from sandboxes._exec_status import exec_failure
+from sandboxes._kernel import signal_from_init_status
+from sandboxes.base import Limits, SandboxOutcome, StopReason
+from sandboxes.subprocess._cgroup import CallCgroup
+from sandboxes.subprocess._process import Ending, ProcessResult
+
+_HOST_PATH = re.compile(r"/[^\s:'\"]+")
+
+
+def outcome(
+    result: ProcessResult,
+    started_ok: bool,
+    token: str,
+    duration_ms: float,
+    zero_fails: bool,
+    *,
+    missing: tuple[str, ...],
+    cgroup: CallCgroup | None,
+    limits: Limits,
+) -> SandboxOutcome:
+    """The outcome of a run whose tool ended (exited, was killed, or never started);
+    ``missing``: the layers a degraded sandbox lacked (empty: hardened)."""
+    hardened = not missing
+    rc = result.returncode
+    sig: int | None = None
+    if rc is not None and rc < 0:
+        sig, rc = -rc, None
+    elif hardened and rc is not None and started_ok and signal_from_init_status(rc):
+        sig, rc = signal_from_init_status(rc), None  # bubblewrap's init: 128 + N
+    reason = _reason(result, rc, sig, started_ok, cgroup, limits)
+    if reason is None and zero_fails:
+        reason = StopReason.EXIT_CODE
+    message = ""
+    if reason is StopReason.SANDBOX_UNAVAILABLE:
+        message = _setup_message(result.stderr_tail)
+    stderr_tail = result.stderr_tail
+    failure = exec_failure(rc, stderr_tail, token) if reason is StopReason.EXIT_CODE else None
+    if failure is not None:
+        reason, message, stderr_tail = StopReason.NOT_EXECUTABLE, failure.why, failure.stderr_tail
+    if not started_ok:
+        # Nothing of the tool ran: the text is the launcher's, with host paths in it.
+        stderr_tail = message or _setup_message(stderr_tail)
+    return SandboxOutcome(
+        exit_code=rc,
+        signal=sig,
+        stdout=result.stdout,
+        stderr_tail=stderr_tail,
+        duration_ms=duration_ms,
+        reason=reason,
+        message=message,
+        degraded=not hardened,
+        missing=missing,
+    )
+
+
+def _reason(
+    result: ProcessResult,
+    rc: int | None,
+    sig: int | None,
+    started_ok: bool,
+    cgroup: CallCgroup | None,
+    limits: Limits,
+) -> StopReason | None:
+    ending = result.ending
+    if ending is Ending.TIMEOUT:
+        return StopReason.TIMEOUT
+    if ending is Ending.OUTPUT_LIMIT:
+        return StopReason.OUTPUT_LIMIT
+    if ending is Ending.CPU_BUDGET:
+        return StopReason.CPU_LIMIT
+    if ending is Ending.MEMORY_LIMIT:
+        return StopReason.MEMORY_LIMIT
+    if not started_ok:  # the shim never ran: the launcher or bubblewrap gave up
+        return StopReason.SANDBOX_UNAVAILABLE
+    if cgroup and cgroup.sockets_overran():  # between the last poll and the exit
+        return StopReason.MEMORY_LIMIT
+    if rc == 0:
+        return None
+    if cgroup and cgroup.oom_kills() > 0:
+        return StopReason.MEMORY_LIMIT
+    if sig == signal.SIGXCPU or (
+        sig == signal.SIGKILL and cgroup and cgroup.cpu_seconds() >= limits.cpu_seconds
+    ):
+        return StopReason.CPU_LIMIT
+    if cgroup and cgroup.pids_refused() > 0:
+        return StopReason.PIDS_LIMIT
+    if sig is not None:
+        return StopReason.SIGNAL
+    return StopReason.EXIT_CODE
+
+
+def shim_started(started_fd: int) -> bool:
+    """Did the sandbox get as far as exec'ing the tool? (The shim then wrote one byte.)"""
+    try:
+        return os.read(started_fd, 1) == b"s"
+    except (BlockingIOError, OSError):
+        return False
+
+
+def _setup_message(stderr_tail: str) -> str:
+    """The launcher's own complaint (the runner masks host paths in it)."""
+    for line in reversed(stderr_tail.splitlines()):
+        if line.startswith(("bwrap:", "runner-launch:", "setpriv:")):
+            return _HOST_PATH.sub("<path>", line)[:200]
+    return "the sandbox could not be set up"
