@@ -1,4 +1,4 @@
-"""How a tool started ahead ended before its call, said for the operator (SPEC 11)."""
+"""How a tool started ahead ended before its call, said for the operator."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Preparing a sandbox from a thread, the same way in every backend: for a call (from its
-event loop) and ahead of one (SPEC 11, from the pool's thread)."""
+event loop) and ahead of one (a warm pool's, from its thread)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Priming a warm sandbox (SPEC 12), the same way in every backend: an ``Opening`` speaks
+"""Priming a warm sandbox (a hosted MCP server's), the same way in every backend: an ``Opening`` speaks
 with the tool started ahead, from the pool's thread, through a blocking pipe that the
 backend gives (``PrimingPipe``: popen's pipes, docker's attach socket).
 

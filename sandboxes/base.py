@@ -33,7 +33,7 @@ class StopReason(enum.StrEnum):
     # starter's 127 or 126. Never claimed on the word of the tool itself.
     NOT_EXECUTABLE = "not_executable"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
-    # The cluster node running the sandbox was lost in the middle of the run (SPEC 14: a
+    # The cluster node running the sandbox was lost in the middle of the run (dispatch: a
     # dispatched call); ``message`` says which node. Nothing of the tool's doing.
     NODE_LOST = "node_lost"
 
@@ -100,9 +100,9 @@ class SandboxOutcome:
     degraded: bool = False
     # When degraded: each isolation layer that was missing, with what to install.
     missing: tuple[str, ...] = ()
-    # The run used a sandbox started ahead of its call (SPEC 11).
+    # The run used a sandbox started ahead of its call (a warm pool).
     warm: bool = False
-    # The cluster node the run was dispatched to (SPEC 14); None for a run on this host.
+    # The cluster node the run was dispatched to; None for a run on this host.
     node: str | None = None
 
     @property
@@ -162,7 +162,7 @@ class Pipe(Protocol):
 
 
 class Dialogue(Protocol):
-    """A conversation with a tool that answers more than once (SPEC 12: an MCP server).
+    """A conversation with a tool that answers more than once (an MCP server).
 
     The backend starts the tool as for ``run`` and lets ``talk`` speak with it; the run
     ends when ``talk`` returns (the tool is then killed: a conversation's end is not the
@@ -209,7 +209,7 @@ class WarmSandbox(PreparedSandbox, Protocol):
 
 @runtime_checkable
 class Waits(Protocol):
-    """A warm sandbox that can tell whether its tool still waits for its call (SPEC 11):
+    """A warm sandbox that can tell whether its tool still waits for its call (warm pools):
     one that ended before it (a limit killed it while it waited, it exited), or is burning
     the CPU its call would need, can serve no call; its pool discards it and backs off."""
 
@@ -258,7 +258,7 @@ class OpeningPipe(Protocol):
 
 
 class Opening(Protocol):
-    """What is said to a tool started ahead before its call is known (SPEC 12: the MCP
+    """What is said to a tool started ahead before its call is known (the MCP
     ``initialize`` of a hosted server), so that its call starts past it."""
 
     def open(self, pipe: OpeningPipe, timeout_s: float) -> bytes:
@@ -274,7 +274,7 @@ class Opening(Protocol):
 
 @runtime_checkable
 class Primes(Protocol):
-    """A warm sandbox whose tool can be spoken to before its call (SPEC 12)."""
+    """A warm sandbox whose tool can be spoken to before its call (a hosted MCP server)."""
 
     def prime(self, opening: Opening, timeout_s: float) -> None:
         """Hold ``opening`` with the started tool (blocking: the pool's thread, right after
@@ -296,7 +296,7 @@ class Primes(Protocol):
 
 @runtime_checkable
 class PreStarts(Protocol):
-    """A backend that can start sandboxes ahead of their calls (SPEC 11, warm pools)."""
+    """A backend that can start sandboxes ahead of their calls (warm pools)."""
 
     def prestart(self, spec: LaunchSpec, limits: Limits) -> WarmSandbox:
         """Prepare a sandbox and start its program, blocked on its stdin (blocking).

@@ -39,7 +39,7 @@ def tool_env(
     workspace: str | None = None,
     library: str = LIBRARY_MOUNT,
 ) -> dict[str, str]:
-    """The tool's environment but its secrets: the SPEC's minimal set and the manifest's env.
+    """The tool's environment but its secrets: the contract's minimal set and the manifest's env.
 
     ``spec.secrets`` are added by each backend in a way that keeps them out of sight of
     anyone but the tool (the subprocess backend: bubblewrap's arguments through a sealed

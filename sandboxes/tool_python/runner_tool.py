@@ -1,4 +1,4 @@
-"""The tool side of the contract (SPEC 2) for Python tools: standard library only.
+"""The tool side of the runner's contract for Python tools: standard library only.
 
 Every sandbox shows this folder read-only at ``/opt/runner/python`` and puts it on the
 tool's ``PYTHONPATH`` (``sandboxes.view``), so ``import runner_tool`` works in every
@@ -82,7 +82,7 @@ class ToolError(Exception):
         self.details = dict(details) if details is not None else None
 
     def document(self) -> dict[str, Any]:
-        """The SPEC 2 error document (``code`` and ``details`` only when given)."""
+        """The error document (``code`` and ``details`` only when given)."""
         error: dict[str, Any] = {"message": self.message}
         if self.code is not None:
             error["code"] = self.code

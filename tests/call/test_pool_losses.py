@@ -1,4 +1,4 @@
-"""Warm sandboxes lost before their call (SPEC 11), with real sandboxes of both backends: a
+"""Warm sandboxes lost before their call, with real sandboxes of both backends: a
 tool that spins before reading its input, or exits, while it waits. Such a sandbox is
 discarded, never handed out, audited (``pool.discarded``), and its pool backs off, so that
 an idle pool burns a bounded amount of CPU; calls meanwhile run cold and get their answer.
