@@ -22,7 +22,7 @@ from runner.audit import chain as audit_chain
 from runner.audit.verify import verify
 from runner.errors import ConfigError
 
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = Path(__file__).resolve().parents[2]
 KEY_VAR = "RUNNER_TEST_CHAIN_KEY"
 KEY = "k3y-0f-the-audit-chain-7c1d9e"
 ECHO = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"

@@ -7,11 +7,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import runner
 from sandboxes import ChecksMachine, Closable, PreStarts, ProbesImages, StartsEarly, plugins
 from sandboxes.docker import DockerSandbox
 from sandboxes.subprocess import SubprocessSandbox
 
-RUNNER = Path(__file__).resolve().parent.parent / "runner"
+RUNNER = Path(runner.__file__).resolve().parent  # the package under test, wherever it is
 
 
 def _private(name: str) -> bool:

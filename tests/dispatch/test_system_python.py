@@ -27,7 +27,7 @@ from support.bundle_cases import HOSTILE, refusal
 from support.ray_cluster import RayCluster
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # where `support` is
 
 pytestmark = [pytest.mark.slow]
 
