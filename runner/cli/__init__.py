@@ -58,7 +58,7 @@ def _register_commands() -> None:
     # lists them (what a command needs beyond that, it imports when it runs).
     from runner.cli.audit import audit_group
     from runner.cli.call import exec_command
-    from runner.cli.host import doctor_command, images_group, init_command
+    from runner.cli.host import completion_command, doctor_command, images_group, init_command
     from runner.cli.mcp import mcp_group
     from runner.cli.serve import export_command, serve_group
     from runner.cli.tools import list_command, new_command, show_command, validate_command
@@ -76,6 +76,7 @@ def _register_commands() -> None:
         export_command,
         serve_group,
         mcp_group,
+        completion_command,
     ):
         cli.add_command(command)
 
@@ -86,7 +87,7 @@ document_environment(cli)
 
 def main() -> None:
     try:
-        cli.main(standalone_mode=False)
+        cli.main(standalone_mode=False, complete_var="_RUNNER_COMPLETE")  # also under python -m runner
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:

@@ -99,3 +99,20 @@ def images_build_command(contexts: Path | None) -> None:
         build_images(contexts or examples_dir() / "tool_images", progress)
     except (SandboxUnavailable, ImageBuildError) as exc:
         _fail_usage(str(exc))
+
+
+@click.command("completion")
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+@click.pass_context
+def completion_command(ctx: click.Context, shell: str) -> None:
+    """Print the shell completion script for SHELL (click's own).
+
+    bash: eval "$(runner completion bash)" in ~/.bashrc; zsh: the same with zsh in
+    ~/.zshrc; fish: runner completion fish > ~/.config/fish/completions/runner.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    completion = get_completion_class(shell)
+    assert completion is not None  # the choice admits only shells click knows
+    root = ctx.find_root()
+    click.echo(completion(root.command, {}, "runner", "_RUNNER_COMPLETE").source())

@@ -693,3 +693,23 @@ def test_a_hanging_tool_is_reported_in_plain_words(bench: ToolBench) -> None:
     answer = bench.runner().handle({"toolName": "hangs", "options": {"timeout": 300, "retries": 0}})
     assert answer["error"]["code"] == "TIMEOUT"
     assert answer["error"]["message"] == "hangs did not finish within its timeout of 300 ms, so it was killed"
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_runner_completion_prints_a_script_and_the_commands_complete(shell: str) -> None:
+    done = piped("completion", shell)
+    assert done.returncode == 0, done.stderr
+    assert "_RUNNER_COMPLETE" in done.stdout
+    completed = subprocess.run(
+        RUNNER,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **_env(None),
+            "_RUNNER_COMPLETE": "bash_complete",
+            "COMP_WORDS": "runner mcp re",
+            "COMP_CWORD": "2",
+        },
+    )
+    assert completed.stdout.split() == ["plain,remove"], completed.stdout + completed.stderr
