@@ -164,7 +164,7 @@ def test_helper_turns_a_tool_error_into_the_error_document_and_exit_one(tmp_path
     }
 
 
-def test_helper_reports_any_other_exception_in_one_line_on_stderr(tmp_path: Path) -> None:
+def test_helper_reports_any_other_exception_as_a_tool_error_and_one_line_on_stderr(tmp_path: Path) -> None:
     done = run_helper_tool(
         tmp_path,
         """
@@ -174,7 +174,12 @@ def test_helper_reports_any_other_exception_in_one_line_on_stderr(tmp_path: Path
         REQUEST,
     )
     assert done.returncode == 1
-    assert done.stdout == ""
+    error = json.loads(done.stdout)["error"]
+    assert error == {
+        "message": "KeyError: 'missing'",
+        "retryable": False,
+        "details": {"exception": "KeyError"},
+    }
     assert len(done.stderr.strip().splitlines()) == 1
     assert "KeyError" in done.stderr
     assert "Traceback" not in done.stderr
