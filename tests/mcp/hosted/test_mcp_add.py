@@ -661,6 +661,9 @@ def test_a_server_that_lists_no_tools_fails_with_the_fix_and_workspace_and_grant
     )
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "tools: none registered" in failed.stdout
+    # What the policy needs, as paths into it: nothing to paste that clashes with roles.user.
+    assert 'roles.user.allow: add ["files_*"]' in failed.stdout
+    assert "--grant user does it" in failed.stdout
     assert "files registered no tools" in failed.stderr and "--workspace read|write" in failed.stderr
     assert "installing dirmcp from PyPI" in failed.stderr  # progress while pip runs
     assert "Traceback" not in failed.stderr
