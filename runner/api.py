@@ -389,7 +389,7 @@ class Runner:
             else:
                 policy, guard = self.policy, self._guard  # the policy in force for the whole call
                 ctx = replace(call_context(request, request_id, trace_id, policy), telemetry=telemetry)
-                tool = guard.tool(self.registry, self.policy, request.tool_name, ctx)
+                tool = guard.tool(self.registry, policy, request.tool_name, ctx)
                 plan = resolve_plan(tool, policy, request.options)
                 # The deadline bounds the whole call, validation of the params included.
                 deadline_at = received + plan.deadline_ms / 1000

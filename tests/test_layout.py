@@ -25,7 +25,6 @@ RUNNER = Path(runner.__file__).resolve().parent
 SANDBOXES = Path(sandboxes.__file__).resolve().parent
 
 
-# Being split on another branch (one state machine per backend); remove at that merge.
 def _modules(package: Path) -> dict[str, Path]:
     found = {}
     for path in sorted(package.rglob("*.py")):
