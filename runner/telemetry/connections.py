@@ -8,10 +8,15 @@ runner can no longer start a sandbox. So each listener has a ``ConnectionGate``:
 - at most ``max_open`` connections in all and ``max_per_peer`` from one IP address;
 - a connection that has not yet been *trusted* (its request passed the token check, or a
   valid scrape on the metrics listener) is the first to go: when a cap is reached, a new
-  connection closes the oldest untrusted one (of the same peer for the per-peer cap)
+  connection closes the oldest idle untrusted one (of the same peer for the per-peer cap)
   instead of being refused. A flood of idle connections thus keeps cycling through its
   own slots, and a client with a token, which sends its request at once, gets in. Only
   when every slot holds a trusted connection is a new one refused;
+- a connection is not idle while bytes it sent wait unread in the kernel, nor from the
+  moment its request head arrived until its answer is sent: the request is about to be
+  trusted or refused (a refused one is closed with its 401). Under a burst of the flood,
+  the event loop reads a client's request a few accept batches after taking its
+  connection, and those batches must not evict it first;
 - a refused or evicted connection is closed at once with a reset (nothing lingers);
 - a request's head must arrive within ``header_timeout_s``, and a kept-alive connection
   may stay idle ``idle_timeout_s`` between requests.
@@ -19,8 +24,11 @@ runner can no longer start a sandbox. So each listener has a ``ConnectionGate``:
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import resource
+import termios
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -85,7 +93,12 @@ def raise_descriptor_limit() -> int:
 class _Held:
     owner: object
     close: Callable[[], None]
+    unread: Callable[[], bool]  # bytes it sent wait in the kernel
     trusted: bool = False
+    busy: bool = False  # a request's head arrived and its answer is not sent yet
+
+    def idle(self) -> bool:
+        return not (self.trusted or self.busy or self.unread())
 
 
 class ConnectionGate:
@@ -98,9 +111,16 @@ class ConnectionGate:
         self.refused = 0
         self.evicted = 0
 
-    def admit(self, peer: Peer, owner: object, close: Callable[[], None]) -> bool:
-        """Take the connection from ``peer`` (closed with ``close`` if it is evicted later);
-        False: refused, the caller closes it at once."""
+    def admit(
+        self,
+        peer: Peer,
+        owner: object,
+        close: Callable[[], None],
+        unread: Callable[[], bool] = lambda: False,
+    ) -> bool:
+        """Take the connection from ``peer`` (closed with ``close`` if it is evicted later;
+        ``unread`` tells whether bytes it sent wait unread); False: refused, the caller
+        closes it at once."""
         host = peer[0]
         if self._per_host[host] >= self.limits.max_per_peer and not self._evict(host):
             self.refused += 1
@@ -108,7 +128,7 @@ class ConnectionGate:
         if len(self._open) >= self.limits.max_open and not self._evict(None):
             self.refused += 1
             return False
-        self._open[peer] = _Held(owner, close)
+        self._open[peer] = _Held(owner, close, unread)
         self._per_host[host] += 1
         return True
 
@@ -118,6 +138,13 @@ class ConnectionGate:
         held = self._open.get(peer)
         if held is not None:
             held.trusted = True
+
+    def busy(self, peer: Peer, busy: bool) -> None:
+        """The connection from ``peer`` has a request in hand (``busy``) or is idle again: a
+        busy one is not evicted for newer ones."""
+        held = self._open.get(peer)
+        if held is not None:
+            held.busy = busy
 
     def release(self, peer: Peer, owner: object) -> None:
         """``owner``'s connection from ``peer`` is closed (a no-op once it was evicted)."""
@@ -131,7 +158,7 @@ class ConnectionGate:
 
     def _evict(self, host: str | None) -> bool:
         for peer, held in self._open.items():
-            if not held.trusted and (host is None or peer[0] == host):
+            if (host is None or peer[0] == host) and held.idle():
                 self._forget(peer)
                 self.evicted += 1
                 held.close()
@@ -150,3 +177,23 @@ def reset(transport: asyncio.BaseTransport) -> Callable[[], None]:
     connection costs nothing after it."""
     abort = getattr(transport, "abort", None)
     return abort if callable(abort) else transport.close
+
+
+def unread(transport: asyncio.BaseTransport) -> Callable[[], bool]:
+    """Whether bytes the peer sent wait unread in the kernel on ``transport``'s socket."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return lambda: False
+
+    def waiting() -> bool:
+        count = array.array("i", [0])
+        fd = sock.fileno()  # -1 once closed: its number may already be another socket's
+        if fd < 0:
+            return False
+        try:
+            fcntl.ioctl(fd, termios.FIONREAD, count)
+        except OSError:
+            return False
+        return count[0] > 0
+
+    return waiting

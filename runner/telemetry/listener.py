@@ -22,7 +22,14 @@ import threading
 import h11
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from runner.telemetry.connections import ACCEPT_BACKLOG, ConnectionGate, ConnectionLimits, Peer, reset
+from runner.telemetry.connections import (
+    ACCEPT_BACKLOG,
+    ConnectionGate,
+    ConnectionLimits,
+    Peer,
+    reset,
+    unread,
+)
 from runner.telemetry.metrics import RunnerMetrics
 
 METRICS_PATH = b"/metrics"
@@ -96,7 +103,7 @@ class MetricsServer:
         peername = writer.get_extra_info("peername")
         peer: Peer = (str(peername[0]), int(peername[1])) if peername else ("", id(writer))
         me = asyncio.current_task()
-        if not self.gate.admit(peer, me, reset(transport)):
+        if not self.gate.admit(peer, me, reset(transport), unread(transport)):
             reset(transport)()
             return
         if me is not None:

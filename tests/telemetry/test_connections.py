@@ -1,10 +1,13 @@
-"""``ConnectionGate``'s rules, without sockets: caps per peer and in all, the oldest
-untrusted connection evicted first, trusted ones kept, a refusal once all are trusted;
-``ConnectionLimits.within`` fits the caps to the descriptor limit."""
+"""``ConnectionGate``'s rules: caps per peer and in all, the oldest idle untrusted connection
+evicted first, trusted, busy and talking ones kept, a refusal once all are trusted;
+``ConnectionLimits.within`` fits the caps to the descriptor limit; ``unread`` on a real
+socket pair."""
 
 from __future__ import annotations
 
-from runner.telemetry.connections import MIN_OPEN, ConnectionGate, ConnectionLimits
+import socket
+
+from runner.telemetry.connections import MIN_OPEN, ConnectionGate, ConnectionLimits, unread
 
 
 class Held:
@@ -53,3 +56,50 @@ def test_the_caps_are_fitted_to_half_the_descriptors_shared_by_the_listeners() -
     assert limits.within(1024, listeners=2).max_open == 256
     assert limits.within(1024, listeners=2).max_per_peer == 256
     assert limits.within(40, listeners=2).max_open == MIN_OPEN
+
+
+def test_a_connection_with_a_request_in_hand_is_not_evicted_until_its_answer_is_sent() -> None:
+    # A client with a token whose request waits for the event loop behind a burst of the
+    # flood must not lose its connection before the token check trusts it.
+    gate = ConnectionGate(ConnectionLimits(max_open=10, max_per_peer=2))
+    waiting = _admit(gate, "127.0.0.1", 1)[1]
+    idle = _admit(gate, "127.0.0.1", 2)[1]
+    gate.busy(("127.0.0.1", 1), True)
+    admitted, newer = _admit(gate, "127.0.0.1", 3)
+    assert admitted and idle.closed and not waiting.closed
+    # Answered (and not trusted: a refused one): it is idle again, the first to go.
+    gate.busy(("127.0.0.1", 1), False)
+    admitted, _ = _admit(gate, "127.0.0.1", 4)
+    assert admitted and waiting.closed and not newer.closed
+
+
+def test_a_connection_whose_bytes_wait_unread_is_not_evicted() -> None:
+    # The event loop reads a client's request some accept batches after taking its
+    # connection: the flood's newer connections must not evict it meanwhile.
+    gate = ConnectionGate(ConnectionLimits(max_open=10, max_per_peer=2))
+    sent = [True]
+    talking = Held()
+    gate.admit(("127.0.0.1", 1), talking, talking.close, lambda: sent[0])
+    idle = _admit(gate, "127.0.0.1", 2)[1]
+    assert _admit(gate, "127.0.0.1", 3)[0] and idle.closed and not talking.closed
+    sent[0] = False
+    assert _admit(gate, "127.0.0.1", 4)[0] and talking.closed
+
+
+def test_unread_sees_the_bytes_waiting_in_the_kernel() -> None:
+    class Transport:
+        def __init__(self, sock: socket.socket) -> None:
+            self.sock = sock
+
+        def get_extra_info(self, name: str) -> object:
+            return self.sock if name == "socket" else None
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        waiting = unread(Transport(ours))  # type: ignore[arg-type]
+        assert not waiting()
+        theirs.sendall(b"POST /mcp HTTP/1.1\r\n")
+        assert waiting()
+        ours.recv(100)
+        assert not waiting()
+    assert not waiting()  # closed: never another socket's count

@@ -8,7 +8,7 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from runner.telemetry.connections import ConnectionGate, reset
+from runner.telemetry.connections import ConnectionGate, reset, unread
 
 
 class GatedH11Protocol(H11Protocol):
@@ -25,8 +25,8 @@ class GatedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        peer = self.client or ("", id(self))
-        if not self._gate.admit(peer, self, reset(transport)):
+        peer = self._peer()
+        if not self._gate.admit(peer, self, reset(transport), unread(transport)):
             reset(transport)()
             return
         self._admitted = True
@@ -35,7 +35,7 @@ class GatedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
         if self._admitted:
-            self._gate.release(self.client or ("", id(self)), self)
+            self._gate.release(self._peer(), self)
         super().connection_lost(exc)
 
     def handle_events(self) -> None:
@@ -43,12 +43,19 @@ class GatedH11Protocol(H11Protocol):
         super().handle_events()
         if self.cycle is not cycle:  # a request's head arrived
             self._stop_head_timer()
+            if self._admitted:
+                self._gate.busy(self._peer(), True)
 
     def on_response_complete(self) -> None:
+        if self._admitted:
+            self._gate.busy(self._peer(), False)
         if not self.transport.is_closing():
             self._stop_head_timer()
             self._await_head()  # the next request's head (a pipelined one stops it at once)
         super().on_response_complete()
+
+    def _peer(self) -> tuple[str, int]:
+        return self.client or ("", id(self))
 
     def _await_head(self) -> None:
         self._head_timer = self.loop.call_later(self._gate.limits.header_timeout_s, self._head_late)
