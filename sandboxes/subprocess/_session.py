@@ -207,7 +207,7 @@ class _CallProcess:
             self._transports.append(transport)
             transport, protocol = await loop.connect_write_pipe(_WriteProtocol, writer)
             self._transports.append(transport)
-            self.stdin = asyncio.StreamWriter(transport, protocol, None, loop)  # type: ignore[arg-type]
+            self.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
         except BaseException:
             for file in (*files, writer):
                 file.close()
