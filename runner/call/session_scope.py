@@ -31,6 +31,12 @@ def in_session(session: CallSession) -> Iterator[SessionNote]:
         AUDIT_SESSION.reset(tokens[2])
 
 
+@contextmanager
+def no_session() -> Iterator[SessionNote]:
+    """What ``Session.calls`` gives, for calls made in no session: a note nothing writes."""
+    yield SessionNote()
+
+
 def restarted_result(result: CallResult) -> CallResult:
     """``result`` saying that its session sandbox was opened anew (``sessionRestarted``)."""
     meta = result.metadata
@@ -82,8 +88,24 @@ class Session:
         return self._session.id
 
     async def __aenter__(self) -> Session:
+        return self.start()
+
+    def start(self) -> Session:
+        """Register the session with its runner (``async with`` does it); the caller closes it."""
         self._session.start()
         return self
+
+    @contextmanager
+    def calls(self) -> Iterator[SessionNote]:
+        """Make the calls of this context ones of this session (``runner serve``'s handler).
+
+        Raises:
+            RuntimeError: the session is closed.
+        """
+        if self._session.closed:
+            raise RuntimeError("this session is closed")
+        with in_session(self._session) as note:
+            yield note
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -100,9 +122,7 @@ class Session:
             RuntimeError: the session (or the runner) is closed.
             asyncio.CancelledError: as ``Runner.acall``.
         """
-        if self._session.closed:
-            raise RuntimeError("this session is closed")
-        with in_session(self._session) as note:
+        with self.calls() as note:
             result = await self._runner.acall(tool_name, params, **options)
         return restarted_result(result) if note.restarted else result
 

@@ -137,9 +137,8 @@ class CallSession:
     _sweeper: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        """Begin watching expiry on the running loop; register with the runner's counts."""
+        """Register with the runner, which closes the session should it close first."""
         self.counts.sessions.add(self)
-        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
     def backend(self, tool_name: str, backend: Sandbox) -> Sandbox:
         """The backend a call of ``tool_name`` in this session runs on."""
@@ -193,6 +192,8 @@ class CallSession:
         except BaseException:
             self.counts.release(self.owner)
             raise
+        if self._sweeper is None:  # expiry is watched on the loop of the session's calls
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         now = self.clock.monotonic()
         held = _Held(sandbox, backend.name, now, now)
         self._held[tool_name] = held
