@@ -6,6 +6,10 @@ agent as its program; it is never run as a whole. Each call gets three fresh pip
 handed to the agent over the control socket, and is driven by ``_process.drive`` as any
 run is (its timeout, output cap, the CPU and memory of the whole cgroup). A call that does
 not end by its own exit ends the session: the cgroup is killed, agent and all.
+
+As a warm pool does, the next call's process is started ahead, as soon as the sandbox is
+ready and again when a call has ended: its exec guard's token goes in at once, so the
+tool starts up and waits on its stdin for its payload, and the next call begins there.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class SubprocessSession:
         self._limits = limits
         self._end: SessionEnd | None = None
         self._busy = False
+        self._ahead: _Started | None = None  # the next call's process, started ahead
 
     async def wait_ready(self) -> None:
         """Wait for the agent's first word.
@@ -110,6 +115,7 @@ class SubprocessSession:
         if word != READY:
             self._end = SessionEnd.DIED
             raise SandboxUnavailable("the session sandbox could not be started")
+        self._ahead = self._start_call()
 
     def ended(self) -> SessionEnd | None:
         return self._end
@@ -125,10 +131,18 @@ class SubprocessSession:
         finally:
             self._busy = False
 
-    async def _call(self, payload: bytes, limits: Limits) -> SandboxOutcome:
+    def _start_call(self) -> _Started:
+        """Have the agent start the tool once more, its token written: it starts up and
+        waits for its payload.
+
+        Raises:
+            SandboxUnavailable: the agent is gone.
+        """
         in_read, in_write = os.pipe()
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
+        token = new_token()
+        os.write(in_write, token_line(token))  # one line, far below PIPE_BUF: never blocks
         try:
             socket.send_fds(self._control, [RUN], [in_read, out_write, err_write])
         except OSError as exc:
@@ -139,16 +153,19 @@ class SubprocessSession:
         finally:
             for fd in (in_read, out_write, err_write):
                 os.close(fd)
+        return _Started(token, in_write, out_read, err_read)
+
+    async def _call(self, payload: bytes, limits: Limits) -> SandboxOutcome:
+        call, self._ahead = self._ahead or self._start_call(), None
         started = time.monotonic()
-        token = new_token()
         proc = _CallProcess(self)
         try:
-            await proc.attach(in_write, out_read, err_read)
+            await proc.attach(call.stdin, call.stdout, call.stderr)
             prepared = self._prepared
             result = await drive(
                 proc,
                 PayloadExchange(payload, limits.max_output_bytes),
-                token_line(token),
+                b"",  # the token line is in already
                 limits.timeout_ms / 1000,
                 lambda: None,  # the call's own end kills nothing: ``proc.kill`` decides
                 prepared._breached if prepared._cgroup is not None else None,
@@ -158,7 +175,7 @@ class SubprocessSession:
         answer = outcome(
             result,
             True,
-            token,
+            call.token,
             (time.monotonic() - started) * 1000,
             False,
             missing=self._prepared._missing,
@@ -167,6 +184,9 @@ class SubprocessSession:
         )
         if result.ending is not Ending.EXITED or answer.reason in _ENDS_SESSION:
             self.kill(SessionEnd.LIMIT)
+        elif self._end is None:
+            with contextlib.suppress(SandboxUnavailable):  # the next call says so
+                self._ahead = self._start_call()
         return answer
 
     def kill(self, why: SessionEnd) -> None:
@@ -179,7 +199,24 @@ class SubprocessSession:
         if self._end is None:
             self._end = SessionEnd.DIED
         self._control.close()  # the agent reads the end of its socket
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.close()
         await self._prepared.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Started:
+    """A call's process started by the agent: its token, and our ends of its pipes."""
+
+    token: str
+    stdin: int
+    stdout: int
+    stderr: int
+
+    def close(self) -> None:
+        for fd in (self.stdin, self.stdout, self.stderr):
+            os.close(fd)
 
 
 class _CallProcess:
