@@ -31,6 +31,9 @@ if params.get("hang"):
         time.sleep(600)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(600)
+if params.get("kill_agent"):  # the process that started this call, in the same sandbox
+    os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(600)
 if params.get("hog"):
     hoard = bytearray(400 * 1024 * 1024)
     hoard[::4096] = b"x" * len(hoard[::4096])
@@ -38,7 +41,11 @@ print(json.dumps({"count": count, "home": os.environ.get("HOME")}))
 """
 PARAMS = {
     "type": "object",
-    "properties": {"hang": {"type": "boolean"}, "hog": {"type": "boolean"}},
+    "properties": {
+        "hang": {"type": "boolean"},
+        "hog": {"type": "boolean"},
+        "kill_agent": {"type": "boolean"},
+    },
     "additionalProperties": False,
 }
 
@@ -151,7 +158,9 @@ def test_an_expired_session_sandbox_is_closed_and_the_next_call_says_it_restarte
     assert [event["restarted"] for event in _events(bench, "session.opened")] == [False, True]
 
 
-def test_a_hung_call_ends_its_session_whole_and_the_next_call_starts_anew(bench: ToolBench, mark: str) -> None:
+def test_a_hung_call_ends_its_session_whole_and_the_next_call_starts_anew(
+    bench: ToolBench, mark: str
+) -> None:
     async def scenario() -> None:
         async with bench.runner() as runner, runner.session() as session:
             assert _count(await session.acall("counter")) == 1
@@ -184,6 +193,27 @@ def test_a_limit_broken_in_a_session_ends_it_and_the_failed_call_is_not_a_restar
 
     asyncio.run(scenario())
     assert [event["reason"] for event in _events(bench, "session.closed")] == ["limit", "ended"]
+
+
+def test_a_tool_that_kills_the_process_that_started_it_only_ends_its_own_session(
+    bench: ToolBench, mark: str
+) -> None:
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session, runner.session() as other:
+            assert _count(await other.acall("counter")) == 1
+            assert _count(await session.acall("counter")) == 1
+            broken = await session.acall("counter", {"kill_agent": True}, timeout=5000)
+            assert not broken.success and broken.error is not None
+            assert broken.error.code.value == "EXECUTION_ERROR"
+            answer = await session.acall("counter")
+            assert _count(answer) == 1
+            assert answer.metadata.extra["sessionRestarted"] is True
+            assert _count(await other.acall("counter")) == 2
+
+    started = time.monotonic()
+    asyncio.run(scenario())
+    assert time.monotonic() - started < 5  # the orphaned call was not waited for until its timeout
+    assert processes_with_env(f"SESSION_MARK={mark}") == []
 
 
 def test_session_bounds_refuse_one_sandbox_too_many_until_one_closes(bench: ToolBench, mark: str) -> None:
