@@ -34,6 +34,10 @@ if params.get("hang"):
 if params.get("kill_agent"):  # the process that started this call, in the same sandbox
     os.kill(os.getppid(), signal.SIGKILL)
     time.sleep(600)
+if params.get("burn"):  # CPU time, in this call alone under the limit
+    until = time.process_time() + params["burn"]
+    while time.process_time() < until:
+        pass
 if params.get("hog"):
     hoard = bytearray(400 * 1024 * 1024)
     hoard[::4096] = b"x" * len(hoard[::4096])
@@ -45,6 +49,7 @@ PARAMS = {
         "hang": {"type": "boolean"},
         "hog": {"type": "boolean"},
         "kill_agent": {"type": "boolean"},
+        "burn": {"type": "number"},
     },
     "additionalProperties": False,
 }
@@ -214,6 +219,46 @@ def test_a_tool_that_kills_the_process_that_started_it_only_ends_its_own_session
     asyncio.run(scenario())
     assert time.monotonic() - started < 5  # the orphaned call was not waited for until its timeout
     assert processes_with_env(f"SESSION_MARK={mark}") == []
+
+
+def test_cpu_time_adds_up_over_the_session_and_its_breach_ends_the_session(
+    bench: ToolBench, mark: str
+) -> None:
+    bench.policy["limits"]["cpu_seconds"] = 2
+
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            first = await session.acall("counter", {"burn": 1.2}, timeout=20000)
+            assert _count(first) == 1
+            second = await session.acall("counter", {"burn": 1.2}, timeout=20000)
+            assert not second.success and second.error is not None
+            assert second.error.details["reason"] == "cpu_limit"
+            assert _count(await runner.acall("counter", {"burn": 1.2}, timeout=20000)) == 1  # alone: fine
+            answer = await session.acall("counter")
+            assert _count(answer) == 1
+            assert answer.metadata.extra["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [event["reason"] for event in _events(bench, "session.closed")] == ["limit", "ended"]
+
+
+@pytest.mark.docker
+def test_a_session_tool_of_the_docker_backend_is_refused_in_a_session_and_runs_outside(
+    bench: ToolBench, mark: str
+) -> None:
+    bench.tool(
+        "dcount", COUNTER, parameters=PARAMS, session=True, sandbox="docker", image="runner/base:latest"
+    )
+
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            refused = await session.acall("dcount", timeout=20000)
+            assert not refused.success and refused.error is not None
+            assert refused.error.details["reason"] == "sandbox_unavailable"
+            assert "docker" in refused.error.message
+            assert _count(await runner.acall("dcount", timeout=20000)) == 1
+
+    asyncio.run(scenario())
 
 
 def test_session_bounds_refuse_one_sandbox_too_many_until_one_closes(bench: ToolBench, mark: str) -> None:
