@@ -247,9 +247,12 @@ class CallSession:
                 lock = self._locks.get(tool_name)
                 if lock is None or lock.locked() or (why := self._expired(held)) is None:
                     continue
-                async with lock:
-                    if self._held.get(tool_name) is held:
-                        await self._drop(tool_name, why)
+                try:
+                    async with lock:
+                        if self._held.get(tool_name) is held:
+                            await self._drop(tool_name, why)
+                except Exception as exc:  # a fault of the runner: told, and the sweep goes on
+                    self.audit.operator.fault(exc, sessionId=self.id, toolName=tool_name)
 
 
 class _SessionBackend:

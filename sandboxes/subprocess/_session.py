@@ -160,7 +160,12 @@ class SubprocessSession:
         started = time.monotonic()
         proc = _CallProcess(self)
         try:
-            await proc.attach(call.stdin, call.stdout, call.stderr)
+            try:
+                await proc.attach(call.stdin, call.stdout, call.stderr)
+            except BaseException:
+                # Its exit status would come to the next call: the session ends here.
+                self.kill(SessionEnd.DIED)
+                raise
             prepared = self._prepared
             result = await drive(
                 proc,
