@@ -41,7 +41,8 @@ if params.get("burn"):  # CPU time, in this call alone under the limit
 if params.get("hog"):
     hoard = bytearray(400 * 1024 * 1024)
     hoard[::4096] = b"x" * len(hoard[::4096])
-print(json.dumps({"count": count, "home": os.environ.get("HOME")}))
+namespaces = [os.readlink(f"/proc/self/ns/{kind}") for kind in ("net", "mnt", "pid")]
+print(json.dumps({"count": count, "pid": os.getpid(), "namespaces": namespaces}))
 """
 PARAMS = {
     "type": "object",
@@ -80,8 +81,14 @@ def test_state_persists_within_a_session_and_never_reaches_another_or_a_call_out
     async def scenario() -> None:
         async with bench.runner() as runner:
             async with runner.session() as first, runner.session() as second:
-                assert [_count(await first.acall("counter")) for _ in range(3)] == [1, 2, 3]
-                assert _count(await second.acall("counter")) == 1
+                answers = [await first.acall("counter") for _ in range(3)]
+                assert [_count(answer) for answer in answers] == [1, 2, 3]
+                # Each call a new process, in the very namespaces of the one before.
+                assert len({answer.result["pid"] for answer in answers}) == 3
+                assert len({tuple(answer.result["namespaces"]) for answer in answers}) == 1
+                other = await second.acall("counter")
+                assert _count(other) == 1
+                assert set(other.result["namespaces"]).isdisjoint(answers[0].result["namespaces"])
                 assert _count(await runner.acall("counter")) == 1  # outside: fresh
                 assert _count(await first.acall("plain")) == 1  # not a session tool
                 assert _count(await first.acall("plain")) == 1
@@ -174,12 +181,15 @@ def test_a_hung_call_ends_its_session_whole_and_the_next_call_starts_anew(
             assert hung.error.code.value == "TIMEOUT"
             # The call's child and its sleeping main process, and the session with them.
             wait_for(lambda: processes_with_env(f"SESSION_MARK={mark}") == [], 5)
+            again = await session.acall("counter", {"hang": True}, timeout=1000)
+            assert again.error is not None
+            assert again.error.details["sessionRestarted"] is True  # in a failed call's details
             answer = await session.acall("counter")
             assert _count(answer) == 1
             assert answer.metadata.extra["sessionRestarted"] is True
 
     asyncio.run(scenario())
-    assert [event["reason"] for event in _events(bench, "session.closed")] == ["limit", "ended"]
+    assert [event["reason"] for event in _events(bench, "session.closed")] == ["limit", "limit", "ended"]
 
 
 def test_a_limit_broken_in_a_session_ends_it_and_the_failed_call_is_not_a_restart(
