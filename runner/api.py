@@ -29,8 +29,8 @@ from runner.audit.log import AuditLog
 from runner.call.answers import AnswerMetadata, CallResult
 from runner.call.backends import Backends
 from runner.call.executor import CallContext, Executor, Progress
-from runner.call.guard import CallGuard, call_context, caller, scrubbed
-from runner.call.plan import CallPlan, describe, resolve_plan
+from runner.call.guard import CallGuard, call_context, callable_tools, discoverable, scrubbed
+from runner.call.plan import CallPlan, resolve_plan
 from runner.call.policy import Policy
 from runner.call.pools import WarmPools
 from runner.call.requests import (
@@ -42,16 +42,18 @@ from runner.call.requests import (
     wire_request,
 )
 from runner.call.running import InFlight, current_task, run_blocking
+from runner.call.session_scope import Session
+from runner.call.sessions import CURRENT, CallSession, SessionCounts, is_session_tool
 from runner.clock import Clock, SystemClock, iso_now
 from runner.config.locations import find_policy, tool_dirs
 from runner.dispatch.choice import dispatched_sandbox
-from runner.errors import CallError, ConfigError, ErrorCode
+from runner.errors import CallError, ConfigError
 from runner.mcp.hosted.listing import ServerLister
 from runner.mcp.hosted.work import MCP_WORK
 from runner.telemetry.calls import CallTelemetry, Telemetry
 from runner.telemetry.labels import RunnerState
 from runner.tools.manifest import Tool
-from runner.tools.registry import Registry, matches_filter
+from runner.tools.registry import Registry
 from sandboxes import Closable, Sandbox
 
 if TYPE_CHECKING:
@@ -95,6 +97,7 @@ class Runner:
         self._lock = threading.Lock()
         self._in_flight: set[InFlight] = set()
         self._closed = False
+        self._sessions = SessionCounts()  # the open session sandboxes
         # Warm sandboxes for a long-lived runner; a one-shot one (the CLI's
         # ``exec``) would start them only to throw them away.
         self._warm_pools = warm_pools
@@ -215,6 +218,12 @@ class Runner:
         """
         return await self._serve(wire_request(tool_name, params, options))
 
+    def session(self, owner: str | None = None) -> Session:
+        """A session (``async with runner.session() as s: await s.acall(...)``); ``owner``:
+        the client it counts against for ``session.max_per_token``."""
+        settings = lambda: self.policy.model.session  # noqa: E731 - as in force at each look
+        return Session(self, CallSession(self._sessions, self.audit, settings, self._clock, owner))
+
     # -- the lifecycle ---------------------------------------------------------------
 
     async def __aenter__(self) -> Runner:
@@ -259,6 +268,8 @@ class Runner:
                 call.loop.call_soon_threadsafe(call.task.cancel)
         if calls:
             await asyncio.wait([asyncio.wrap_future(call.ended) for call in calls])
+        for session in list(self._sessions.sessions):
+            await session.aclose("runner_closed")
         await asyncio.to_thread(self._pools.close)  # every warm sandbox discarded
         if isinstance(self._sandbox_factory, Closable):
             await self._sandbox_factory.aclose()
@@ -293,7 +304,7 @@ class Runner:
         Raises:
             CallError: PERMISSION_DENIED when the role is unknown or missing.
         """
-        return self._discover(filter, role)
+        return discoverable(self.registry, self.policy, filter, role)
 
     def reload(self, tools: Iterable[Path], policies: Path) -> None:
         """Serve later calls with the policy file and tool folders as they are now (``runner
@@ -331,15 +342,7 @@ class Runner:
         Raises:
             CallError: PERMISSION_DENIED when the role is unknown or missing.
         """
-        resolved = self.policy.resolve_role(role)
-        if resolved is None or resolved not in self.policy.model.roles:
-            reason = "no_role" if resolved is None else "unknown_role"
-            raise CallError(
-                ErrorCode.PERMISSION_DENIED,
-                f"{caller(resolved)} may not discover tools: {reason}",
-                {"reason": reason, "role": resolved},
-            )
-        return [tool for tool in self.registry if self.policy.decide(tool, resolved).allowed]
+        return callable_tools(self.registry, self.policy, role)
 
     # -- the call path ----------------------------------------------------------------
 
@@ -381,7 +384,7 @@ class Runner:
                 self._guard.refused_before_policy(tool_name, ctx, "invalid_request")
                 raise
             if isinstance(request, DiscoverRequest):
-                tools = self._discover(request.options.filter, request.role)
+                tools = discoverable(self.registry, self.policy, request.options.filter, request.role)
                 result = {"tools": tools}
                 telemetry.discovering()
                 extra["total"] = len(tools)
@@ -438,13 +441,9 @@ class Runner:
         """The sandbox a call of ``tool`` runs in: on a Ray node when the policy dispatches
         it, else a warm one from its pool when there is one, else a cold one here."""
         self._follow_pools()
+        session = CURRENT.get()
+        if session is not None and is_session_tool(tool, policy):
+            return session.backend(tool.name, self._sandbox_factory(plan.sandbox))
         return dispatched_sandbox(policy, tool, plan.sandbox) or self._pools.sandbox_for(
             tool.name, self._sandbox_factory(plan.sandbox)
         )
-
-    def _discover(self, filter_text: str | None, role: str | None) -> list[dict[str, Any]]:
-        return [
-            describe(tool, self.policy)
-            for tool in self.callable_tools(role)
-            if matches_filter(tool, filter_text)
-        ]

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         Waits,
         WarmSandbox,
     )
+    from sandboxes.session import HoldsSessions, SessionEnd, SessionSandbox
 
 __all__ = [
     "BackendConfigError",
@@ -55,6 +56,7 @@ __all__ = [
     "Converses",
     "Dialogue",
     "EgressEndpoint",
+    "HoldsSessions",
     "ImageProbe",
     "LaunchSpec",
     "Limits",
@@ -69,15 +71,20 @@ __all__ = [
     "Sandbox",
     "SandboxOutcome",
     "SandboxUnavailable",
+    "SessionEnd",
+    "SessionSandbox",
     "StartsEarly",
     "StopReason",
     "ToolRequirements",
     "Waits",
     "WarmSandbox",
 ]
+_SESSION_NAMES = frozenset({"HoldsSessions", "SessionEnd", "SessionSandbox"})
 
 
 def __getattr__(name: str) -> object:
+    if name in _SESSION_NAMES:
+        return getattr(importlib.import_module("sandboxes.session"), name)
     if name in __all__:
         return getattr(importlib.import_module("sandboxes.base"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -48,7 +48,9 @@ MAX_STRING = 512  # any string field is cut to this many characters
 MAX_FIELD_JSON = 2048  # any container field is replaced by a cut JSON text past this size
 MAX_LINE = 16 * 1024
 # The fields that identify a call are never scrubbed: they are how ``runner audit`` finds it.
-IDENTITY_FIELDS = frozenset({"event", "timestamp", "requestId", "traceId", "toolName", "role", "stepId"})
+IDENTITY_FIELDS = frozenset(
+    {"event", "timestamp", "requestId", "traceId", "toolName", "role", "stepId", "sessionId"}
+)
 # Written before anything of a call runs: under ``required``, a call whose decision is not
 # on record does not run.
 GATE_EVENTS = frozenset({"policy.decision"})
@@ -57,6 +59,8 @@ DROP_WARNING_INTERVAL_S = 1.0  # at most one warning line a second about events 
 # The client a call is served for (`runner serve --http`: its token's name). The server sets
 # it around each call; every event written in that context carries it as `client`.
 AUDIT_CLIENT: ContextVar[str | None] = ContextVar("runner_audit_client", default=None)
+# The session a call is served in (``runner.call.sessions``): its events carry it as `sessionId`.
+AUDIT_SESSION: ContextVar[str | None] = ContextVar("runner_audit_session", default=None)
 
 
 def add_timestamp(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
@@ -276,6 +280,9 @@ class AuditLog:
             client = AUDIT_CLIENT.get()
             if client is not None:
                 fields["client"] = client
+            session = AUDIT_SESSION.get()
+            if session is not None and "sessionId" not in fields:
+                fields["sessionId"] = session
             if scrubber:
                 fields = {
                     key: value if key in IDENTITY_FIELDS else scrubber.scrub(value)

@@ -33,8 +33,13 @@ from runner.audit import chain as audit_chain
 from runner.audit.query import bounded_lines, parse_time
 from runner.audit.timeline import Timeline
 
-GroupBy = Literal["tool", "role", "client"]
-GROUP_FIELDS: dict[str, str] = {"tool": "toolName", "role": "role", "client": "client"}
+GroupBy = Literal["tool", "role", "client", "session"]
+GROUP_FIELDS: dict[str, str] = {
+    "tool": "toolName",
+    "role": "role",
+    "client": "client",
+    "session": "sessionId",
+}
 MAX_LINE_BYTES = 1 << 20  # far above any line the runner writes; a longer one is skipped
 MAX_GROUPS = 10_000  # tool names of refused calls are logged as sent: a caller could invent many
 MAX_KEYS = 1000  # distinct reasons (or codes) kept per count; a foreign file may hold any

@@ -46,6 +46,7 @@ class ToolOverrideModel(CallSettings):
     network: NetworkAllow | None = None  # the egress this tool is granted
     secrets: list[str] = Field(default_factory=list)  # the secrets this tool is granted
     pool: int | None = Field(default=None, ge=0, le=64)  # warm sandboxes kept for it
+    session: bool | None = None  # None: as its manifest says
 
 
 class PoolModel(_Strict):
@@ -54,6 +55,15 @@ class PoolModel(_Strict):
     size: int = Field(default=0, ge=0, le=64)
     max_idle_ms: int = Field(default=60000, gt=0)
     max_total: int = Field(default=16, ge=0)
+
+
+class SessionModel(_Strict):
+    """Session sandboxes: each one's idle and whole lifetime, and how many may be open."""
+
+    idle_ms: int = Field(default=300_000, ge=100, le=86_400_000)
+    max_ms: int = Field(default=3_600_000, ge=100, le=604_800_000)
+    max_total: int = Field(default=16, gt=0, le=4096)  # in the whole runner
+    max_per_token: int = Field(default=4, gt=0, le=4096)  # of one client (a serve token)
 
 
 class BreakerModel(_Strict):
@@ -152,6 +162,7 @@ class PolicyModel(_Strict):
     serve: ServeModel = Field(default_factory=ServeModel)
     secrets: dict[str, SecretSource] = Field(default_factory=dict)  # where each value comes from
     pool: PoolModel = Field(default_factory=PoolModel)
+    session: SessionModel = Field(default_factory=SessionModel)
     dispatch: DispatchModel | None = None  # sandboxes on a Ray cluster's nodes
 
     @model_validator(mode="after")

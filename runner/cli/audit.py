@@ -232,9 +232,9 @@ def head_command(ctx: click.Context, as_json: bool, log_path: Path | None) -> No
 @click.option(
     "--by",
     "by",
-    type=click.Choice(["tool", "role", "client"]),
+    type=click.Choice(["tool", "role", "client", "session"]),
     default="tool",
-    help="Group the calls by tool (default), role or client (the HTTP token's name).",
+    help="Group the calls by tool (default), role, client (the HTTP token's name) or session.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option(

@@ -121,6 +121,7 @@ class ManifestModel(LaunchModel):
     description: str = Field(min_length=1, max_length=1000)
     parameters: dict[str, Any]
     output_schema: dict[str, Any] | bool | None = None
+    session: bool = False  # one sandbox per session, kept between its calls
 
     @field_validator("parameters")
     @classmethod

@@ -69,6 +69,9 @@ class SandboxCommand:
         self.network = network
         self._workspace = workspace
         self.scratch: Path | None = None
+        # Descriptors the tool itself inherits, same numbers (a session agent's control
+        # socket); handed over, and closed here, by the launch.
+        self.inherited: tuple[int, ...] = ()
 
     def launch(self, staged_point: Path | None) -> Launch:
         """The launcher's argv and environment, and the descriptors it inherits. Opens the
@@ -94,6 +97,7 @@ class SandboxCommand:
         env["RUNNER_STARTED_FD"] = str(started_write)
         env["RUNNER_PID"] = str(os.getpid())
         argv = launcher_argv(SHELL, argv, unshare)
+        pass_fds, self.inherited = pass_fds + self.inherited, ()
         return Launch(argv, env, pass_fds, started_read, (started_read, started_write))
 
     def remove_scratch(self) -> None:

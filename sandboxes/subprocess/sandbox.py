@@ -36,6 +36,7 @@ from sandboxes._watchdog import prestart as prestart_watchdog
 from sandboxes._watchdog import watch
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import Check, LaunchSpec, Limits, SandboxUnavailable
+from sandboxes.session import SessionSandbox
 from sandboxes.subprocess._cgroup import CgroupFactory, CgroupUnavailable
 from sandboxes.subprocess._command import reachable_by_others
 from sandboxes.subprocess._etc import SandboxEtc
@@ -191,6 +192,12 @@ class SubprocessSandbox:
             await prepared.close()
             raise
         return prepared
+
+    async def open_session(self, spec: LaunchSpec, limits: Limits) -> SessionSandbox:
+        """A sandbox kept for the calls of one session (``HoldsSessions``)."""
+        from sandboxes.subprocess._session import open_session
+
+        return await open_session(self, spec, limits)
 
     def prestart(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
         """A sandbox whose tool is already started and waits for its payload (blocking)."""

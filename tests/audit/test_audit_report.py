@@ -46,6 +46,8 @@ def generate(path: Path, calls: int, seed: int = 7) -> list[dict[str, Any]]:
             }
             if rng.random() < 0.5:
                 common["client"] = rng.choice(("ci-agent", "ops"))
+            if rng.random() < 0.3:  # a call made in a session
+                common["sessionId"] = rng.choice(("ses_a", "ses_b", "ses_c"))
             denied = rng.random() < 0.1
             decision: dict[str, Any] = {
                 **common,
@@ -131,7 +133,7 @@ def assert_close(found: float | None, exact: float | None) -> None:
         assert abs(found - exact) <= exact * (audit_report.BUCKET_RATIO - 1) / 2 + 1e-9, (found, exact)
 
 
-@pytest.mark.parametrize("by", ["tool", "role", "client"])
+@pytest.mark.parametrize("by", ["tool", "role", "client", "session"])
 def test_report_numbers_match_a_direct_computation(tmp_path: Path, by: str) -> None:
     log = tmp_path / "audit.log"
     events = generate(log, 4000)

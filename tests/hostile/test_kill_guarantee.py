@@ -77,7 +77,7 @@ def _next_round(harness: subprocess.Popen[str]) -> None:
 
 
 def _harness(
-    bench: ToolBench, tool: str, rounds: int, runners: int, max_delay_ms: int
+    bench: ToolBench, tool: str, rounds: int, runners: int, max_delay_ms: int, sessions: bool = False
 ) -> subprocess.Popen[str]:
     bench.runner()  # writes the policy file
     argv = [
@@ -92,15 +92,23 @@ def _harness(
         stdout=subprocess.PIPE,
         text=True,
         cwd=HERE,
+        env={**os.environ, "KILL_SESSIONS": "1" if sessions else "0"},
     )
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="the hostile case needs a root runner's sandbox")
-def test_two_hundred_runners_killed_at_random_points_leave_no_process_behind(bench: ToolBench) -> None:
+@pytest.mark.parametrize("sessions", [False, True], ids=["calls", "open-sessions"])
+def test_two_hundred_runners_killed_at_random_points_leave_no_process_behind(
+    bench: ToolBench, sessions: bool
+) -> None:
     token = f"clingy-{uuid.uuid4().hex}"
     bench.tool("clingy", CLINGY, command=["python3", "main.py", token])
-    harness = _harness(bench, "clingy", rounds=40, runners=5, max_delay_ms=250)
+    rounds, delay_ms = 40, 250
+    if sessions:  # each session sandbox keeps the daemons of its calls until the kill
+        bench.policy["tools"] = {"clingy": {"session": True}}
+        rounds, delay_ms = 15, 1500  # long enough for sessions to open and serve calls
+    harness = _harness(bench, "clingy", rounds=rounds, runners=5, max_delay_ms=delay_ms, sessions=sessions)
     survivors: list[tuple[list[int], list[str]]] = []
     assert harness.stdout is not None
     for line in harness.stdout:

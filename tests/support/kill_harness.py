@@ -5,6 +5,8 @@ Used by ``test_kill_guarantee.py``: ``python3 kill_harness.py TOOLS POLICIES TOO
 RUNNERS MAX_DELAY_MS``. For each round it prints one JSON line once every runner of the
 round is dead: their pids, the time of the last kill and the time the last of them was
 reaped (``time.monotonic()``); then it waits for a line on stdin before the next round.
+With ``KILL_SESSIONS=1`` each runner makes its calls in two open sessions as well as
+outside them (the tool then being a session tool, by the policy).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 from runner import Runner
 
@@ -25,12 +28,16 @@ def spin(runner: Runner, tool: str) -> None:
     """A runner's life: calls, forever, until it is killed."""
     counter = itertools.count()
 
-    async def caller() -> None:
+    async def caller(call: Callable[..., Awaitable[object]]) -> None:
         while True:
-            await runner.acall(tool, {}, request_id=f"kill-{os.getpid()}-{next(counter)}")
+            await call(tool, {}, request_id=f"kill-{os.getpid()}-{next(counter)}")
 
     async def main() -> None:
-        await asyncio.gather(caller(), caller())
+        if os.environ.get("KILL_SESSIONS") != "1":
+            await asyncio.gather(caller(runner.acall), caller(runner.acall))
+            return
+        async with runner.session() as first, runner.session() as second:
+            await asyncio.gather(caller(first.acall), caller(second.acall), caller(runner.acall))
 
     asyncio.run(main())
 

@@ -33,8 +33,10 @@ from runner.api import Runner
 from runner.audit.log import AUDIT_CLIENT
 from runner.call.plan import resolve_plan
 from runner.call.requests import CallOptions
+from runner.call.session_scope import no_session, restarted_wire
 from runner.errors import CallError
 from runner.mcp.hosted.dialogue import CALL_PROGRESS
+from runner.mcp.serve.call_sessions import McpSessions, mcp_session_id
 from runner.mcp.serve.disconnect import cancel_when_gone
 from runner.telemetry.labels import role_label
 from runner.telemetry.tracing import TRACEPARENT, TRACESTATE
@@ -85,6 +87,7 @@ class ToolService:
         self._bus = InMemorySubscriptionBus()
         self._listen = ListenHandler(self._bus)
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self.sessions = McpSessions(runner)  # each MCP session's runner session
 
     def server(self) -> Server[Any]:
         """The SDK's low-level server with this service's handlers."""
@@ -142,14 +145,17 @@ class ToolService:
         client_token = AUDIT_CLIENT.set(caller.client)
         progress_token = CALL_PROGRESS.set(ctx.session.report_progress if hosted and wants_progress else None)
         answer: dict[str, Any] | None = None
+        session = self.sessions.session_for(caller.client, mcp_session_id(ctx))
         try:
-            with self._counted():
+            with self._counted(), session.calls() if session else no_session() as note:
                 async with anyio.create_task_group() as tasks:
                     if wants_progress and not hosted:
                         tasks.start_soon(_tick_progress, ctx, params.name)
                     tasks.start_soon(cancel_when_gone, ctx.request, tasks.cancel_scope)
                     answer = await self._run(request, tool)
                     tasks.cancel_scope.cancel()
+            if note.restarted and answer is not None:
+                answer = restarted_wire(answer)
         finally:
             CALL_PROGRESS.reset(progress_token)
             AUDIT_CLIENT.reset(client_token)

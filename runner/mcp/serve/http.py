@@ -107,7 +107,14 @@ class HttpTransport:
         server = service.server()
         self.gate = ConnectionGate(limits)
         gate = self.gate
-        app = http_app(server, service.runner, host, MCP_PATH, inner=lambda app: TrustAuthorized(app, gate))
+        app = http_app(
+            server,
+            service.runner,
+            host,
+            MCP_PATH,
+            inner=lambda app: TrustAuthorized(app, gate),
+            on_session_end=service.sessions.end,
+        )
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.create_server((host, port), family=family)
         # Answers go out as several small writes (an SSE event stream): without this,

@@ -41,6 +41,7 @@ async def run_until_stopped(service: ToolService, reloader: Reloader, transport:
     finally:
         service.close()
         with anyio.CancelScope(shield=True):
+            await service.sessions.end_all()  # their MCP sessions end with the server
             await service.runner.aclose()
 
 

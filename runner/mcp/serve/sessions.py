@@ -14,9 +14,10 @@ its open sessions, event streams included.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http import StreamableHTTPServerTransport
@@ -50,12 +51,18 @@ class TokenSessionManager(StreamableHTTPSessionManager):
     """The SDK's session manager with a cap of open sessions per token and live idle expiry."""
 
     def __init__(
-        self, app: Server[Any], runner: Runner, on_cap: Callable[[str, int], None], **options: Any
+        self,
+        app: Server[Any],
+        runner: Runner,
+        on_cap: Callable[[str, int], None],
+        on_end: Callable[[str], Awaitable[None]],
+        **options: Any,
     ) -> None:
         serve = runner.policy.model.serve
         super().__init__(app, session_idle_timeout=serve.session_idle_ms / 1000, **options)
         self._runner = runner
         self._on_cap = on_cap
+        self._on_end = on_end  # the runner session of an MCP session ends with it
         if not isinstance(getattr(self, "_session_owners", None), dict):
             raise RuntimeError("mcp's session manager records no session owners; this runner needs mcp 2.3")
 
@@ -83,6 +90,13 @@ class TokenSessionManager(StreamableHTTPSessionManager):
             )
             await send_jsonrpc_error(send, 429, TOO_MANY_SESSIONS, message)
 
+    async def _discard_session(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
+        try:
+            await super()._discard_session(session_id, transport)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._on_end(session_id)
+
     async def close_revoked(self, live: set[str]) -> int:
         """End every session whose token's digest is not in ``live``; how many."""
         ended = 0
@@ -100,6 +114,7 @@ def http_app(
     host: str,
     path: str,
     inner: Callable[[ASGIApp], ASGIApp] = lambda app: app,
+    on_session_end: Callable[[str], Awaitable[None]] | None = None,
 ) -> ASGIApp:
     """The streamable HTTP app at ``path`` behind bearer tokens (``BearerAuth`` outermost);
     ``inner`` wraps what only requests with a valid token reach."""
@@ -115,10 +130,16 @@ def http_app(
     def on_cap(name: str, held: int) -> None:
         auth.session_refused(name, held)
 
-    manager = TokenSessionManager(server, runner, on_cap, security_settings=security)
+    manager = TokenSessionManager(
+        server, runner, on_cap, on_session_end or _nothing, security_settings=security
+    )
     app = Starlette(
         routes=[Route(path, endpoint=StreamableHTTPASGIApp(manager))],
         lifespan=lambda _app: manager.run(),
     )
     auth = BearerAuth(inner(app), runner, manager.close_revoked)
     return auth
+
+
+async def _nothing(_: str) -> None:
+    return None

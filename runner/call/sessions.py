@@ -1,0 +1,295 @@
+"""Session sandboxes of the runner: one per (session, tool), kept between that session's calls.
+
+A ``CallSession`` is one conversation (``Runner.session()``, or one MCP client session of
+``runner serve``). A call of a session tool (``session: true`` in its manifest, or
+``tools.NAME.session`` in the policy) made in it runs in that session's sandbox of the
+tool, opened by its first call; a call outside a session runs as any other. A sandbox
+ends when its session ends (``ended``), after ``session.idle_ms`` without a call
+(``idle``), ``session.max_ms`` after it opened (``max_ms``), when a call broke a limit,
+timed out or was cut short (``limit``: the backend killed it whole), or when the runner
+closes (``runner_closed``). The session's next call of that tool opens a new one and says
+so (``sessionRestarted``). ``SessionCounts`` bounds the open sandboxes, in all
+(``session.max_total``) and per client (``session.max_per_token``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+from runner.audit.log import AuditLog
+from runner.call.policy import Policy, SessionModel
+from runner.clock import Clock
+from runner.tools.manifest import Tool
+from sandboxes import (
+    HoldsSessions,
+    LaunchSpec,
+    Limits,
+    PreparedSandbox,
+    Sandbox,
+    SandboxOutcome,
+    SandboxUnavailable,
+    SessionSandbox,
+)
+from sandboxes.cancellation import finish_shielded
+
+# How often expiry is looked at, as a share of the shortest of idle_ms and max_ms, within
+# these bounds: a sandbox outlives its expiry by at most that much.
+SWEEP_SHARE = 0.25
+SWEEP_MIN_S = 0.05
+SWEEP_MAX_S = 5.0
+
+
+def is_session_tool(tool: Tool, policy: Policy) -> bool:
+    """Whether calls of ``tool`` made in a session run in that session's sandbox (a
+    hosted MCP server's tools never do, for now)."""
+    if tool.hosted is not None:
+        return False
+    override = policy.model.tools.get(tool.name)
+    if override is not None and override.session is not None:
+        return override.session
+    return tool.manifest.session
+
+
+class SessionCounts:
+    """The session sandboxes open in a runner: in all, and per client."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._total = 0
+        self._by_owner: dict[str, int] = {}
+        self.sessions: set[CallSession] = set()
+
+    def reserve(self, owner: str | None, settings: SessionModel) -> None:
+        """Count one more open sandbox of ``owner``.
+
+        Raises:
+            SandboxUnavailable: ``session.max_total`` or ``session.max_per_token`` is reached.
+        """
+        with self._lock:
+            if self._total >= settings.max_total:
+                raise SandboxUnavailable(
+                    f"session.max_total reached: {self._total} session sandboxes are open"
+                )
+            held = self._by_owner.get(owner, 0) if owner is not None else 0
+            if owner is not None and held >= settings.max_per_token:
+                raise SandboxUnavailable(f"session.max_per_token reached: this client holds {held}")
+            self._total += 1
+            if owner is not None:
+                self._by_owner[owner] = held + 1
+
+    def release(self, owner: str | None) -> None:
+        with self._lock:
+            self._total -= 1
+            if owner is not None:
+                left = self._by_owner.pop(owner, 1) - 1
+                if left > 0:
+                    self._by_owner[owner] = left
+
+    def open_count(self) -> int:
+        with self._lock:
+            return self._total
+
+
+@dataclass(eq=False)
+class _Held:
+    """One open session sandbox of a tool."""
+
+    sandbox: SessionSandbox
+    backend: str
+    opened: float
+    used: float
+    calls: int = 0
+
+
+@dataclass
+class SessionNote:
+    """What a call learned of its session: whether its sandbox was opened anew after the
+    one before it ended unasked (the caller's state is gone)."""
+
+    restarted: bool = False
+
+
+# The session the calls of this context are made in, and what each call learns of it
+# (``runner.call.session_scope.in_session`` sets both).
+CURRENT: ContextVar[CallSession | None] = ContextVar("runner_session", default=None)
+NOTE: ContextVar[SessionNote | None] = ContextVar("runner_session_note", default=None)
+
+
+@dataclass(eq=False)
+class CallSession:
+    """One session: its id, its client (``owner``) and its open sandboxes by tool name."""
+
+    counts: SessionCounts
+    audit: AuditLog
+    settings: Callable[[], SessionModel]
+    clock: Clock
+    owner: str | None = None
+    id: str = field(default_factory=lambda: "ses_" + secrets.token_hex(12))
+    closed: bool = False
+    _held: dict[str, _Held] = field(default_factory=dict)
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    _lost: set[str] = field(default_factory=set)  # tools whose last sandbox ended unasked
+    _sweeper: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Register with the runner, which closes the session should it close first."""
+        self.counts.sessions.add(self)
+
+    def backend(self, tool_name: str, backend: Sandbox) -> Sandbox:
+        """The backend a call of ``tool_name`` in this session runs on."""
+        return _SessionBackend(self, tool_name, backend)
+
+    async def aclose(self, reason: str = "ended") -> None:
+        """End the session: every sandbox of it is killed and released. Safe to call twice."""
+        self.closed = True
+        self.counts.sessions.discard(self)
+        sweeper, self._sweeper = self._sweeper, None
+        if sweeper is not None:
+            sweeper.cancel()
+        for tool_name in list(self._held):
+            await self._drop(tool_name, reason)
+
+    async def take(
+        self, tool_name: str, backend: Sandbox, spec: LaunchSpec, limits: Limits, note: SessionNote | None
+    ) -> tuple[_Held, asyncio.Lock]:
+        """The tool's sandbox in this session, opened if need be, with its lock held (the
+        caller releases it when its call is over).
+
+        Raises:
+            SandboxUnavailable: the session has ended, the backend keeps no sessions, a
+                bound is reached, or the sandbox could not be opened.
+        """
+        lock = self._locks.setdefault(tool_name, asyncio.Lock())
+        await lock.acquire()
+        try:
+            held = self._held.get(tool_name)
+            if held is not None and (why := self._expired(held)) is not None:
+                await self._drop(tool_name, why)
+                held = None
+            if held is None:
+                held = await self._open(tool_name, backend, spec, limits)
+                if note is not None and tool_name in self._lost:
+                    note.restarted = True
+                self._lost.discard(tool_name)
+        except BaseException:
+            lock.release()
+            raise
+        return held, lock
+
+    async def _open(self, tool_name: str, backend: Sandbox, spec: LaunchSpec, limits: Limits) -> _Held:
+        if self.closed:
+            raise SandboxUnavailable("the session has ended")
+        if not isinstance(backend, HoldsSessions):
+            raise SandboxUnavailable(f"the {backend.name} backend cannot keep a sandbox for a session")
+        self.counts.reserve(self.owner, self.settings())
+        try:
+            sandbox = await backend.open_session(spec, limits)
+        except BaseException:
+            self.counts.release(self.owner)
+            raise
+        if self._sweeper is None:  # expiry is watched on the loop of the session's calls
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        now = self.clock.monotonic()
+        held = _Held(sandbox, backend.name, now, now)
+        self._held[tool_name] = held
+        restarted = tool_name in self._lost
+        self.audit.emit(
+            "session.opened", sessionId=self.id, toolName=tool_name, sandbox=backend.name, restarted=restarted
+        )
+        return held
+
+    async def ended_call(self, tool_name: str, held: _Held) -> None:
+        """After a call in ``held``: close it if the call ended it."""
+        held.calls += 1
+        held.used = self.clock.monotonic()
+        if held.sandbox.ended() is not None and self._held.get(tool_name) is held:
+            await self._drop(tool_name, "limit")
+
+    async def _drop(self, tool_name: str, reason: str) -> None:
+        held = self._held.pop(tool_name, None)
+        if held is None:
+            return
+        if reason != "ended":
+            self._lost.add(tool_name)
+        try:
+            await finish_shielded(held.sandbox.close())
+        finally:
+            self.counts.release(self.owner)
+            self.audit.emit(
+                "session.closed",
+                sessionId=self.id,
+                toolName=tool_name,
+                reason=reason,
+                calls=held.calls,
+                duration=round((self.clock.monotonic() - held.opened) * 1000),
+            )
+
+    def _expired(self, held: _Held) -> str | None:
+        settings, now = self.settings(), self.clock.monotonic()
+        if now - held.opened >= settings.max_ms / 1000:
+            return "max_ms"
+        if now - held.used >= settings.idle_ms / 1000:
+            return "idle"
+        return None
+
+    async def _sweep(self) -> None:
+        """Close the sandboxes that expired while no call came (a call finds them too)."""
+        while True:
+            settings = self.settings()
+            every = min(settings.idle_ms, settings.max_ms) / 1000 * SWEEP_SHARE
+            await asyncio.sleep(max(SWEEP_MIN_S, min(SWEEP_MAX_S, every)))
+            for tool_name, held in list(self._held.items()):
+                lock = self._locks.get(tool_name)
+                if lock is None or lock.locked() or (why := self._expired(held)) is None:
+                    continue
+                try:
+                    async with lock:
+                        if self._held.get(tool_name) is held:
+                            await self._drop(tool_name, why)
+                except Exception as exc:  # a fault of the runner: told, and the sweep goes on
+                    self.audit.operator.fault(exc, sessionId=self.id, toolName=tool_name)
+
+
+class _SessionBackend:
+    """A call's backend in a session: its "prepared sandbox" is the session's own."""
+
+    def __init__(self, session: CallSession, tool_name: str, backend: Sandbox) -> None:
+        self.name = backend.name
+        self._session = session
+        self._tool_name = tool_name
+        self._backend = backend
+
+    async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSandbox:
+        held, lock = await self._session.take(self._tool_name, self._backend, spec, limits, NOTE.get())
+        return _SessionRun(self._session, self._tool_name, held, lock, limits)
+
+
+class _SessionRun:
+    """One attempt in a session sandbox; ``close`` hands the sandbox back (or, if the call
+    ended it, closes it)."""
+
+    def __init__(
+        self, session: CallSession, tool_name: str, held: _Held, lock: asyncio.Lock, limits: Limits
+    ) -> None:
+        self._session = session
+        self._tool_name = tool_name
+        self._held = held
+        self._lock: asyncio.Lock | None = lock
+        self._limits = limits
+
+    async def run(self, payload: bytes) -> SandboxOutcome:
+        return await self._held.sandbox.run(payload, self._limits.timeout_ms)
+
+    async def close(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is None:
+            return
+        try:
+            await self._session.ended_call(self._tool_name, self._held)
+        finally:
+            lock.release()

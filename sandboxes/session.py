@@ -1,0 +1,59 @@
+"""Sandboxes that outlive one call: a session's (a conversation with a stateful tool).
+
+A session sandbox is started once and serves its session's calls one after the other:
+each call runs the tool's command again inside it, so what a call leaves in its
+filesystem (``/tmp``, home, staged workspace writes), its network namespace and its
+background processes is there for the next call. Its limits (memory, pids, CPU time,
+disk) hold for the whole session. A call that does not end by its own exit (a timeout,
+output past the cap, a limit broken) ends the session: its sandbox is killed whole, so
+nothing a timed-out call started keeps running in it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Protocol, runtime_checkable
+
+from sandboxes.base import LaunchSpec, Limits, SandboxOutcome
+
+
+class SessionEnd(enum.StrEnum):
+    """Why a session sandbox serves no more calls (besides its ``close``)."""
+
+    LIMIT = "limit"  # a call broke a limit, timed out or overflowed: the sandbox was killed
+    DIED = "died"  # the sandbox ended by itself (its processes were killed from outside)
+
+
+class SessionSandbox(Protocol):
+    """A sandbox kept between the calls of one session."""
+
+    async def run(self, payload: bytes, timeout_ms: int) -> SandboxOutcome:
+        """Run the tool's command once more inside the sandbox, ``payload`` on stdin, under
+        ``timeout_ms`` and the session's limits. One call at a time.
+
+        Raises:
+            SandboxUnavailable: the sandbox has ended (``ended`` says why) or is busy.
+        """
+        ...
+
+    def ended(self) -> SessionEnd | None:
+        """None while the sandbox can serve a call; else why it cannot. Never blocks."""
+        ...
+
+    async def close(self) -> None:
+        """Kill everything in the sandbox and release it. Safe to call twice."""
+        ...
+
+
+@runtime_checkable
+class HoldsSessions(Protocol):
+    """A backend that can keep a sandbox between calls (sessions)."""
+
+    async def open_session(self, spec: LaunchSpec, limits: Limits) -> SessionSandbox:
+        """Start a session sandbox for ``spec`` (its tool is run by each ``run``).
+
+        Raises:
+            SandboxUnavailable: this machine cannot give the isolation required, or
+                ``spec`` needs what only one call can give (an egress endpoint).
+        """
+        ...

@@ -1,0 +1,305 @@
+"""Session sandboxes through the Python API, with real sandboxes: state kept within a
+session and never beyond it, expiry, limits, a hung call, the bounds, and closing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+import pytest
+from conftest import ToolBench, our_cgroups, wait_for
+
+from sandboxes.testing import processes_with_env
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the hardened sandbox runs as root here")
+
+# A notebook of one variable: a count kept in the sandbox's /tmp. ``hang`` leaves a child
+# behind and ignores its timeout; ``hog`` breaks the memory limit.
+COUNTER = """
+import json, os, signal, sys, time
+params = json.load(sys.stdin)["params"]
+path = "/tmp/count"
+count = int(open(path).read()) if os.path.exists(path) else 0
+count += 1
+open(path, "w").write(str(count))
+if params.get("hang"):
+    if os.fork() == 0:
+        time.sleep(600)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(600)
+if params.get("kill_agent"):  # the process that started this call, in the same sandbox
+    os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(600)
+if params.get("burn"):  # CPU time, in this call alone under the limit
+    until = time.process_time() + params["burn"]
+    while time.process_time() < until:
+        pass
+if params.get("hog"):
+    hoard = bytearray(400 * 1024 * 1024)
+    hoard[::4096] = b"x" * len(hoard[::4096])
+namespaces = [os.readlink(f"/proc/self/ns/{kind}") for kind in ("net", "mnt", "pid")]
+print(json.dumps({"count": count, "pid": os.getpid(), "namespaces": namespaces}))
+"""
+PARAMS = {
+    "type": "object",
+    "properties": {
+        "hang": {"type": "boolean"},
+        "hog": {"type": "boolean"},
+        "kill_agent": {"type": "boolean"},
+        "burn": {"type": "number"},
+    },
+    "additionalProperties": False,
+}
+
+
+def _events(bench: ToolBench, name: str) -> list[dict[str, Any]]:
+    lines = bench.audit_log.read_text().splitlines() if bench.audit_log.exists() else []
+    return [event for event in map(json.loads, lines) if event["event"] == name]
+
+
+@pytest.fixture
+def mark(bench: ToolBench) -> str:
+    value = uuid.uuid4().hex
+    bench.tool("counter", COUNTER, parameters=PARAMS, session=True, env={"SESSION_MARK": value})
+    bench.tool("plain", COUNTER, parameters=PARAMS, env={"SESSION_MARK": value})
+    bench.policy["limits"]["memory_mb"] = 128
+    return value
+
+
+def _count(answer: Any) -> int:
+    assert answer.success, answer.error
+    return int(answer.result["count"])
+
+
+def test_state_persists_within_a_session_and_never_reaches_another_or_a_call_outside(
+    bench: ToolBench, mark: str
+) -> None:
+    async def scenario() -> None:
+        async with bench.runner() as runner:
+            async with runner.session() as first, runner.session() as second:
+                answers = [await first.acall("counter") for _ in range(3)]
+                assert [_count(answer) for answer in answers] == [1, 2, 3]
+                # Each call a new process, in the very namespaces of the one before.
+                assert len({answer.result["pid"] for answer in answers}) == 3
+                assert len({tuple(answer.result["namespaces"]) for answer in answers}) == 1
+                other = await second.acall("counter")
+                assert _count(other) == 1
+                assert set(other.result["namespaces"]).isdisjoint(answers[0].result["namespaces"])
+                assert _count(await runner.acall("counter")) == 1  # outside: fresh
+                assert _count(await first.acall("plain")) == 1  # not a session tool
+                assert _count(await first.acall("plain")) == 1
+                answer = await first.acall("counter")
+                assert _count(answer) == 4
+                assert "sessionRestarted" not in answer.to_wire()["metadata"]
+                ids = (first.id, second.id)
+            assert _count(await runner.acall("counter")) == 1
+
+        opened = _events(bench, "session.opened")
+        assert sorted(event["sessionId"] for event in opened) == sorted(ids)
+        closed = _events(bench, "session.closed")
+        assert {(event["sessionId"], event["reason"]) for event in closed} == {(i, "ended") for i in ids}
+        assert next(e for e in closed if e["sessionId"] == ids[0])["calls"] == 4
+        finished = _events(bench, "call.finished")
+        assert sum(1 for event in finished if event.get("sessionId") == ids[0]) == 6
+        assert sum(1 for event in finished if "sessionId" not in event) == 2
+        attempts = [e for e in _events(bench, "call.attempt") if e.get("sessionId") == ids[1]]
+        assert len(attempts) == 1
+
+    asyncio.run(scenario())
+    assert processes_with_env(f"SESSION_MARK={mark}") == []
+    assert our_cgroups(os.getpid()) == []
+
+
+def test_a_pooled_session_tool_keeps_its_pool_for_calls_outside_sessions(bench: ToolBench, mark: str) -> None:
+    bench.policy["tools"] = {"counter": {"pool": 2}}
+
+    async def scenario() -> None:
+        async with bench.runner() as runner:
+            wait_for(lambda: runner.warm_sandboxes().get("counter") == 2, 20)
+            async with runner.session() as session:
+                assert [_count(await session.acall("counter")) for _ in range(2)] == [1, 2]
+                outside = [await runner.acall("counter") for _ in range(2)]
+                assert [_count(answer) for answer in outside] == [1, 1]
+                assert _count(await session.acall("counter")) == 3
+
+    asyncio.run(scenario())
+    warm = [event["warm"] for event in _events(bench, "call.attempt") if "sessionId" not in event]
+    assert True in warm
+    assert processes_with_env(f"SESSION_MARK={mark}") == []
+
+
+def test_the_policy_marks_a_tool_for_sessions_and_can_unmark_one(bench: ToolBench, mark: str) -> None:
+    bench.policy["tools"] = {"plain": {"session": True}, "counter": {"session": False}}
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        async with bench.runner() as runner, runner.session() as session:
+            plain = [_count(await session.acall("plain")) for _ in range(2)]
+            counter = [_count(await session.acall("counter")) for _ in range(2)]
+            return plain, counter
+
+    assert asyncio.run(scenario()) == ([1, 2], [1, 1])
+
+
+@pytest.mark.parametrize(("settings", "reason"), [({"idle_ms": 300}, "idle"), ({"max_ms": 600}, "max_ms")])
+def test_an_expired_session_sandbox_is_closed_and_the_next_call_says_it_restarted(
+    bench: ToolBench, mark: str, settings: dict[str, int], reason: str
+) -> None:
+    bench.policy["session"] = settings
+
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            assert _count(await session.acall("counter")) == 1
+            if reason == "max_ms":
+                await asyncio.sleep(0.25)
+                assert _count(await session.acall("counter")) == 2  # used, but not for long
+            deadline = time.monotonic() + 10
+            while not _events(bench, "session.closed"):
+                assert time.monotonic() < deadline, "the sandbox did not expire"
+                await asyncio.sleep(0.05)
+            assert processes_with_env(f"SESSION_MARK={mark}") == []  # closed by the sweep
+            answer = await session.acall("counter")
+            assert _count(answer) == 1
+            assert answer.to_wire()["metadata"]["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [event["reason"] for event in _events(bench, "session.closed")] == [reason, "ended"]
+    assert [event["restarted"] for event in _events(bench, "session.opened")] == [False, True]
+
+
+def test_a_hung_call_ends_its_session_whole_and_the_next_call_starts_anew(
+    bench: ToolBench, mark: str
+) -> None:
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            assert _count(await session.acall("counter")) == 1
+            hung = await session.acall("counter", {"hang": True}, timeout=1000)
+            assert not hung.success and hung.error is not None
+            assert hung.error.code.value == "TIMEOUT"
+            # The call's child and its sleeping main process, and the session with them.
+            wait_for(lambda: processes_with_env(f"SESSION_MARK={mark}") == [], 5)
+            again = await session.acall("counter", {"hang": True}, timeout=1000)
+            assert again.error is not None
+            assert again.error.details["sessionRestarted"] is True  # in a failed call's details
+            answer = await session.acall("counter")
+            assert _count(answer) == 1
+            assert answer.metadata.extra["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [event["reason"] for event in _events(bench, "session.closed")] == ["limit", "limit", "ended"]
+
+
+def test_a_limit_broken_in_a_session_ends_it_and_the_failed_call_is_not_a_restart(
+    bench: ToolBench, mark: str
+) -> None:
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            assert _count(await session.acall("counter")) == 1
+            hog = await session.acall("counter", {"hog": True})
+            assert not hog.success and hog.error is not None
+            assert hog.error.details["reason"] == "memory_limit"
+            assert "sessionRestarted" not in hog.error.details
+            answer = await session.acall("counter")
+            assert _count(answer) == 1
+            assert answer.metadata.extra["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [event["reason"] for event in _events(bench, "session.closed")] == ["limit", "ended"]
+
+
+def test_a_tool_that_kills_the_process_that_started_it_only_ends_its_own_session(
+    bench: ToolBench, mark: str
+) -> None:
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session, runner.session() as other:
+            assert _count(await other.acall("counter")) == 1
+            assert _count(await session.acall("counter")) == 1
+            broken = await session.acall("counter", {"kill_agent": True}, timeout=5000)
+            assert not broken.success and broken.error is not None
+            assert broken.error.code.value == "EXECUTION_ERROR"
+            answer = await session.acall("counter")
+            assert _count(answer) == 1
+            assert answer.metadata.extra["sessionRestarted"] is True
+            assert _count(await other.acall("counter")) == 2
+
+    started = time.monotonic()
+    asyncio.run(scenario())
+    assert time.monotonic() - started < 5  # the orphaned call was not waited for until its timeout
+    assert processes_with_env(f"SESSION_MARK={mark}") == []
+
+
+def test_cpu_time_adds_up_over_the_session_and_its_breach_ends_the_session(
+    bench: ToolBench, mark: str
+) -> None:
+    bench.policy["limits"]["cpu_seconds"] = 2
+
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            first = await session.acall("counter", {"burn": 1.2}, timeout=20000)
+            assert _count(first) == 1
+            second = await session.acall("counter", {"burn": 1.2}, timeout=20000)
+            assert not second.success and second.error is not None
+            assert second.error.details["reason"] == "cpu_limit"
+            assert _count(await runner.acall("counter", {"burn": 1.2}, timeout=20000)) == 1  # alone: fine
+            answer = await session.acall("counter")
+            assert _count(answer) == 1
+            assert answer.metadata.extra["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [event["reason"] for event in _events(bench, "session.closed")] == ["limit", "ended"]
+
+
+@pytest.mark.docker
+def test_a_session_tool_of_the_docker_backend_is_refused_in_a_session_and_runs_outside(
+    bench: ToolBench, mark: str
+) -> None:
+    bench.tool(
+        "dcount", COUNTER, parameters=PARAMS, session=True, sandbox="docker", image="runner/base:latest"
+    )
+
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            refused = await session.acall("dcount", timeout=20000)
+            assert not refused.success and refused.error is not None
+            assert refused.error.details["reason"] == "sandbox_unavailable"
+            assert "docker" in refused.error.message
+            assert _count(await runner.acall("dcount", timeout=20000)) == 1
+
+    asyncio.run(scenario())
+
+
+def test_session_bounds_refuse_one_sandbox_too_many_until_one_closes(bench: ToolBench, mark: str) -> None:
+    bench.policy["session"] = {"max_total": 1}
+
+    async def scenario() -> None:
+        async with bench.runner() as runner:
+            async with runner.session() as first:
+                assert _count(await first.acall("counter")) == 1
+                async with runner.session() as second:
+                    refused = await second.acall("counter")
+                    assert not refused.success and refused.error is not None
+                    assert refused.error.details["reason"] == "sandbox_unavailable"
+                    assert "max_total" in refused.error.message
+            async with runner.session() as third:
+                assert _count(await third.acall("counter")) == 1
+
+    asyncio.run(scenario())
+
+
+def test_closing_the_runner_closes_its_open_sessions(bench: ToolBench, mark: str) -> None:
+    async def scenario() -> None:
+        runner = bench.runner()
+        session = runner.session()
+        await session.__aenter__()
+        assert _count(await session.acall("counter")) == 1
+        await runner.aclose()
+        with pytest.raises(RuntimeError):
+            await session.acall("counter")
+
+    asyncio.run(scenario())
+    assert [event["reason"] for event in _events(bench, "session.closed")] == ["runner_closed"]
+    assert processes_with_env(f"SESSION_MARK={mark}") == []
+    assert our_cgroups(os.getpid()) == []
