@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from runner.audit.key import ChainKeySource
+from runner.config.approval import ApprovalModel
 from runner.config.dispatch import DispatchModel, token_problem
 from runner.config.egress import NetworkAllow
 from runner.config.settings import CallSettings, ResourceSettings
@@ -153,6 +154,7 @@ class PolicyModel(_Strict):
     secrets: dict[str, SecretSource] = Field(default_factory=dict)  # where each value comes from
     pool: PoolModel = Field(default_factory=PoolModel)
     dispatch: DispatchModel | None = None  # sandboxes on a Ray cluster's nodes
+    approval: ApprovalModel | None = None  # calls a person must approve first
 
     @model_validator(mode="after")
     def _secrets_have_sources(self) -> PolicyModel:
@@ -174,6 +176,10 @@ class PolicyModel(_Strict):
         for token in self.serve.tokens:
             if token.role not in self.roles:
                 raise ValueError(f"serve token {token.name!r} has role {token.role!r}, which is not defined")
+        approval_roles = self.approval.roles if self.approval is not None else None
+        for role in approval_roles or ():
+            if role not in self.roles:
+                raise ValueError(f"approval.roles names {role!r}, which is not a defined role")
         return self
 
 
@@ -275,6 +281,13 @@ class Policy:
         override = self.model.tools.get(tool.name)
         granted = set(override.secrets) if override is not None else set()
         return [name for name in tool.manifest.secrets if name in granted]
+
+    def approval_for(self, tool: Tool, role: str | None) -> ApprovalModel | None:
+        """The ``approval:`` a call of ``tool`` by ``role`` (already resolved) waits for, if any."""
+        approval = self.model.approval
+        if approval is None or matching_rule(approval.tools, tool) is None:
+            return None
+        return approval if approval.roles is None or role in approval.roles else None
 
     def resolve_role(self, role: str | None) -> str | None:
         return role if role is not None else self.model.default_role
