@@ -141,7 +141,12 @@ def test_a_failing_approver_is_a_no(held: ToolBench) -> None:
 
 def test_a_role_left_out_of_approval_roles_is_not_asked(held: ToolBench) -> None:
     asked: list[str] = []
-    with held.runner(approver=lambda tool, role, params: asked.append(tool) or False) as runner:
+
+    def approver(tool: str, role: str | None, params: dict[str, Any]) -> bool:
+        asked.append(tool)
+        return False
+
+    with held.runner(approver=approver) as runner:
         result = runner.call("wipe", {"path": "/x"}, role="ops")
     assert result.success and asked == []
     assert events(held, "call.approval") == []
@@ -150,7 +155,12 @@ def test_a_role_left_out_of_approval_roles_is_not_asked(held: ToolBench) -> None
 def test_refused_or_invalid_calls_are_never_asked_about(held: ToolBench) -> None:
     held.policy["roles"]["user"]["deny"] = ["wipe"]
     asked: list[str] = []
-    with held.runner(approver=lambda tool, role, params: asked.append(tool) or True) as runner:
+
+    def approver(tool: str, role: str | None, params: dict[str, Any]) -> bool:
+        asked.append(tool)
+        return True
+
+    with held.runner(approver=approver) as runner:
         denied = runner.call("wipe", {"path": "/x"})
         invalid = runner.call("wipe", {"path": 5}, role="ops")
     assert denied.error is not None and denied.error.details["reason"] == "denied_by_role"

@@ -31,10 +31,12 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from runner.api import Runner
 from runner.audit.log import AUDIT_CLIENT
+from runner.call.approval import CALL_APPROVER
 from runner.call.plan import resolve_plan
 from runner.call.requests import CallOptions
 from runner.errors import CallError
 from runner.mcp.hosted.dialogue import CALL_PROGRESS
+from runner.mcp.serve.approval import client_approver
 from runner.mcp.serve.disconnect import cancel_when_gone
 from runner.telemetry.labels import role_label
 from runner.telemetry.tracing import TRACEPARENT, TRACESTATE
@@ -140,6 +142,7 @@ class ToolService:
         # A hosted MCP server's tool reports its own progress: passed through.
         hosted = tool is not None and tool.hosted is not None
         client_token = AUDIT_CLIENT.set(caller.client)
+        approver_token = CALL_APPROVER.set(client_approver(ctx, caller.client or "stdio"))
         progress_token = CALL_PROGRESS.set(ctx.session.report_progress if hosted and wants_progress else None)
         answer: dict[str, Any] | None = None
         try:
@@ -152,6 +155,7 @@ class ToolService:
                     tasks.cancel_scope.cancel()
         finally:
             CALL_PROGRESS.reset(progress_token)
+            CALL_APPROVER.reset(approver_token)
             AUDIT_CLIENT.reset(client_token)
         if answer is None:  # the client went away: the call was cancelled, the answer is lost
             raise MCPError(types.CONNECTION_CLOSED, "the client disconnected; the call was cancelled")

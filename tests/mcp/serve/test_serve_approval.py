@@ -1,0 +1,176 @@
+"""Approval over MCP: ``runner serve`` asks the calling client with ``elicitation/create``,
+driven by the official MCP client (SDK v2) against the real server process, over stdio and
+over HTTP with a token."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from conftest import ToolBench
+from mcp import Client
+from mcp.client.context import ClientRequestContext
+from support.mcp_harness import ECHO, HttpServer, add_token, audit_events, stdio_server
+
+pytestmark = pytest.mark.anyio
+ERAS = ["auto", "legacy"]
+# The 2025-11-25 handshake: a session whose calls can carry a request back to the client.
+ASKABLE = "legacy"
+SECRET_PARAMS = {
+    "type": "object",
+    "properties": {"path": {"type": "string"}, "token": {"type": "string", "x-sensitive": True}},
+}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def held(bench: ToolBench) -> ToolBench:
+    bench.tool("wipe", ECHO, tags=["destructive"], parameters=SECRET_PARAMS)
+    bench.policy["roles"] = {"user": {"allow": ["*"]}}
+    bench.policy["approval"] = {"tools": ["tag:destructive"], "timeout_ms": 5000}
+    return bench
+
+
+class Person:
+    """An elicitation callback that answers ``answer`` after ``delay`` s and keeps what it was asked."""
+
+    def __init__(self, answer: types.ElicitResult | None, delay: float = 0.0) -> None:
+        self.answer = answer
+        self.delay = delay
+        self.asked: list[types.ElicitRequestParams] = []
+
+    async def __call__(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        self.asked.append(params)
+        await anyio.sleep(self.delay)
+        if self.answer is None:
+            await anyio.sleep(3600)
+        assert self.answer is not None
+        return self.answer
+
+
+YES = types.ElicitResult(action="accept", content={"approve": True})
+
+
+def text_of(result: types.CallToolResult) -> str:
+    [content] = result.content
+    assert isinstance(content, types.TextContent)
+    return content.text
+
+
+def error_of(result: types.CallToolResult) -> dict[str, Any]:
+    assert result.is_error
+    assert result.meta is not None
+    error: dict[str, Any] = result.meta["dev.runner/error"]
+    return error
+
+
+async def test_an_accepted_elicitation_runs_the_call_and_the_question_hides_sensitive_params(
+    held: ToolBench,
+) -> None:
+    person = Person(YES)
+    async with Client(stdio_server(held), mode=ASKABLE, elicitation_callback=person) as client:
+        result = await client.call_tool("wipe", {"path": "/data", "token": "hunter2-secret"})
+    assert not result.is_error, text_of(result)
+    assert json.loads(text_of(result)) == {"path": "/data", "token": "hunter2-secret"}
+    [asked] = person.asked
+    assert isinstance(asked, types.ElicitRequestFormParams)
+    assert "wipe" in asked.message and "/data" in asked.message and "***" in asked.message
+    assert "hunter2-secret" not in asked.message
+    assert asked.requested_schema["properties"]["approve"]["type"] == "boolean"
+    [approval] = audit_events(held, event="call.approval")
+    assert approval["decision"] == "approved" and approval["by"] == "stdio"
+
+
+@pytest.mark.parametrize(
+    ("answer", "decision"),
+    [
+        (types.ElicitResult(action="decline"), "declined"),
+        (types.ElicitResult(action="cancel"), "declined"),
+        (types.ElicitResult(action="accept", content={"approve": False}), "declined"),
+    ],
+)
+async def test_a_decline_a_cancel_or_an_accepted_no_is_not_approved(
+    held: ToolBench, answer: types.ElicitResult, decision: str
+) -> None:
+    async with Client(stdio_server(held), mode=ASKABLE, elicitation_callback=Person(answer)) as client:
+        result = await client.call_tool("wipe", {"path": "/data"})
+    error = error_of(result)
+    assert error["code"] == "PERMISSION_DENIED" and error["details"]["reason"] == "not_approved"
+    assert [e["decision"] for e in audit_events(held, event="call.approval")] == [decision]
+    assert audit_events(held, event="call.attempt") == []
+
+
+async def test_no_answer_within_timeout_ms_is_not_approved(held: ToolBench) -> None:
+    held.policy["approval"]["timeout_ms"] = 500
+    async with Client(stdio_server(held), mode=ASKABLE, elicitation_callback=Person(None)) as client:
+        result = await client.call_tool("wipe", {"path": "/data"})
+    assert error_of(result)["details"]["reason"] == "not_approved"
+    [approval] = audit_events(held, event="call.approval")
+    assert approval["decision"] == "timeout" and approval["waitedMs"] >= 500
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_client_without_the_elicitation_capability_gets_approval_unavailable(
+    held: ToolBench, mode: str
+) -> None:
+    async with Client(stdio_server(held), mode=mode) as client:
+        result = await client.call_tool("wipe", {"path": "/data"})
+    error = error_of(result)
+    assert error["code"] == "PERMISSION_DENIED" and error["details"]["reason"] == "approval_unavailable"
+    [approval] = audit_events(held, event="call.approval")
+    assert approval["decision"] == "unavailable" and approval["by"] == "stdio"
+
+
+async def test_the_wait_for_the_answer_does_not_count_against_the_deadline(held: ToolBench) -> None:
+    held.policy["defaults"]["deadline_ms"] = 1000
+    async with Client(
+        stdio_server(held), mode=ASKABLE, elicitation_callback=Person(YES, delay=1.5)
+    ) as client:
+        result = await client.call_tool("wipe", {"path": "/data"})
+    assert not result.is_error, text_of(result)
+    assert audit_events(held, event="call.approval")[0]["waitedMs"] >= 1500
+
+
+@pytest.fixture
+def over_http(held: ToolBench) -> Iterator[tuple[HttpServer, str]]:
+    token = add_token(held, "ci-agent", "user")
+    server = HttpServer(held)
+    yield server, token
+    assert server.stop() == 0
+
+
+async def test_over_http_the_client_of_the_token_is_asked_and_named_in_the_audit_event(
+    held: ToolBench, over_http: tuple[HttpServer, str]
+) -> None:
+    server, token = over_http
+    person = Person(YES)
+    async with server.client(token, mode=ASKABLE, elicitation_callback=person) as client:
+        result = await client.call_tool("wipe", {"path": "/data"})
+    assert not result.is_error, text_of(result)
+    assert len(person.asked) == 1
+    [approval] = audit_events(held, event="call.approval")
+    assert approval["decision"] == "approved" and approval["by"] == "ci-agent"
+
+
+async def test_a_session_without_a_back_channel_gets_approval_unavailable_with_the_way_out(
+    held: ToolBench, over_http: tuple[HttpServer, str]
+) -> None:
+    server, token = over_http
+    person = Person(YES)
+    async with server.client(token, mode="auto", elicitation_callback=person) as client:
+        result = await client.call_tool("wipe", {"path": "/data"})
+    error = error_of(result)
+    assert error["details"]["reason"] == "approval_unavailable" and "2025-11-25" in error["message"]
+    assert person.asked == []
+    [approval] = audit_events(held, event="call.approval")
+    assert approval["decision"] == "unavailable" and approval["by"] == "ci-agent"
