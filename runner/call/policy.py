@@ -289,6 +289,14 @@ class Policy:
             return None
         return approval if approval.roles is None or role in approval.roles else None
 
+    def approving_roles(self, tool: Tool) -> list[str]:
+        """The roles that may call ``tool`` only once a person approves, by name."""
+        return sorted(
+            role
+            for role in self.model.roles
+            if self.decide(tool, role).allowed and self.approval_for(tool, role) is not None
+        )
+
     def resolve_role(self, role: str | None) -> str | None:
         return role if role is not None else self.model.default_role
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ToolBench
+from conftest import ToolBench, starter_dir
 
 ECHO = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
 SECRET_PARAMS = {
@@ -132,3 +132,49 @@ def test_without_a_terminal_the_call_is_approval_unavailable(held: ToolBench) ->
     assert error["code"] == "PERMISSION_DENIED" and error["details"]["reason"] == "approval_unavailable"
     [approval] = approvals(held)
     assert approval["decision"] == "unavailable" and approval["by"] == "terminal"
+
+
+def starter(*args: str) -> subprocess.CompletedProcess[str]:
+    """A runner command over the set ``runner init`` writes, with no terminal to ask on."""
+    return subprocess.run(
+        [sys.executable, "-m", "runner", *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RUNNER_AUDIT_LOG": os.devnull},
+        cwd=starter_dir(),
+        start_new_session=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_starter_set_holds_its_destructive_tool_for_approval_and_show_and_validate_say_so() -> None:
+    sheet = json.loads(starter("show", "delete_file", "--json").stdout)
+    assert "destructive" in sheet["metadata"]["tags"]
+    assert sheet["approval"] == {"roles": ["admin"], "timeoutMs": 120000}
+    assert json.loads(starter("show", "read_file", "--json").stdout)["approval"] is None
+    report = json.loads(starter("validate", "--json").stdout)
+    held = {tool["name"]: tool["approval"] for tool in report["tools"]}
+    assert held["delete_file"] == ["admin"] and held["read_file"] == []
+    assert not [p for p in report["problems"] if "approval" in p["reason"]]
+    lines = starter("validate").stdout.splitlines()
+    [line] = [line for line in lines if line.startswith("ok: delete_file ")]
+    assert line.endswith("approval for admin")
+
+
+def test_the_starter_admin_deleting_a_file_without_a_terminal_is_approval_unavailable() -> None:
+    done = starter("exec", "delete_file", "--role", "admin", "--params", '{"path": "kept.txt"}')
+    assert done.returncode == 1
+    error = json.loads(done.stdout)["error"]
+    assert error["code"] == "PERMISSION_DENIED" and error["details"]["reason"] == "approval_unavailable"
+
+
+def test_validate_warns_about_an_approval_rule_that_matches_no_tool(held: ToolBench) -> None:
+    held.policy["approval"]["tools"] = ["wipe", "tag:nothing"]
+    (held.root / "policies.yaml").write_text(yaml.safe_dump(held.policy))
+    location = ["--tools", str(held.tools), "--policies", str(held.root / "policies.yaml")]
+    report = json.loads(starter(*location, "validate", "--json").stdout)
+    reasons = [p["reason"] for p in report["problems"]]
+    assert "approval.tools: rule 'tag:nothing' matches no tool" in reasons
+    assert {tool["name"]: tool["approval"] for tool in report["tools"]} == {"wipe": ["user"]}
