@@ -44,13 +44,13 @@ def client_approver(ctx: ServerRequestContext[Any, Any], by: str) -> Approver:
         if elicitation.form is None and elicitation.url is not None:
             raise ApprovalUnavailable("the MCP client takes only URL elicitations, not a yes/no form")
         if not session.can_send_request:
-            raise ApprovalUnavailable("this MCP connection cannot carry a request to the client")
+            raise ApprovalUnavailable(NO_BACK_CHANNEL)
         try:
             answer = await session.elicit_form(
                 request.message(), APPROVE_SCHEMA, related_request_id=ctx.request_id
             )
         except NoBackChannelError as exc:
-            raise ApprovalUnavailable("this MCP connection cannot carry a request to the client") from exc
+            raise ApprovalUnavailable(NO_BACK_CHANNEL) from exc
         except MCPError:  # the client answered with an error: not a yes
             return False
         # A decline, a cancel, or an accept without approve: true are all a no.
