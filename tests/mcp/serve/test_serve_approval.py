@@ -17,9 +17,9 @@ from mcp.client.context import ClientRequestContext
 from support.mcp_harness import ECHO, HttpServer, add_token, audit_events, stdio_server
 
 pytestmark = pytest.mark.anyio
+# auto: 2026-07-28, asked with an input_required answer the client calls again after;
+# legacy: the 2025-11-25 handshake, asked with a request on the call's own channel.
 ERAS = ["auto", "legacy"]
-# The 2025-11-25 handshake: a session whose calls can carry a request back to the client.
-ASKABLE = "legacy"
 SECRET_PARAMS = {
     "type": "object",
     "properties": {"path": {"type": "string"}, "token": {"type": "string", "x-sensitive": True}},
@@ -74,11 +74,12 @@ def error_of(result: types.CallToolResult) -> dict[str, Any]:
     return error
 
 
+@pytest.mark.parametrize("mode", ERAS)
 async def test_an_accepted_elicitation_runs_the_call_and_the_question_hides_sensitive_params(
-    held: ToolBench,
+    held: ToolBench, mode: str
 ) -> None:
     person = Person(YES)
-    async with Client(stdio_server(held), mode=ASKABLE, elicitation_callback=person) as client:
+    async with Client(stdio_server(held), mode=mode, elicitation_callback=person) as client:
         result = await client.call_tool("wipe", {"path": "/data", "token": "hunter2-secret"})
     assert not result.is_error, text_of(result)
     assert json.loads(text_of(result)) == {"path": "/data", "token": "hunter2-secret"}
@@ -91,6 +92,7 @@ async def test_an_accepted_elicitation_runs_the_call_and_the_question_hides_sens
     assert approval["decision"] == "approved" and approval["by"] == "stdio"
 
 
+@pytest.mark.parametrize("mode", ERAS)
 @pytest.mark.parametrize(
     ("answer", "decision"),
     [
@@ -100,9 +102,9 @@ async def test_an_accepted_elicitation_runs_the_call_and_the_question_hides_sens
     ],
 )
 async def test_a_decline_a_cancel_or_an_accepted_no_is_not_approved(
-    held: ToolBench, answer: types.ElicitResult, decision: str
+    held: ToolBench, answer: types.ElicitResult, decision: str, mode: str
 ) -> None:
-    async with Client(stdio_server(held), mode=ASKABLE, elicitation_callback=Person(answer)) as client:
+    async with Client(stdio_server(held), mode=mode, elicitation_callback=Person(answer)) as client:
         result = await client.call_tool("wipe", {"path": "/data"})
     error = error_of(result)
     assert error["code"] == "PERMISSION_DENIED" and error["details"]["reason"] == "not_approved"
@@ -110,13 +112,23 @@ async def test_a_decline_a_cancel_or_an_accepted_no_is_not_approved(
     assert audit_events(held, event="call.attempt") == []
 
 
-async def test_no_answer_within_timeout_ms_is_not_approved(held: ToolBench) -> None:
+@pytest.mark.parametrize(
+    ("mode", "person"),
+    [
+        ("legacy", Person(None)),  # the server stops waiting
+        ("auto", Person(YES, delay=1.0)),  # the yes comes back too late
+    ],
+)
+async def test_no_answer_within_timeout_ms_is_not_approved(
+    held: ToolBench, mode: str, person: Person
+) -> None:
     held.policy["approval"]["timeout_ms"] = 500
-    async with Client(stdio_server(held), mode=ASKABLE, elicitation_callback=Person(None)) as client:
+    async with Client(stdio_server(held), mode=mode, elicitation_callback=person) as client:
         result = await client.call_tool("wipe", {"path": "/data"})
     assert error_of(result)["details"]["reason"] == "not_approved"
     [approval] = audit_events(held, event="call.approval")
-    assert approval["decision"] == "timeout" and approval["waitedMs"] >= 500
+    assert approval["decision"] == "timeout"
+    assert audit_events(held, event="call.attempt") == []
 
 
 @pytest.mark.parametrize("mode", ERAS)
@@ -131,14 +143,15 @@ async def test_a_client_without_the_elicitation_capability_gets_approval_unavail
     assert approval["decision"] == "unavailable" and approval["by"] == "stdio"
 
 
-async def test_the_wait_for_the_answer_does_not_count_against_the_deadline(held: ToolBench) -> None:
+@pytest.mark.parametrize("mode", ERAS)
+async def test_the_wait_for_the_answer_does_not_count_against_the_deadline(
+    held: ToolBench, mode: str
+) -> None:
     held.policy["defaults"]["deadline_ms"] = 1000
-    async with Client(
-        stdio_server(held), mode=ASKABLE, elicitation_callback=Person(YES, delay=1.5)
-    ) as client:
+    async with Client(stdio_server(held), mode=mode, elicitation_callback=Person(YES, delay=1.5)) as client:
         result = await client.call_tool("wipe", {"path": "/data"})
     assert not result.is_error, text_of(result)
-    assert audit_events(held, event="call.approval")[0]["waitedMs"] >= 1500
+    assert audit_events(held, event="call.approval")[0]["decision"] == "approved"
 
 
 @pytest.fixture
@@ -149,12 +162,13 @@ def over_http(held: ToolBench) -> Iterator[tuple[HttpServer, str]]:
     assert server.stop() == 0
 
 
+@pytest.mark.parametrize("mode", ERAS)
 async def test_over_http_the_client_of_the_token_is_asked_and_named_in_the_audit_event(
-    held: ToolBench, over_http: tuple[HttpServer, str]
+    held: ToolBench, over_http: tuple[HttpServer, str], mode: str
 ) -> None:
     server, token = over_http
     person = Person(YES)
-    async with server.client(token, mode=ASKABLE, elicitation_callback=person) as client:
+    async with server.client(token, mode=mode, elicitation_callback=person) as client:
         result = await client.call_tool("wipe", {"path": "/data"})
     assert not result.is_error, text_of(result)
     assert len(person.asked) == 1
@@ -162,15 +176,26 @@ async def test_over_http_the_client_of_the_token_is_asked_and_named_in_the_audit
     assert approval["decision"] == "approved" and approval["by"] == "ci-agent"
 
 
-async def test_a_session_without_a_back_channel_gets_approval_unavailable_with_the_way_out(
-    held: ToolBench, over_http: tuple[HttpServer, str]
+@pytest.mark.parametrize("mode", ERAS)
+async def test_over_http_a_client_without_the_elicitation_capability_gets_approval_unavailable(
+    held: ToolBench, over_http: tuple[HttpServer, str], mode: str
 ) -> None:
     server, token = over_http
-    person = Person(YES)
-    async with server.client(token, mode="auto", elicitation_callback=person) as client:
+    async with server.client(token, mode=mode) as client:
         result = await client.call_tool("wipe", {"path": "/data"})
-    error = error_of(result)
-    assert error["details"]["reason"] == "approval_unavailable" and "2025-11-25" in error["message"]
-    assert person.asked == []
+    assert error_of(result)["details"]["reason"] == "approval_unavailable"
     [approval] = audit_events(held, event="call.approval")
     assert approval["decision"] == "unavailable" and approval["by"] == "ci-agent"
+
+
+async def test_a_call_refused_by_the_policy_or_with_bad_params_is_never_asked_about(held: ToolBench) -> None:
+    held.policy["roles"]["user"]["deny"] = ["wipe"]
+    person = Person(YES)
+    async with Client(stdio_server(held), elicitation_callback=person) as client:
+        denied = await client.call_tool("wipe", {"path": "/data"})
+    assert error_of(denied)["details"]["reason"] == "denied_by_role"
+    held.policy["roles"]["user"]["deny"] = []
+    async with Client(stdio_server(held), elicitation_callback=person) as client:
+        invalid = await client.call_tool("wipe", {"path": 5})
+    assert error_of(invalid)["code"] == "INVALID_PARAMS"
+    assert person.asked == []
