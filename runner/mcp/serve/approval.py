@@ -40,10 +40,7 @@ APPROVE_SCHEMA: dict[str, Any] = {
     "required": ["approve"],
 }
 
-NO_BACK_CHANNEL = (
-    "this MCP connection cannot carry a request to the client"
-    " (a 2026-07-28 session has no back channel: connect with the 2025-11-25 handshake)"
-)
+NO_BACK_CHANNEL = "this MCP connection cannot carry a request to the client"
 
 
 def state_boundary(server_name: str) -> RequestStateBoundary:
@@ -88,6 +85,7 @@ async def ask_first(
 
 
 def _can_elicit(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """Did the client declare form elicitation (an empty ``elicitation: {}`` means form)?"""
     capabilities = ctx.session.client_capabilities
     elicitation = capabilities.elicitation if capabilities is not None else None
     return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
@@ -127,12 +125,8 @@ def client_approver(
         if answered is not None:
             return answered
         session = ctx.session
-        capabilities = session.client_capabilities
-        elicitation = capabilities.elicitation if capabilities is not None else None
-        if elicitation is None:
-            raise ApprovalUnavailable("the MCP client did not declare the elicitation capability")
-        if elicitation.form is None and elicitation.url is not None:
-            raise ApprovalUnavailable("the MCP client takes only URL elicitations, not a yes/no form")
+        if not _can_elicit(ctx):
+            raise ApprovalUnavailable("the MCP client did not declare the elicitation capability (form mode)")
         if not session.can_send_request:
             raise ApprovalUnavailable(NO_BACK_CHANNEL)
         try:

@@ -14,6 +14,7 @@ import pytest
 from conftest import ToolBench
 from mcp import Client
 from mcp.client.context import ClientRequestContext
+from mcp.shared.exceptions import MCPError
 from support.mcp_harness import ECHO, HttpServer, add_token, audit_events, stdio_server
 
 pytestmark = pytest.mark.anyio
@@ -199,3 +200,29 @@ async def test_a_call_refused_by_the_policy_or_with_bad_params_is_never_asked_ab
         invalid = await client.call_tool("wipe", {"path": 5})
     assert error_of(invalid)["code"] == "INVALID_PARAMS"
     assert person.asked == []
+
+
+async def test_a_2026_client_cannot_forge_or_move_an_approval(held: ToolBench) -> None:
+    """The answer only counts with the sealed requestState of its own question: a forged
+    state, an answer without one, or a state moved to other arguments never runs the call."""
+    yes: types.InputResponses = {"dev.runner/approval": YES}
+    async with Client(stdio_server(held), mode="auto", elicitation_callback=Person(YES)) as client:
+        session = client.session
+        unasked = await session.call_tool(
+            "wipe", {"path": "/a"}, input_responses=yes, allow_input_required=True
+        )
+        assert isinstance(unasked, types.InputRequiredResult)  # asked, not run
+        assert unasked.request_state is not None and "wipe" not in unasked.request_state  # sealed
+        forged = json.dumps({"tool": "wipe", "asked": 1e12, "timeoutMs": 5000})
+        with pytest.raises(MCPError):
+            await session.call_tool("wipe", {"path": "/a"}, input_responses=yes, request_state=forged)
+        with pytest.raises(MCPError):  # the state of /a's question, for /b
+            await session.call_tool(
+                "wipe", {"path": "/b"}, input_responses=yes, request_state=unasked.request_state
+            )
+        allowed = await session.call_tool(
+            "wipe", {"path": "/a"}, input_responses=yes, request_state=unasked.request_state
+        )
+    assert isinstance(allowed, types.CallToolResult) and not allowed.is_error
+    assert [e["decision"] for e in audit_events(held, event="call.approval")] == ["approved"]
+    assert len(audit_events(held, event="call.attempt")) == 1
