@@ -74,10 +74,10 @@ def on_terminal(
                 break
             if typed is not None and shown.endswith(PROMPT_END):
                 os.write(master, typed)
-        stdout, stderr = process.communicate(timeout=60)
+        stdout, _ = process.communicate(timeout=60)
     os.close(master)
-    assert stdout, stderr
-    return process.returncode, json.loads(stdout), shown.decode("utf-8", errors="replace")
+    answer = json.loads(stdout) if stdout else {}
+    return process.returncode, answer, shown.decode("utf-8", errors="replace")
 
 
 def approvals(bench: ToolBench) -> list[dict[str, Any]]:
@@ -108,6 +108,13 @@ def test_no_answer_within_timeout_ms_is_not_approved(held: ToolBench) -> None:
     status, answer, _ = on_terminal(held, {"path": "/data"}, None)
     assert status == 1 and answer["error"]["details"]["reason"] == "not_approved"
     assert [e["decision"] for e in approvals(held)] == ["timeout"]
+
+
+def test_ctrl_c_at_the_prompt_ends_the_call_unrun_with_status_130(held: ToolBench) -> None:
+    status, answer, _ = on_terminal(held, {"path": "/data"}, b"\x03")
+    assert status == 130 and answer == {}
+    events = [json.loads(line)["event"] for line in held.audit_log.read_text().splitlines()]
+    assert "call.attempt" not in events and events[-1] == "call.finished"
 
 
 def test_escape_sequences_in_params_reach_the_terminal_escaped(held: ToolBench) -> None:
