@@ -12,8 +12,9 @@ import anyio
 import mcp_types as types
 import pytest
 from conftest import ToolBench
-from mcp import Client
+from mcp import Client, ClientSession
 from mcp.client.context import ClientRequestContext
+from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 from support.mcp_harness import ECHO, HttpServer, add_token, audit_events, stdio_server
 
@@ -226,3 +227,24 @@ async def test_a_2026_client_cannot_forge_or_move_an_approval(held: ToolBench) -
     assert isinstance(allowed, types.CallToolResult) and not allowed.is_error
     assert [e["decision"] for e in audit_events(held, event="call.approval")] == ["approved"]
     assert len(audit_events(held, event="call.attempt")) == 1
+
+
+async def test_a_bare_client_session_with_an_elicitation_callback_is_asked(held: ToolBench) -> None:
+    """The SDK's lower-level ``ClientSession`` (the 2025-11-25 handshake), as an agent
+    framework built on it would hold one."""
+    person = Person(types.ElicitResult(action="decline"))
+    async with (
+        stdio_client(stdio_server(held)) as (read, write),
+        ClientSession(read, write, elicitation_callback=person) as session,
+    ):
+        await session.initialize()
+        declined = await session.call_tool("wipe", {"path": "/data"})
+        person.answer = YES
+        approved = await session.call_tool("wipe", {"path": "/data"})
+    assert (
+        isinstance(declined, types.CallToolResult)
+        and error_of(declined)["details"]["reason"] == "not_approved"
+    )
+    assert isinstance(approved, types.CallToolResult) and not approved.is_error
+    assert len(person.asked) == 2
+    assert [e["decision"] for e in audit_events(held, event="call.approval")] == ["declined", "approved"]
