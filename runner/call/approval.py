@@ -39,12 +39,15 @@ class ApprovalRequest:
     params: dict[str, Any]
 
     def message(self) -> str:
-        """The question, in words, with the params as JSON (cut short past a bound)."""
+        """The question, in words, with the params as JSON (cut short past a bound), every
+        control or format character escaped: params come from an agent, and an escape
+        sequence in them must not rewrite what the person reads."""
         shown = json.dumps(self.params, ensure_ascii=False, sort_keys=True)
         if len(shown) > MAX_MESSAGE_PARAMS:
             shown = shown[:MAX_MESSAGE_PARAMS] + "..."
         who = "a call naming no role" if self.role is None else f"role {self.role!r}"
-        return f"Approve the call of {self.tool_name} by {who} with params {shown}?"
+        question = f"Approve the call of {self.tool_name} by {who} with params {shown}?"
+        return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in question)
 
 
 class ApprovalUnavailable(Exception):

@@ -20,19 +20,13 @@ def terminal_approver() -> Approver:
     return Approver("terminal", _ask)
 
 
-def printable(text: str) -> str:
-    """``text`` with every control or format character escaped: params come from an agent,
-    and an escape sequence in them must not rewrite what the person reads."""
-    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
-
-
 async def _ask(request: ApprovalRequest) -> bool:
     try:
         fd = os.open(TTY, os.O_RDWR | os.O_NOCTTY)
     except OSError as exc:
         raise ApprovalUnavailable(f"runner exec has no terminal to ask on ({TTY}: {exc.strerror})") from exc
     try:
-        os.write(fd, f"runner: {printable(request.message())} [y/N] ".encode())
+        os.write(fd, f"runner: {request.message()} [y/N] ".encode())
         try:
             answer = await _read_line(fd)
         except asyncio.CancelledError:  # timed out or interrupted: end the prompt's line

@@ -13,6 +13,7 @@ import yaml
 from conftest import ToolBench
 
 from runner import Runner
+from runner.call.approval import MAX_MESSAGE_PARAMS, ApprovalRequest
 from runner.errors import ConfigError
 
 ECHO = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
@@ -211,3 +212,11 @@ def test_the_policy_file_is_read_with_approval(held: ToolBench) -> None:
         assert runner.policy.approval_for(wipe, "user") is not None
         assert runner.policy.approval_for(wipe, "ops") is None
         assert runner.policy.approval_for(echo, "user") is None
+
+
+def test_the_question_escapes_control_characters_and_is_cut_short() -> None:
+    message = ApprovalRequest("wipe", "user", {"path": "\x1b]0;pwned\x07\u009b2J\u202e"}).message()
+    assert not any(c in message for c in "\x1b\x07\u009b\u202e")
+    assert "\\u009b" in message and "wipe" in message and "'user'" in message
+    long = ApprovalRequest("wipe", "user", {"n": "x" * 10_000}).message()
+    assert len(long) < MAX_MESSAGE_PARAMS + 200 and "..." in long
