@@ -59,10 +59,12 @@ class Approver:
     """Who answers (``by``, for the audit event) and how they are asked: ``ask`` returns
     True for a yes and False for a no or a cancel.
 
-    ``ask`` raises ``ApprovalUnavailable`` when it cannot ask."""
+    ``ask`` raises ``ApprovalUnavailable`` when it cannot ask. ``waited_s``: how long the
+    person already took before this call (an answer that comes with a second request)."""
 
     by: str
     ask: Callable[[ApprovalRequest], Awaitable[bool]]
+    waited_s: float = 0.0
 
 
 # The approver of the call being served, set by whoever serves it (see the module docstring).
@@ -161,7 +163,7 @@ class ApprovalGate:
             **ctx.audit_fields(),
             decision=decision,
             by=approver.by if approver is not None else None,
-            waitedMs=round(waited * 1000),
+            waitedMs=round((waited + (approver.waited_s if approver is not None else 0.0)) * 1000),
         )
         if decision == "approved":
             return waited

@@ -91,6 +91,15 @@ def _can_elicit(ctx: ServerRequestContext[Any, Any]) -> bool:
     return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
 
 
+def _asked_at(params: types.CallToolRequestParams) -> float | None:
+    """When the question this call answers was sent (server time), if it answers one."""
+    try:
+        asked = json.loads(params.request_state or "")["asked"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return asked if isinstance(asked, float) else None
+
+
 def _answered(params: types.CallToolRequestParams) -> bool | None:
     """The answer a 2026-07-28 call carries for its approval: True (a yes), False (a no, a
     cancel, or no answer within the timeout it was asked with), None (it carries none).
@@ -140,4 +149,5 @@ def client_approver(
         # A decline, a cancel, or an accept without approve: true are all a no.
         return answer.action == "accept" and (answer.content or {}).get("approve") is True
 
-    return Approver(by, ask)
+    asked = _asked_at(params)
+    return Approver(by, ask, max(0.0, time.time() - asked) if asked is not None else 0.0)

@@ -153,7 +153,8 @@ async def test_the_wait_for_the_answer_does_not_count_against_the_deadline(
     async with Client(stdio_server(held), mode=mode, elicitation_callback=Person(YES, delay=1.5)) as client:
         result = await client.call_tool("wipe", {"path": "/data"})
     assert not result.is_error, text_of(result)
-    assert audit_events(held, event="call.approval")[0]["decision"] == "approved"
+    [approval] = audit_events(held, event="call.approval")
+    assert approval["decision"] == "approved" and approval["waitedMs"] >= 1500
 
 
 @pytest.fixture
