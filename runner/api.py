@@ -20,13 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from runner.audit.faults import OperatorLog, internal_error
 from runner.audit.key import policy_chain_key
 from runner.audit.log import AuditLog
 from runner.call.answers import AnswerMetadata, CallResult
+from runner.call.approval import ApproverFunction, api_approver
 from runner.call.backends import Backends
 from runner.call.executor import CallContext, Executor, Progress
 from runner.call.guard import CallGuard, call_context, callable_tools, discoverable, scrubbed
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
     from runner.telemetry.metrics import RunnerMetrics
 
 SandboxFactory = Callable[[str], Sandbox]
-T = TypeVar("T")
 _NO_OPTIONS = CallOptions()
 
 
@@ -81,6 +80,7 @@ class Runner:
         *,
         warm_pools: bool = True,
         metrics: RunnerMetrics | None = None,
+        approver: ApproverFunction | None = None,
     ) -> None:
         self.registry = registry
         self.policy = policy
@@ -93,7 +93,8 @@ class Runner:
             max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="runner-validate"
         )
         executor = Executor(self._clock, audit, self._threads, MCP_WORK)
-        self._guard = CallGuard(audit, self._clock, self._threads, executor, self._sandbox)
+        asks = api_approver(approver) if approver is not None else None
+        self._guard = CallGuard(audit, self._clock, self._threads, executor, self._sandbox, asks)
         self._lock = threading.Lock()
         self._in_flight: set[InFlight] = set()
         self._closed = False
@@ -128,12 +129,15 @@ class Runner:
         sandbox_factory: SandboxFactory | None = None,
         warm_pools: bool = True,
         metrics: RunnerMetrics | None = None,
+        approver: ApproverFunction | None = None,
     ) -> Runner:
         """Load tools and policy (arguments, then ``RUNNER_*`` variables, then the search of
         ``runner.config.locations``: ``./policies.yaml``, ``~/.config/runner/``, ``/etc/runner/``;
         tools default to ``tools/`` beside the policy file). With ``warm_pools`` the
         policy's pools start filling in the background at once. ``metrics``
-        (``runner.telemetry.RunnerMetrics``) receives the runner's Prometheus series.
+        (``runner.telemetry.RunnerMetrics``) receives the runner's Prometheus series. ``approver``
+        answers the calls the policy's ``approval:`` holds: ``approver(tool, role, params)``
+        returns a bool or an awaitable of one (sensitive params are ``***``).
 
         Raises:
             ConfigError: the policy file cannot be used, or none was given or found.
@@ -167,7 +171,9 @@ class Runner:
         except OSError as exc:
             raise ConfigError(str(audit_path), f"cannot open audit log: {exc.strerror}") from exc
         factory = sandbox_factory or backends
-        runner = cls(registry, policy, audit, factory, clock, warm_pools=warm_pools, metrics=metrics)
+        runner = cls(
+            registry, policy, audit, factory, clock, warm_pools=warm_pools, metrics=metrics, approver=approver
+        )
         runner._follow_pools()
         return runner
 
@@ -229,23 +235,13 @@ class Runner:
     async def __aenter__(self) -> Runner:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     def __enter__(self) -> Runner:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     async def aclose(self) -> None:

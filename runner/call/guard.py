@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from runner.audit.log import AuditLog
+from runner.call.approval import ApprovalGate, Approver
 from runner.call.breaker import BreakerState, CircuitBreaker, CircuitOpen, tool_verdict
 from runner.call.egress import ConnectAttempt, call_egress
 from runner.call.executor import CallContext, Execution, Executor, Progress
@@ -53,8 +54,10 @@ class CallGuard:
         threads: ThreadPoolExecutor,
         executor: Executor,
         sandbox_for: SandboxFor,
+        approver: Approver | None = None,
     ) -> None:
         self.audit = audit
+        self._approval = ApprovalGate(audit, clock, approver)
         self._clock = clock
         self._threads = threads  # params are validated and secrets read here, off the loop
         self._executor = executor
@@ -160,7 +163,8 @@ class CallGuard:
         secrets: SecretValues,
         policy: Policy,
     ) -> Execution:
-        """Policy, then the params' verdict, then the breaker; then the sandbox and the attempts."""
+        """Policy, then the params' verdict, then a person's approval if the policy wants
+        one, then the breaker; then the sandbox and the attempts."""
         decision = policy.decide(tool, request.role)
         self.audit.emit(
             "policy.decision",
@@ -192,6 +196,9 @@ class CallGuard:
                 f"invalid params for {tool.name}: {check.problem['field']}: {check.problem['problem']}{also}",
                 check.problem,
             )
+        if (approval := policy.approval_for(tool, decision.role)) is not None:
+            # The wait for a person is not the call's time: the deadline moves by it.
+            deadline_at += await self._approval.wait(tool.name, ctx, check.audit_params, approval.timeout_ms)
         try:
             # Only what the tool did counts: a runner fault or a cancelled call leaves the
             # block without a verdict, which hands a half-open probe back.

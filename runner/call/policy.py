@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from runner.audit.key import ChainKeySource
+from runner.config.approval import ApprovalModel
 from runner.config.dispatch import DispatchModel, token_problem
 from runner.config.egress import NetworkAllow
 from runner.config.settings import CallSettings, ResourceSettings
@@ -164,6 +165,7 @@ class PolicyModel(_Strict):
     pool: PoolModel = Field(default_factory=PoolModel)
     session: SessionModel = Field(default_factory=SessionModel)
     dispatch: DispatchModel | None = None  # sandboxes on a Ray cluster's nodes
+    approval: ApprovalModel | None = None  # calls a person must approve first
 
     @model_validator(mode="after")
     def _secrets_have_sources(self) -> PolicyModel:
@@ -185,6 +187,10 @@ class PolicyModel(_Strict):
         for token in self.serve.tokens:
             if token.role not in self.roles:
                 raise ValueError(f"serve token {token.name!r} has role {token.role!r}, which is not defined")
+        approval_roles = self.approval.roles if self.approval is not None else None
+        for role in approval_roles or ():
+            if role not in self.roles:
+                raise ValueError(f"approval.roles names {role!r}, which is not a defined role")
         return self
 
 
@@ -286,6 +292,21 @@ class Policy:
         override = self.model.tools.get(tool.name)
         granted = set(override.secrets) if override is not None else set()
         return [name for name in tool.manifest.secrets if name in granted]
+
+    def approval_for(self, tool: Tool, role: str | None) -> ApprovalModel | None:
+        """The ``approval:`` a call of ``tool`` by ``role`` (already resolved) waits for, if any."""
+        approval = self.model.approval
+        if approval is None or matching_rule(approval.tools, tool) is None:
+            return None
+        return approval if approval.roles is None or role in approval.roles else None
+
+    def approving_roles(self, tool: Tool) -> list[str]:
+        """The roles that may call ``tool`` only once a person approves, by name."""
+        return sorted(
+            role
+            for role in self.model.roles
+            if self.decide(tool, role).allowed and self.approval_for(tool, role) is not None
+        )
 
     def resolve_role(self, role: str | None) -> str | None:
         return role if role is not None else self.model.default_role

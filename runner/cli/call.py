@@ -108,7 +108,8 @@ def exec_command(
     """Call TOOL, or read one whole request from stdin when TOOL is '-'.
 
     Prints the answer as JSON (indented on a terminal); exits 0 on success, 1 when the
-    call failed, 130 after Ctrl-C (once the tool's sandbox is gone).
+    call failed, 130 after Ctrl-C (once the tool's sandbox is gone). A call the policy's
+    approval: holds asks yes/no on the terminal (/dev/tty) first.
     """
     from sandboxes import plugins
 
@@ -137,10 +138,13 @@ def exec_command(
         for key, value in (("role", role), ("requestId", request_id), ("stepId", step_id)):
             if value is not None:
                 request[key] = value
+    from runner.call.approval import CALL_APPROVER
     from runner.cli.interrupt import Interrupted, handle_interruptibly
+    from runner.cli.prompt import terminal_approver
     from runner.cli.terminal import Output, readable_json
 
     runner = _load(ctx)
+    CALL_APPROVER.set(terminal_approver())  # a call the policy holds is asked about on the terminal
     try:
         answer = handle_interruptibly(runner, request)
     except Interrupted as stopped:

@@ -296,6 +296,9 @@ def print_tool_sheet(sheet: Mapping[str, Any], out: Output) -> None:
     if denied:
         may_not = out.paint(escape_cell(", ".join(denied)), "bad")
         out.write(f"  {out.paint('may not'.ljust(13), 'dim')}{may_not}")
+    if (approval := sheet.get("approval")) is not None:
+        held = f"{', '.join(approval['roles'])} (asked, waits up to {approval['timeoutMs']} ms)"
+        out.write(f"  {out.paint('approval'.ljust(13), 'dim')}{escape_cell(held)}")
     for label, schema in (("params schema", sheet["paramsSchema"]), ("output schema", sheet["outputSchema"])):
         out.write(out.paint(label, "head"))
         out.write("  " + readable_json(schema, out).replace("\n", "\n  "))

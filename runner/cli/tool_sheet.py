@@ -61,6 +61,7 @@ def tool_sheet(runner: Runner, name: str) -> dict[str, Any]:
         },
         "defaultRole": policy.model.default_role,
         "roles": _roles(tool, policy),
+        "approval": _approval(tool, policy),
     }
 
 
@@ -69,6 +70,15 @@ def _network(network: bool | NetworkAllow) -> bool | dict[str, list[str]]:
     if isinstance(network, bool):
         return network
     return {"allow": list(network.allow)}
+
+
+def _approval(tool: Tool, policy: Policy) -> dict[str, Any] | None:
+    """Which of the roles that may call ``tool`` wait for a person's yes first, and how long."""
+    roles = policy.approving_roles(tool)
+    approval = policy.model.approval
+    if not roles or approval is None:
+        return None
+    return {"roles": roles, "timeoutMs": approval.timeout_ms}
 
 
 def _roles(tool: Tool, policy: Policy) -> dict[str, dict[str, Any]]:

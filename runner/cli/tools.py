@@ -130,7 +130,7 @@ def validate_command(ctx: click.Context, as_json: bool) -> None:
     runner = _load(ctx)
     report = validate(runner.registry, runner.policy)
     if as_json:
-        _print_json(wire(report))
+        _print_json(wire(report, runner.policy))
     else:
-        human_lines(report, click.echo)
+        human_lines(report, click.echo, runner.policy)
     sys.exit(EXIT_FAILED if report.errors else EXIT_OK)

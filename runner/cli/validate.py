@@ -190,6 +190,7 @@ def _policy_findings(tools: list[Tool], policy: Policy) -> list[Finding]:
 
     unmatched("whitelist", model.whitelist)
     unmatched("disabled", model.disabled)
+    unmatched("approval.tools", model.approval.tools if model.approval is not None else [])
     for role, rules in model.roles.items():
         unmatched(f"roles.{role}.allow", rules.allow)
         unmatched(f"roles.{role}.deny", rules.deny)
@@ -211,8 +212,9 @@ def _unused_secrets(tools: list[Tool], policy: Policy) -> list[Finding]:
     ]
 
 
-def human_lines(report: Report, echo: Callable[[str], None]) -> None:
-    """The report for a person: problems first, then the tools that are fine."""
+def human_lines(report: Report, echo: Callable[[str], None], policy: Policy) -> None:
+    """The report for a person: problems first, then the tools that are fine (and the roles
+    whose calls of each wait for a person's approval)."""
     for finding in report.findings:
         if finding.check == "manifest":
             echo(f"invalid: {finding.file}: {finding.reason}")
@@ -221,16 +223,24 @@ def human_lines(report: Report, echo: Callable[[str], None]) -> None:
             echo(f"{finding.severity}: {subject}: {finding.reason}")
     for tool in report.tools:
         if not report.failed(tool):
-            echo(f"ok: {tool.name} ({tool.directory})")
+            held = policy.approving_roles(tool)
+            approval = f", approval for {', '.join(held)}" if held else ""
+            echo(f"ok: {tool.name} ({tool.directory}){approval}")
     echo(f"{len(report.tools)} tools, {report.errors} errors, {report.warnings} warnings")
 
 
-def wire(report: Report) -> dict[str, object]:
-    """The report as one JSON document (``runner validate --json``)."""
+def wire(report: Report, policy: Policy) -> dict[str, object]:
+    """The report as one JSON document (``runner validate --json``); ``approval`` lists the
+    roles whose calls of a tool wait for a person's approval."""
     return {
         "ok": report.errors == 0,
         "tools": [
-            {"name": tool.name, "directory": str(tool.directory), "ok": not report.failed(tool)}
+            {
+                "name": tool.name,
+                "directory": str(tool.directory),
+                "ok": not report.failed(tool),
+                "approval": policy.approving_roles(tool),
+            }
             for tool in report.tools
         ],
         "problems": [finding.wire() for finding in report.findings],

@@ -31,11 +31,13 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from runner.api import Runner
 from runner.audit.log import AUDIT_CLIENT
+from runner.call.approval import CALL_APPROVER
 from runner.call.plan import resolve_plan
 from runner.call.requests import CallOptions
 from runner.call.session_scope import no_session, restarted_wire
 from runner.errors import CallError
 from runner.mcp.hosted.dialogue import CALL_PROGRESS
+from runner.mcp.serve.approval import ask_first, client_approver, state_boundary
 from runner.mcp.serve.call_sessions import McpSessions, mcp_session_id
 from runner.mcp.serve.disconnect import cancel_when_gone
 from runner.telemetry.labels import role_label
@@ -97,13 +99,15 @@ class ToolService:
             ours = version("sandboxed-tool-runner")
         except PackageNotFoundError:
             ours = ""
-        return Server(
+        server: Server[Any] = Server(
             SERVER_NAME,
             version=ours,
             on_list_tools=self.list_tools,
             on_call_tool=self.call_tool,
             on_subscriptions_listen=self._listen,
         )
+        server.middleware.append(state_boundary(SERVER_NAME))  # approvals asked of 2026-07-28 clients
+        return server
 
     @staticmethod
     def initialization_options(server: Server[Any]) -> InitializationOptions:
@@ -122,11 +126,13 @@ class ToolService:
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         self._remember(ctx)
         if self._draining:
             raise MCPError(SHUTTING_DOWN, "the server is shutting down; call again on a new one")
         caller = self._caller_of(ctx)
+        if (question := await ask_first(self.runner, ctx, params, caller.role)) is not None:
+            return question  # a 2026-07-28 client calls again with the person's answer
         meta = _raw_meta(ctx)
         request: dict[str, Any] = {
             "toolName": params.name,
@@ -143,6 +149,7 @@ class ToolService:
         # A hosted MCP server's tool reports its own progress: passed through.
         hosted = tool is not None and tool.hosted is not None
         client_token = AUDIT_CLIENT.set(caller.client)
+        approver_token = CALL_APPROVER.set(client_approver(ctx, caller.client or "stdio", params))
         progress_token = CALL_PROGRESS.set(ctx.session.report_progress if hosted and wants_progress else None)
         answer: dict[str, Any] | None = None
         session = self.sessions.session_for(caller.client, mcp_session_id(ctx))
@@ -158,6 +165,7 @@ class ToolService:
                 answer = restarted_wire(answer)
         finally:
             CALL_PROGRESS.reset(progress_token)
+            CALL_APPROVER.reset(approver_token)
             AUDIT_CLIENT.reset(client_token)
         if answer is None:  # the client went away: the call was cancelled, the answer is lost
             raise MCPError(types.CONNECTION_CLOSED, "the client disconnected; the call was cancelled")
