@@ -4,15 +4,15 @@
 
 Each phase is timed by wrapping the subprocess backend's own functions in this process:
 the runner's work before the spawn (policy, validation, ``prepare``: uid lease, cgroup),
-the spawn itself, the sandboxed process chain (launcher, cgroup join, setpriv, bubblewrap,
-the tool, up to its exit as asyncio sees it), the drain after it, and the teardown and
-answer after that. Medians over ``--n`` calls of the shipped ``add_numbers``.
+the spawn itself (``Popen`` of the launcher and its token line), the sandboxed process
+chain (launcher, cgroup join, setpriv, bubblewrap, the tool, up to its exit and the end
+of its pipes), and the teardown and answer after that. Medians over ``--n`` calls of the
+shipped ``add_numbers``.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import sys
@@ -33,22 +33,15 @@ marks: dict[str, float] = {}
 
 
 def _instrument() -> None:
-    spawn = asyncio.create_subprocess_exec
+    start = sandbox.PreparedSubprocess._start
     drive = sandbox.drive
 
-    async def timed_spawn(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+    def timed_start(self: Any, *args: Any, **kwargs: Any) -> None:
         marks["spawn_start"] = time.perf_counter()
-        proc = await spawn(*args, **kwargs)
-        marks["spawned"] = time.perf_counter()
-        wait = proc.wait
-
-        async def timed_wait() -> int:
-            code = await wait()
-            marks.setdefault("exited", time.perf_counter())
-            return code
-
-        proc.wait = timed_wait  # type: ignore[method-assign]
-        return proc
+        try:
+            start(self, *args, **kwargs)
+        finally:
+            marks["spawned"] = time.perf_counter()
 
     async def timed_drive(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -56,15 +49,14 @@ def _instrument() -> None:
         finally:
             marks["drained"] = time.perf_counter()
 
-    sandbox.asyncio.create_subprocess_exec = timed_spawn  # type: ignore[assignment]
+    sandbox.PreparedSubprocess._start = timed_start  # type: ignore[method-assign]
     sandbox.drive = timed_drive
 
 
 PHASES: tuple[tuple[str, Callable[[float, float], float]], ...] = (
     ("before the spawn", lambda start, _: marks["spawn_start"] - start),
-    ("spawn (fork+exec)", lambda *_: marks["spawned"] - marks["spawn_start"]),
-    ("process chain to exit", lambda *_: marks["exited"] - marks["spawned"]),
-    ("drain after exit", lambda *_: marks["drained"] - marks["exited"]),
+    ("spawn (Popen, token)", lambda *_: marks["spawned"] - marks["spawn_start"]),
+    ("process chain, drained", lambda *_: marks["drained"] - marks["spawned"]),
     ("teardown and answer", lambda _, end: end - marks["drained"]),
     ("total", lambda start, end: end - start),
 )

@@ -1,21 +1,25 @@
 """Many calls at once through one ``Runner``: correctness, latency and leftovers under load.
 
-    python3 bench/load.py [--calls 1000] [--concurrency 64] [--rounds 4]
+    python3 bench/load.py [--calls 1000] [--concurrency 64] [--rounds 4] [--pool 8]
 
 Each call adds two numbers chosen for it, so a wrong or swapped answer is caught. Prints
 p50/p99 of the calls' own durations and the throughput, next to a bare ``python3 main.py``
-spawn of the same tool measured in the same run (the cold-call ratio). The throughput is
-measured in rounds, each a batch of bare spawns then a batch of runner calls, so that a
-machine that slows down or speeds up during the run (a shared VM does) weighs on both
-rates alike; the ratio is that of the totals. Then the runner's own
-memory and descriptors before and after (psutil), then checks that no sandbox process,
-cgroup or staged workspace of this process is left.
+spawn of the same tool measured in the same run (the cold-call ratio). With ``--pool N``
+(0: skip) a second runner whose policy gives ``add_numbers`` a warm pool of ``N`` takes
+the same load, and the warm hits (the audit's ``warm``) are counted. The throughput is
+measured in rounds, each a batch of bare spawns then a batch of cold runner calls then
+one of pooled calls, so that a machine that slows down or speeds up during the run (a
+shared VM does) weighs on every rate alike; the ratios are those of the totals. Then the
+runners' own memory and descriptors before and after (psutil), then checks that no
+sandbox process, cgroup or staged workspace of this process is left (sandbox processes
+are found by their command line, so another runner's on the same machine counts too).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -25,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -93,51 +98,96 @@ async def load(runner: Runner, calls: range, concurrency: int) -> tuple[list[flo
     return durations, correct
 
 
+def pooled_runner(size: int, audit: Path) -> Runner:
+    """A runner whose policy gives ``add_numbers`` a warm pool of ``size``."""
+    policy = yaml.safe_load((STARTER / "policies.yaml").read_text())
+    policy.setdefault("tools", {}).setdefault("add_numbers", {})["pool"] = size
+    path = STARTER / f"policies-pool{size}.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    return Runner.load(tools=STARTER / "tools", policies=path, audit_log=audit)
+
+
+def warm_attempts(audit: Path) -> tuple[int, int]:
+    """(warm, all) ``call.attempt`` events of ``audit``."""
+    events = [json.loads(line) for line in audit.read_text().splitlines() if line.strip()]
+    attempts = [event for event in events if event.get("event") == "call.attempt"]
+    return sum(1 for event in attempts if event.get("warm") is True), len(attempts)
+
+
+class Rows:
+    """The durations, right answers and wall time of one runner over the rounds."""
+
+    def __init__(self, name: str, runner: Runner) -> None:
+        self.name, self.runner = name, runner
+        self.durations: list[float] = []
+        self.correct = 0
+        self.wall = 0.0
+
+    def round(self, calls: range, concurrency: int) -> None:
+        started = time.perf_counter()
+        done, right = asyncio.run(load(self.runner, calls, concurrency))
+        self.wall += time.perf_counter() - started
+        self.durations += done
+        self.correct += right
+
+    def line(self, calls: int, ceiling: float) -> str:
+        ordered = sorted(self.durations)
+        p50 = ordered[len(ordered) // 2]
+        p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+        rate = calls / self.wall
+        return (
+            f"{self.name:<7} {self.correct} correct, p50 {p50:.0f} ms, p99 {p99:.0f} ms, "
+            f"{rate:.0f} calls/s = {rate / ceiling:.2f}x bare"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--pool", type=int, default=8, help="pool size of the pooled runner (0: none)")
     args = parser.parse_args()
     per_round = args.calls // args.rounds
+    load_before = os.getloadavg()[0]
     runner = Runner.load(tools=STARTER / "tools", policies=STARTER / "policies.yaml", audit_log=os.devnull)
+    rows = [Rows("cold", runner)]
+    audit = STARTER / "pooled-audit.log"
+    if args.pool:
+        rows.append(Rows(f"pool {args.pool}", pooled_runner(args.pool, audit)))
     bare_ms = statistics.median(timed(bare, 20))
     cold_ms = statistics.median(timed(lambda: runner.call("add_numbers", {"a": 1, "b": 2}), 20))
     me = psutil.Process()
     rss_before, fds_before = me.memory_info().rss, me.num_fds()
-    durations: list[float] = []
-    correct = 0
-    wall = bare_wall = 0.0
+    bare_wall = 0.0
     for start in range(0, per_round * args.rounds, per_round):
         bare_wall += per_round / bare_rate(per_round, args.concurrency)
-        started = time.perf_counter()
-        done, right = asyncio.run(load(runner, range(start, start + per_round), args.concurrency))
-        wall += time.perf_counter() - started
-        durations += done
-        correct += right
+        for row in rows:
+            row.round(range(start, start + per_round), args.concurrency)
     calls = per_round * args.rounds
     ceiling = calls / bare_wall
     rss_after, fds_after = me.memory_info().rss, me.num_fds()
-    ordered = sorted(durations)
-    p50 = ordered[len(ordered) // 2]
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    print(f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores")
     print(f"bare python3 main.py      median {bare_ms:7.1f} ms")
     print(f"Runner.call, one at once  median {cold_ms:7.1f} ms   {cold_ms / bare_ms:5.2f}x bare")
-    print(
-        f"{calls} calls at concurrency {args.concurrency} in {args.rounds} rounds: {correct} correct, "
-        f"p50 {p50:.0f} ms, p99 {p99:.0f} ms, {calls / wall:.0f} calls/s"
-    )
-    print(
-        f"bare spawns at concurrency {args.concurrency}: {ceiling:.0f}/s; "
-        f"the runner's throughput is {calls / wall / ceiling:.2f}x that"
-    )
+    print(f"{calls} calls at concurrency {args.concurrency} in {args.rounds} rounds:")
+    print(f"bare    {ceiling:.0f} spawns/s")
+    for row in rows:
+        print(row.line(calls, ceiling))
+    if args.pool:
+        for row in rows:
+            row.runner.close()
+        warm, attempts = warm_attempts(audit)
+        print(f"pooled runner: {warm} of {attempts} attempts warm")
     print(
         f"runner process: RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB, "
         f"open descriptors {fds_before} -> {fds_after}"
     )
-    left = leftovers()
+    settle_by = time.monotonic() + 5  # teardown ends in threads: give the last ones time
+    while (left := leftovers()) and time.monotonic() < settle_by:
+        time.sleep(0.2)
     print(f"leftovers: {left or 'none'}")
-    sys.exit(0 if correct == calls and not left else 1)
+    sys.exit(0 if all(row.correct == calls for row in rows) and not left else 1)
 
 
 if __name__ == "__main__":

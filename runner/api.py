@@ -99,14 +99,14 @@ class Runner:
         self._in_flight: set[InFlight] = set()
         self._closed = False
         self._sessions = SessionCounts()  # the open session sandboxes
-        # Warm sandboxes for a long-lived runner; a one-shot one (the CLI's
-        # ``exec``) would start them only to throw them away.
+        # Warm sandboxes for a long-lived runner; a one-shot one (``exec``) would throw them away.
         self._warm_pools = warm_pools
         self._pools = WarmPools(
             audit.operator.warn,
             audit.operator.fault,
             discarded=lambda fields: self.audit.emit("pool.discarded", **fields),
             hosted=MCP_WORK,
+            busy=lambda: len(self._in_flight),  # refills wait while calls outnumber the cores
         )
         # Prometheus series, when given; spans whenever a tracer provider is set.
         self.metrics = metrics
@@ -427,7 +427,7 @@ class Runner:
     def _state(self) -> RunnerState:
         """The breakers of the registered tools and the warm pools, for the state gauges."""
         opened = self._guard.open_breakers([tool.name for tool in self.registry])
-        return RunnerState(opened, self._pools.counts())
+        return RunnerState(opened, self._pools.counts(), self._pools.takes())
 
     def warm_sandboxes(self) -> dict[str, int]:
         """Idle warm sandboxes by tool name: the pools as they are now (``pool`` in the policy)."""

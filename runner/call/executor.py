@@ -122,9 +122,11 @@ class Executor:
         ctx: CallContext,
         deadline_at: float | None = None,
         progress: Progress | None = None,
+        pooled: bool = False,
     ) -> Execution:
         """Run the attempts; the deadline is ``deadline_at`` (clock time) if given, else
         ``plan.deadline_ms`` from now. ``progress`` follows the attempts as they start.
+        ``pooled``: the tool has a warm pool (its attempts' events say hit or miss).
 
         Raises:
             asyncio.CancelledError: the call was cancelled; its sandbox is gone by then
@@ -171,9 +173,9 @@ class Executor:
                 result = await self._parse(tool, outcome.stdout, plan.format)
             except CallError as error:
                 errors.append(error)
-                self._attempt_event(tool, ctx, attempt, sandbox, outcome, started, error)
+                self._attempt_event(tool, ctx, attempt, sandbox, outcome, started, error, pooled)
             else:
-                self._attempt_event(tool, ctx, attempt, sandbox, outcome, started, None)
+                self._attempt_event(tool, ctx, attempt, sandbox, outcome, started, None, pooled)
                 return Execution(result, None, attempt, progress.degraded)
             if not errors[-1].retried or attempt == plan.retries + 1:
                 break
@@ -213,6 +215,7 @@ class Executor:
         outcome: SandboxOutcome,
         started: float,
         error: CallError | None,
+        pooled: bool,
     ) -> None:
         self._emit_attempt(
             tool,
@@ -227,6 +230,7 @@ class Executor:
             code=error.code.value if error else None,
             degraded=outcome.degraded,
             warm=outcome.warm,
+            **({"pooled": True} if pooled else {}),
             missing=list(outcome.missing),
             **({"node": outcome.node} if outcome.node is not None else {}),
             stderr=outcome.stderr_tail[-500:],

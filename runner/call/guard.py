@@ -24,6 +24,7 @@ from runner.call.executor import CallContext, Execution, Executor, Progress
 from runner.call.hooks import CANCELLED
 from runner.call.plan import CallPlan, describe, launch_spec
 from runner.call.policy import Policy
+from runner.call.pool_calls import PoolingSandbox
 from runner.call.requests import CallRequest
 from runner.clock import Clock
 from runner.errors import CallError, ErrorCode
@@ -205,13 +206,22 @@ class CallGuard:
             with self.breaker(tool.name, policy).guard(ends_by=deadline_at) as ticket:
                 if secrets.missing:
                     raise self._unavailable(tool, secrets.missing[0])
-                sandbox = ctx.telemetry.timed(self._sandbox_for(tool, plan, policy))
+                chosen = self._sandbox_for(tool, plan, policy)
+                sandbox = ctx.telemetry.timed(chosen)
                 spec = launch_spec(tool, ctx.request_id, policy, plan.runtime)
                 spec = replace(spec, secrets=secrets.values)
                 report = self._reporter(tool, ctx)
                 async with call_egress(tool, policy, spec, report) as spec:
                     execution = await self._executor.execute(
-                        tool, plan, sandbox, spec, request.params, ctx, deadline_at, progress
+                        tool,
+                        plan,
+                        sandbox,
+                        spec,
+                        request.params,
+                        ctx,
+                        deadline_at,
+                        progress,
+                        pooled=isinstance(chosen, PoolingSandbox),
                     )
                 ticket.record(tool_verdict(execution.error))
                 return execution

@@ -6,6 +6,12 @@ pool's work, off every event loop and one sandbox at a time, so refilling never 
 more than one core from the calls: it starts replacements, retires sandboxes idle for
 longer than ``max_idle_ms``, and discards every idle one on a policy change and on close.
 
+Refilling yields to the calls: while the runner serves more calls than the machine has
+cores, the keeper starts no replacement (a warm sandbox costs what a cold start does, so
+under load it only takes CPU from calls already waiting for it), and looks again every
+``REFILL_DEFER_S``. A call that finds its pool empty never waits for a refill: it starts
+cold at once. Each take is counted, hit or miss, by tool (``takes``).
+
 The keeper is a plain thread because a warm sandbox outlives the loop of any one call
 (a synchronous ``Runner.call`` runs each call on a fresh loop), and because the
 subprocess backend's sandboxes die with the thread that started them (bubblewrap's
@@ -41,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import threading
 import time
 from collections import deque
@@ -97,11 +104,17 @@ class WarmPools:
         clock: Callable[[], float] = time.monotonic,
         discarded: Callable[[dict[str, Any]], None] | None = None,
         hosted: HostedWork = NO_HOSTED_WORK,
+        busy: Callable[[], int] = lambda: 0,
+        cores: int | None = None,
     ) -> None:
         """``discarded`` hears of each warm sandbox lost before its call (the fields of
         a ``pool.discarded`` audit event), from the keeper's or a call's thread;
-        ``hosted`` says a hosted server's opening ahead."""
+        ``hosted`` says a hosted server's opening ahead; ``busy()`` is the number of calls
+        the runner serves now: above ``cores`` (the machine's), no refill starts."""
         self._warn = warn
+        self._busy = busy
+        self._cores = cores if cores is not None else os.cpu_count() or 1
+        self._takes: dict[str, tuple[int, int]] = {}  # (hits, misses) by tool, over every policy
         self._hosted = hosted
         self._fault = fault
         self._clock = clock
@@ -179,6 +192,8 @@ class WarmPools:
             # Stale ones to discard, an empty pool to fill, or the keeper's next wake:
             # REFILL_DEFER_S from now.
             self._cond.notify_all()
+            hits, misses = self._takes.get(tool_name, (0, 0))
+            self._takes[tool_name] = (hits + 1, misses) if taken is not None else (hits, misses + 1)
             if taken is not None:
                 pool.lost = 0  # this one serves its call
                 key = next(self._keys)
@@ -198,6 +213,16 @@ class WarmPools:
         """Idle warm sandboxes by tool (for tests and ``doctor``-like reports)."""
         with self._cond:
             return {name: len(pool.idle) for name, pool in self._pools.items()}
+
+    def takes(self) -> dict[str, tuple[int, int]]:
+        """By tool since the runner started: calls that took a warm sandbox (hits) and
+        that started cold because none was ready (misses)."""
+        with self._cond:
+            return dict(self._takes)
+
+    def _loaded(self) -> bool:
+        """More calls being served than there are cores: a refill would only slow them."""
+        return self._busy() > self._cores
 
     def close(self) -> None:
         """Discard every warm sandbox and stop the keeper (blocking: from a thread)."""
@@ -257,7 +282,7 @@ class WarmPools:
             return None
         pools = self._pools.values()
         wanting = [pool for pool in pools if _held(pool, now) < pool.plan.size and pool.retry_at <= now]
-        if not wanting:
+        if not wanting or self._loaded():
             return None
         job = min(wanting, key=lambda pool: _held(pool, now) / pool.plan.size)
         job.preparing += 1
@@ -271,6 +296,8 @@ class WarmPools:
         times += [pool.retry_at for pool in self._pools.values() if pool.retry_at > now]
         if any(isinstance(ready.warm, Waits) for pool in self._pools.values() for ready in pool.idle):
             times.append(now + CHECK_EVERY_S)
+        if self._loaded() and any(_held(pool, now) < pool.plan.size for pool in self._pools.values()):
+            times.append(now + REFILL_DEFER_S)  # held back by the load: look again soon
         # A taken sandbox still deferring its replacement stops deferring then (once past
         # it, it no longer counts, and needs no wake).
         ends = (taken + REFILL_DEFER_S for pool in self._pools.values() for taken in pool.in_use.values())

@@ -30,11 +30,13 @@ OTHER_REASON = "other"
 
 @dataclass(frozen=True)
 class RunnerState:
-    """What the state gauges show at a scrape: breaker open (1) or closed (0) by tool,
-    warm sandboxes ready by pooled tool."""
+    """What the state series show at a scrape: breaker open (1) or closed (0) by tool,
+    warm sandboxes ready by pooled tool, and the calls of each pooled tool that took a
+    warm sandbox and that started cold (hits, misses)."""
 
     breakers: dict[str, bool] = field(default_factory=dict)
     pools: dict[str, int] = field(default_factory=dict)
+    takes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def attempt_reason(reason: str | None) -> str:

@@ -4,8 +4,8 @@ A ``RunnerMetrics`` holds the series and the ``CollectorRegistry`` they live in;
 prometheus_client's global ``REGISTRY``, so a host application's metrics and the
 runner's are not mixed (the host may register ``metrics.registry``'s collectors in its
 own exposition if it wants them side by side). Counters and histograms are updated on
-the call path (a dict lookup and a lock each); the two state gauges, breaker and pool,
-are read from the runner only when scraped.
+the call path (a dict lookup and a lock each); the state series (breaker, pool ready,
+pool takes) are read from the runner only when scraped.
 
 Every label value is bounded: tools come from the registry (an unknown name is
 ``UNKNOWN``), roles from the policy (an unknown one ``UNKNOWN``, none ``NO_ROLE``), codes
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
@@ -68,7 +68,8 @@ _Children = dict[tuple[object, tuple[str, ...]], Any]  # (series, label values) 
 
 
 class _StateCollector(Collector):
-    """``runner_breaker_open`` and ``runner_pool_ready``, read from the runners at scrape time."""
+    """``runner_breaker_open``, ``runner_pool_ready`` and ``runner_pool_takes``, read from
+    the runners at scrape time."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -84,33 +85,44 @@ class _StateCollector(Collector):
                 self._sources.remove(source)
 
     def describe(self) -> Iterable[Metric]:
-        return self._families({}, {})
+        return self._families(RunnerState())
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
             sources = list(self._sources)
-        breakers: dict[str, bool] = {}
-        pools: dict[str, int] = {}
+        total = RunnerState()
         for source in sources:  # several runners on one registry: one sample per tool
             state = source()
             for tool, is_open in state.breakers.items():
-                breakers[tool] = breakers.get(tool, False) or is_open
+                total.breakers[tool] = total.breakers.get(tool, False) or is_open
             for tool, ready in state.pools.items():
-                pools[tool] = pools.get(tool, 0) + ready
-        return self._families(breakers, pools)
+                total.pools[tool] = total.pools.get(tool, 0) + ready
+            for tool, (hits, misses) in state.takes.items():
+                before = total.takes.get(tool, (0, 0))
+                total.takes[tool] = (before[0] + hits, before[1] + misses)
+        return self._families(total)
 
     @staticmethod
-    def _families(breakers: dict[str, bool], pools: dict[str, int]) -> Iterator[Metric]:
+    def _families(state: RunnerState) -> Iterator[Metric]:
         breaker = GaugeMetricFamily(
             "runner_breaker_open", "1 while the tool's circuit breaker is open or half-open", labels=["tool"]
         )
-        for tool, is_open in sorted(breakers.items()):
+        for tool, is_open in sorted(state.breakers.items()):
             breaker.add_metric([tool], 1.0 if is_open else 0.0)
         ready = GaugeMetricFamily("runner_pool_ready", "Warm sandboxes ready for the tool", labels=["tool"])
-        for tool, count in sorted(pools.items()):
+        for tool, count in sorted(state.pools.items()):
             ready.add_metric([tool], float(count))
+        takes = CounterMetricFamily(
+            "runner_pool_takes",
+            "Calls of a pooled tool that took a warm sandbox (hit) or started cold (miss)",
+            labels=["tool", "result"],
+        )
+        for tool, (hits, misses) in sorted(state.takes.items()):
+            takes.add_metric([tool, "hit"], float(hits))
+            takes.add_metric([tool, "miss"], float(misses))
         yield breaker
         yield ready
+        yield takes
 
 
 class RunnerMetrics:

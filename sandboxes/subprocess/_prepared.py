@@ -23,6 +23,7 @@ from sandboxes._ended import process_ended
 from sandboxes._exchange import Exchange
 from sandboxes._exec_status import new_token, token_line
 from sandboxes._identity import IdentityLease
+from sandboxes._prepare import submit
 from sandboxes._prepared import OneRun, Stage
 from sandboxes._priming import PrimingPipe
 from sandboxes._workspace import GrantedWorkspace
@@ -341,8 +342,15 @@ class PreparedSubprocess(OneRun):
             self._owner.teardowns.submit(self._teardown)
             return
         # Waiting for a fork bomb's last members to die, applying staged writes: blocking
-        # work, in a thread. Once started it finishes even if this close is cancelled.
-        await asyncio.to_thread(self._teardown)
+        # work, in one of the backend's own threads (a synchronous call's fresh loop would
+        # start a thread for it, and another to join that one). Once handed over it
+        # finishes even if this close is cancelled.
+        try:
+            done = submit(self._owner.closers.pool(), self._teardown)
+        except SandboxUnavailable:  # the backend is closing: still torn down before the answer
+            await asyncio.to_thread(self._teardown)
+            return
+        await asyncio.shield(asyncio.wrap_future(done))
 
     def _all_dead(self) -> bool:
         """Whether nothing of this sandbox runs any more and its teardown would only remove

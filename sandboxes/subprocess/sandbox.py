@@ -90,15 +90,18 @@ class SubprocessSandbox:
         # What is left of a sandbox once all its processes are dead (``PreparedSubprocess.close``).
         self.teardowns = DeferredTeardown("runner-teardown-subprocess")
         self.preparers = Preparers("runner-prepare-subprocess")
+        # Teardowns a call waits for (its sandbox not dead yet at its close).
+        self.closers = Preparers("runner-close-subprocess")
         self.staged: StagedFolders | None = None  # as root, made by the set-up
 
     async def aclose(self) -> None:
         """Wait until every sandbox's deferred teardown is done (``sandboxes._deferred``),
-        and join the preparation threads."""
+        and join the preparation and teardown threads."""
         await asyncio.to_thread(self._join_threads)
 
     def _join_threads(self) -> None:
         self.preparers.shutdown()
+        self.closers.shutdown()
         self.teardowns.wait()
         if self.staged is not None:
             self.staged.shutdown()  # last: every sandbox started from it is gone
