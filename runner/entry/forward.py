@@ -85,8 +85,8 @@ def _parse(args: list[str]) -> dict[str, str] | None:
     if "" not in given:
         return None
     for name, least in _INTEGERS.items():
-        value = given.get(name)
-        if value is not None and not (value.isascii() and value.isdigit() and int(value) >= least):
+        number = given.get(name)
+        if number is not None and not (number.isascii() and number.isdigit() and int(number) >= least):
             return None
     if given.get("--format", "json") not in _FORMATS:
         return None
@@ -110,7 +110,9 @@ def _request(given: dict[str, str]) -> dict[str, Any] | None:
         "toolName": given[""],
         "params": params[0],
         "options": {
-            key: value if key == "format" else int(value) for key, value in options.items() if value is not None
+            key: value if key == "format" else int(value)
+            for key, value in options.items()
+            if value is not None
         },
     }
     for key, name in (("role", "--role"), ("requestId", "--request-id"), ("stepId", "--step-id")):
@@ -145,9 +147,9 @@ def _where() -> dict[str, Any] | None:
         return None
     audit_log = os.environ.get("RUNNER_AUDIT_LOG") or None
     return {
-        "policies": os.path.abspath(policy),
-        "tools": [os.path.abspath(folder) for folder in tool_dirs(None, policy)],
-        "auditLog": None if audit_log is None else os.path.abspath(audit_log),
+        "policies": str(policy.absolute()),
+        "tools": [str(folder.absolute()) for folder in tool_dirs(None, policy)],
+        "auditLog": None if audit_log is None else str(Path(audit_log).absolute()),
     }
 
 
@@ -177,8 +179,9 @@ def _exchange(path: Path, data: bytes, *, same_user: bool) -> dict[str, Any] | N
         document = json.loads(reply)
     except ValueError:
         document = None
-    if isinstance(document, dict) and isinstance(document.get("answer"), dict):
-        return document["answer"]
+    answer = document.get("answer") if isinstance(document, dict) else None
+    if isinstance(answer, dict):
+        return answer
     if isinstance(document, dict) and "refused" in document:
         return None
     sys.stderr.write(f"runner: the server at {path} took the call but sent no answer (see its log)\n")

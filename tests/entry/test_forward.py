@@ -127,7 +127,9 @@ def test_another_policy_than_the_servers_runs_the_call_directly(served: Served, 
     assert all(e.get("requestId") != "elsewhere" for e in served.audit())
     assert "client" not in [e for e in _events(other) if e.get("requestId") == "elsewhere"][-1]
     # A flag the fast path leaves to the full command line goes there too.
-    flagged = run_exec(served, *CASES["success"], "--request-id", "flagged", "--policies", str(other / "policies.yaml"))
+    flagged = run_exec(
+        served, *CASES["success"], "--request-id", "flagged", "--policies", str(other / "policies.yaml")
+    )
     assert flagged.returncode == 0
     assert any(e.get("requestId") == "flagged" for e in _events(other))
 
@@ -138,7 +140,9 @@ def test_a_stale_socket_runs_the_call_directly_and_at_once(served: Served, tmp_p
     left.bind(str(stale))
     left.close()  # the file stays; nobody listens
     started = time.monotonic()
-    done = run_exec(served, *CASES["success"], "--request-id", "stale", env=served.env(RUNNER_SOCKET=str(stale)))
+    done = run_exec(
+        served, *CASES["success"], "--request-id", "stale", env=served.env(RUNNER_SOCKET=str(stale))
+    )
     direct_s = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     assert "client" not in served.finished("stale")

@@ -35,7 +35,9 @@ class Served:
 
     def finished(self, request_id: str) -> dict[str, Any]:
         """The ``call.finished`` event of ``request_id``."""
-        found = [e for e in self.audit() if e.get("event") == "call.finished" and e.get("requestId") == request_id]
+        found = [
+            e for e in self.audit() if e.get("event") == "call.finished" and e.get("requestId") == request_id
+        ]
         assert len(found) == 1, found
         return found[0]
 
