@@ -104,6 +104,7 @@ def serve_group(
         metrics=metrics,
         metrics_token_env=metrics_token_env,
         socket_path=socket_path,
+        stdio=stdio,
     )
 
 

@@ -34,10 +34,12 @@ def serve(
     metrics: str | None,
     metrics_token_env: str | None = None,
     socket_path: str | None = None,
+    stdio: bool = True,
 ) -> None:
     """Run the server; exit 0 when it stopped (end of input, SIGTERM), 2 on misuse.
 
-    Over stdio unless ``http`` is given or ``socket_path`` alone ("": the default socket).
+    MCP over stdio (``stdio``) or HTTP (``http``), and the socket for ``runner exec`` at
+    ``socket_path`` ("": the default one) when it is given.
     """
     from runner.mcp.serve.http import HttpAddressError, parse_address
 
@@ -66,9 +68,8 @@ def serve(
         )
     except ConfigError as exc:
         _fail_usage(" ".join(str(exc).split()))
-    stdio = http is None and socket_path is None
     transport: Transport | None = None
-    if stdio:
+    if stdio and http is None:
         resolved = runner.policy.resolve_role(role)
         if resolved is None or resolved not in runner.policy.model.roles:
             runner.close()

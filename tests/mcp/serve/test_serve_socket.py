@@ -271,3 +271,32 @@ def test_a_client_that_goes_away_cancels_its_call(shared: Served) -> None:
     assert finished and finished[0]["cancelled"] is True
     assert finished[0]["client"] == f"uid:{os.getuid()}"
     assert isinstance(finished[0]["duration"], int) and finished[0]["duration"] < 15000  # not the tool's 20 s
+
+
+def test_beside_stdio_the_socket_serves_until_the_mcp_clients_input_ends(tmp_path: Path) -> None:
+    folder = starter(tmp_path / "project")
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    path = run / "serve.sock"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runner", "serve", "--stdio", "--socket", str(path)],
+        cwd=folder,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not path.exists() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.1)
+        time.sleep(0.2)  # bound before it listens: let it start taking connections
+        reply = exchange(path, line({**ADD, "requestId": "beside"}, folder).encode() + b"\n")
+        assert reply is not None and reply["answer"]["result"] == 3
+        assert process.stdin is not None
+        process.stdin.close()  # the MCP client is gone: the whole server stops
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert not path.exists()
