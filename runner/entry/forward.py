@@ -21,9 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from runner.config.locations import find_policy, tool_dirs
+from runner.config.locations import found_policy, tool_dirs
 from runner.config.sockets import MAX_REQUEST_BYTES, SOCKET_ENV, default_socket, is_own_socket
-from runner.errors import ConfigError
 
 CONNECT_S = 1.0  # a server that cannot take a connection in this long is not used
 _PEERCRED = struct.Struct("3i")
@@ -141,9 +140,8 @@ def _params(value: str | None) -> tuple[object] | None:
 
 def _where() -> dict[str, Any] | None:
     """The policy file, tool folders and audit log this call would load."""
-    try:
-        policy = find_policy(None)
-    except ConfigError:
+    policy = found_policy(None)
+    if policy is None:
         return None
     audit_log = os.environ.get("RUNNER_AUDIT_LOG") or None
     return {

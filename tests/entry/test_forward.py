@@ -113,7 +113,6 @@ def test_the_forwarding_path_imports_the_standard_library_alone(served: Served) 
         "runner.config",
         "runner.config.locations",
         "runner.config.sockets",
-        "runner.errors",
     }, ours
     assert served.finished("lean")["client"] == f"uid:{os.getuid()}"
 
