@@ -300,3 +300,15 @@ def test_beside_stdio_the_socket_serves_until_the_mcp_clients_input_ends(tmp_pat
             process.kill()
             process.wait()
     assert not path.exists()
+
+
+def test_beside_http_both_serve_and_sigterm_stops_both(tmp_path: Path) -> None:
+    folder = starter(tmp_path / "project")
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    with serving(folder, run / "serve.sock", "--http", "127.0.0.1:0") as server:
+        reply = exchange(server.socket, line({**ADD, "requestId": "beside-http"}, folder).encode() + b"\n")
+        assert reply is not None and reply["answer"]["result"] == 3
+        assert server.finished("beside-http")["client"] == f"uid:{os.getuid()}"
+    assert server.process.returncode == 0
+    assert not server.socket.exists()
