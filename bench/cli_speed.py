@@ -1,13 +1,17 @@
 """How fast the command line answers, next to a bare interpreter measured in the same run.
 
-    python3 bench/cli_speed.py [--n 21]
+    python3 bench/cli_speed.py [--n 21] [--base CHECKOUT]
 
 Rows, each a fresh process: ``python3 -c pass`` (the floor every command pays),
 ``python3 -m runner --help``, ``runner exec add_numbers`` against the shipped tools (8) and
 against 300 tools (the shipped ones plus generated ones, each with its own schema), all
 end to end (interpreter, imports, loading the tools and the policy, the hardened sandbox,
-the audit event). Targets (issue 10, item 7): exec at most 150 ms, --help at most 100 ms,
-exec with 300 tools at most 1.2x exec with 8.
+the audit event); then ``runner exec add_numbers`` through ``runner serve --socket`` (a
+server started for the run over the same 8 tools). ``python3 -c pass``, the direct and the
+socket rows are taken in turns; ``--base CHECKOUT`` adds the direct row of another checkout
+of the runner (an older commit, say) to those turns, and ``--exec-only`` leaves out the
+other rows. Targets: exec at most 150 ms, --help at most 100 ms, exec
+with 300 tools at most 1.2x exec with 8, exec through the socket at most 100 ms.
 """
 
 from __future__ import annotations
@@ -20,16 +24,24 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _timing import print_table, starter_folder, timed  # noqa: E402
+from _timing import print_table, starter_folder, timed, timed_together  # noqa: E402
 
 MANY = 300
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-TARGETS = {"runner --help": 100.0, "runner exec (8 tools)": 150.0}
+# No server for the direct rows: the default socket's folder is an empty one of the run's.
+RUNTIME = tempfile.mkdtemp(prefix="runner-bench-xdg-")
+atexit.register(shutil.rmtree, RUNTIME, ignore_errors=True)
+ENV["XDG_RUNTIME_DIR"] = RUNTIME
+ENV.pop("RUNNER_SOCKET", None)
+SOCKET = "runner exec via socket"
+TARGETS = {"runner --help": 100.0, "runner exec (8 tools)": 150.0, SOCKET: 100.0}
 MAX_MANY_RATIO = 1.2
 
 # A generated tool: its own name and a schema of its own (no two alike, so nothing can be
@@ -84,32 +96,69 @@ def command(argv: list[str], cwd: Path) -> None:
         raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode()[-500:]}")
 
 
-def runner_exec(folder: Path) -> None:
+def runner_exec(folder: Path, env: dict[str, str] = ENV) -> None:
     argv = [sys.executable, "-m", "runner", "exec", "add_numbers", "--params", '{"a": 1, "b": 2}']
-    done = subprocess.run(argv, check=False, capture_output=True, cwd=folder, env=ENV)
+    done = subprocess.run(argv, check=False, capture_output=True, cwd=folder, env=env)
     answer = json.loads(done.stdout) if done.returncode == 0 else None
     if answer is None or answer["result"] != 3:
         raise SystemExit(f"runner exec failed ({done.returncode}): {done.stderr.decode()[-500:]}")
 
 
+def start_server(folder: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """``runner serve --socket`` over ``folder``, listening; stopped at exit."""
+    run = Path(tempfile.mkdtemp(prefix="runner-bench-run-"))
+    atexit.register(shutil.rmtree, run, ignore_errors=True)
+    path = run / "serve.sock"
+    argv = [sys.executable, "-m", "runner", "serve", "--socket", str(path)]
+    server = subprocess.Popen(argv, cwd=folder, env=ENV, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    atexit.register(server.wait, 30)
+    atexit.register(server.terminate)
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("runner serve --socket did not start")
+        time.sleep(0.05)
+    return server, path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=21)
+    parser.add_argument("--base", type=Path, default=None, help="another checkout: its direct exec row too")
+    parser.add_argument("--exec-only", action="store_true", help="only the rows taken in turns")
     args = parser.parse_args()
     starter = starter_folder()  # its audit.log, workspace and tools, removed at exit
-    many = many_tools_folder(starter)
     python, runner = [sys.executable, "-c", "pass"], [sys.executable, "-m", "runner", "--help"]
-    rows = [
-        ("python3 -c pass", timed(lambda: command(python, starter), args.n)),
-        ("runner --help", timed(lambda: command(runner, starter), args.n)),
-        ("runner exec (8 tools)", timed(lambda: runner_exec(starter), args.n)),
-        (f"runner exec ({MANY} tools)", timed(lambda: runner_exec(many), args.n)),
-    ]
+    rows = []
+    if not args.exec_only:
+        many = many_tools_folder(starter)
+        rows += [
+            ("runner --help", timed(lambda: command(runner, starter), args.n)),
+            (f"runner exec ({MANY} tools)", timed(lambda: runner_exec(many), args.n)),
+        ]
+    _server, path = start_server(starter)
+    socket_env = {**ENV, "RUNNER_SOCKET": str(path)}
+    turns = {
+        "python3 -c pass": lambda: command(python, starter),
+        "runner exec (8 tools)": lambda: runner_exec(starter),
+        SOCKET: lambda: runner_exec(starter, socket_env),
+    }
+    if args.base is not None:
+        base_env = {**ENV, "PYTHONPATH": str(args.base.resolve())}
+        turns["runner exec, --base"] = lambda: runner_exec(starter, base_env)
+    rows = list(zip(turns, timed_together(list(turns.values()), args.n), strict=True)) + rows
     print_table(rows, baseline="python3")
     medians = {name: statistics.median(samples) for name, samples in rows}
-    ratio = medians[f"runner exec ({MANY} tools)"] / medians["runner exec (8 tools)"]
-    print(f"\n{MANY} tools / 8 tools: {ratio:.2f}x (target <= {MAX_MANY_RATIO}x)")
+    print()
+    if not args.exec_only:
+        ratio = medians[f"runner exec ({MANY} tools)"] / medians["runner exec (8 tools)"]
+        print(f"{MANY} tools / 8 tools: {ratio:.2f}x (target <= {MAX_MANY_RATIO}x)")
+    if args.base is not None:
+        direct = medians["runner exec (8 tools)"] / medians["runner exec, --base"]
+        print(f"direct exec / --base's: {direct:.2f}x (target <= 1.0x within noise)")
     for name, target in TARGETS.items():
+        if name not in medians:
+            continue
         verdict = "ok" if medians[name] <= target else "OVER"
         print(f"{name}: {medians[name]:.0f} ms (target <= {target:.0f} ms) {verdict}")
 

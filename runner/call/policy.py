@@ -128,6 +128,14 @@ class ServeConnectionsModel(_Strict):
     idle_timeout_ms: int = Field(default=5000, ge=100, le=3600000)  # between requests of a kept-alive one
 
 
+class ServeSocketModel(_Strict):
+    """`runner serve --socket`: who besides the server's own user may call, and as what role."""
+
+    uids: dict[int, str] = Field(default_factory=dict)  # uid -> the role of all its calls
+    max_open: int = Field(default=64, gt=0, le=4096)  # connections at once; more are closed unread
+    read_timeout_ms: int = Field(default=5000, ge=100, le=300000)  # for a request's whole line
+
+
 class ServeModel(_Strict):
     tokens: list[ServeTokenModel] = Field(default_factory=list)
     max_concurrent: int = Field(default=32, gt=0, le=4096)  # calls running at once; more wait
@@ -137,6 +145,7 @@ class ServeModel(_Strict):
     # A session with no request in flight and no open event stream this long is closed.
     session_idle_ms: int = Field(default=600_000, ge=1000, le=86_400_000)
     connections: ServeConnectionsModel = Field(default_factory=ServeConnectionsModel)
+    socket: ServeSocketModel = Field(default_factory=ServeSocketModel)
 
     @model_validator(mode="after")
     def _unique(self) -> ServeModel:
@@ -191,6 +200,9 @@ class PolicyModel(_Strict):
         for role in approval_roles or ():
             if role not in self.roles:
                 raise ValueError(f"approval.roles names {role!r}, which is not a defined role")
+        for uid, role in self.serve.socket.uids.items():
+            if role not in self.roles:
+                raise ValueError(f"serve.socket.uids: uid {uid} has role {role!r}, which is not defined")
         return self
 
 

@@ -5,12 +5,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
-
-if TYPE_CHECKING:
-    pass
 
 from runner.cli._common import EXIT_FAILED, EXIT_OK, _fail_usage, _load, _location_options, _print_json
 
@@ -91,6 +87,11 @@ def _json_problem(exc: ValueError | RecursionError) -> str:
     "--request-id", default=None, help="The call's id in the answer and the audit log (default: generated)."
 )
 @click.option("--step-id", default=None, help="The agent's step this call belongs to, for the audit log.")
+@click.option(
+    "--direct",
+    is_flag=True,
+    help="Run the call in this process, never through runner serve --socket.",
+)
 @click.pass_context
 def exec_command(
     ctx: click.Context,
@@ -104,13 +105,16 @@ def exec_command(
     output_format: str | None,
     request_id: str | None,
     step_id: str | None,
+    direct: bool,
 ) -> None:
     """Call TOOL, or read one whole request from stdin when TOOL is '-'.
 
     Prints the answer as JSON (indented on a terminal); exits 0 on success, 1 when the
     call failed, 130 after Ctrl-C (once the tool's sandbox is gone). A call the policy's
-    approval: holds asks yes/no on the terminal (/dev/tty) first.
+    approval: holds asks yes/no on the terminal (/dev/tty) first. When runner serve
+    --socket serves the same policy and tools, the call goes there (faster; same answer).
     """
+    del direct  # read by runner.entry before this command line was loaded
     from sandboxes import plugins
 
     # The default backend's watchdog (every shipped backend's) boots on the other core while

@@ -15,6 +15,8 @@ ENVIRONMENT = {
     "RUNNER_POLICIES": "the policy file (what --policies gives)",
     "RUNNER_AUDIT_LOG": "where audit events go (what --audit-log gives)",
     "XDG_CONFIG_HOME": "the policy file is searched in $XDG_CONFIG_HOME/runner/ (default ~/.config/runner/)",
+    "XDG_RUNTIME_DIR": "runner serve --socket listens, and runner exec looks, in $XDG_RUNTIME_DIR/runner/",
+    "RUNNER_SOCKET": "runner exec: the socket of runner serve --socket to send calls to",
     "NO_COLOR": "set to anything: no colour on a terminal (so does TERM=dumb)",
     "DOCKER_HOST": "the Docker daemon to use (default unix:///var/run/docker.sock)",
     "OTEL_TRACES_EXPORTER": "with the OpenTelemetry SDK: export spans (otlp, console; other OTEL_* too)",
@@ -26,14 +28,14 @@ READS: Mapping[str, tuple[str, ...]] = {
     "new": ("RUNNER_TOOLS", "RUNNER_POLICIES", "XDG_CONFIG_HOME"),
     "list": (*_LOCATIONS, "NO_COLOR"),
     "show": (*_LOCATIONS, "NO_COLOR"),
-    "exec": (*_LOCATIONS, "NO_COLOR"),
+    "exec": (*_LOCATIONS, "NO_COLOR", "XDG_RUNTIME_DIR", "RUNNER_SOCKET"),
     "doctor": ("RUNNER_POLICIES", "XDG_CONFIG_HOME", "NO_COLOR", "DOCKER_HOST"),
     "audit": ("RUNNER_POLICIES", "RUNNER_AUDIT_LOG", "XDG_CONFIG_HOME", "NO_COLOR"),
     "verify": ("RUNNER_POLICIES", "RUNNER_AUDIT_LOG", "XDG_CONFIG_HOME", "NO_COLOR"),  # audit verify
     "report": ("RUNNER_POLICIES", "RUNNER_AUDIT_LOG", "XDG_CONFIG_HOME", "NO_COLOR"),  # audit report
     "images": ("DOCKER_HOST",),
     "build": ("DOCKER_HOST",),
-    "serve": (*_LOCATIONS, "OTEL_TRACES_EXPORTER"),
+    "serve": (*_LOCATIONS, "OTEL_TRACES_EXPORTER", "XDG_RUNTIME_DIR"),
 }
 
 

@@ -45,6 +45,16 @@ def export_command(ctx: click.Context, fmt: str, role: str | None) -> None:
     metavar="HOST:PORT",
     help="Serve streamable HTTP at /mcp (bearer tokens from the policy's serve.tokens).",
 )
+@click.option(
+    "--socket",
+    "socket_path",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[PATH]",
+    help="Also (or only) take runner exec's calls on a Unix socket "
+    "(default $XDG_RUNTIME_DIR/runner/serve.sock); see serve.socket in the policy.",
+)
 @click.option("--role", default=None, help="--stdio: the role of the client's calls (default: default_role).")
 @click.option(
     "--metrics",
@@ -69,18 +79,33 @@ def serve_group(
     role: str | None,
     metrics: str | None,
     metrics_token_env: str | None,
+    socket_path: str | None,
 ) -> None:
     """Serve the tools over MCP: --stdio, or --http HOST:PORT; each call is a
-    span of the caller's trace (_meta.traceparent, or the HTTP traceparent header)."""
+    span of the caller's trace (_meta.traceparent, or the HTTP traceparent header).
+    --socket, beside either or alone, answers runner exec on a local socket."""
     if ctx.invoked_subcommand is not None:
         return
-    if stdio == (http is not None):
-        _fail_usage("serve needs exactly one of --stdio and --http HOST:PORT")
-    if http is not None and role is not None:
-        _fail_usage("--role is for --stdio; over HTTP each token's entry in serve.tokens gives the role")
+    if stdio and http is not None:
+        _fail_usage("serve takes one of --stdio and --http HOST:PORT, not both")
+    if not stdio and http is None and socket_path is None:
+        _fail_usage("serve needs --stdio, --http HOST:PORT or --socket [PATH]")
+    if not stdio and role is not None:
+        _fail_usage(
+            "--role is for --stdio; over HTTP each token's entry in serve.tokens gives the role, "
+            "over --socket the caller's runner exec"
+        )
     from runner.cli.serve_main import serve
 
-    serve(ctx.obj, role=role, http=http, metrics=metrics, metrics_token_env=metrics_token_env)
+    serve(
+        ctx.obj,
+        role=role,
+        http=http,
+        metrics=metrics,
+        metrics_token_env=metrics_token_env,
+        socket_path=socket_path,
+        stdio=stdio,
+    )
 
 
 @serve_group.group("tokens")

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
@@ -16,6 +17,7 @@ from runner.config.locations import find_policy, tool_dirs
 from runner.errors import ConfigError
 from runner.mcp.serve.app import Caller, ToolService
 from runner.mcp.serve.lifecycle import Transport, run_until_stopped
+from runner.mcp.serve.local_socket import Where
 from runner.mcp.serve.reload import Reloader
 from runner.telemetry import RunnerMetrics
 from runner.telemetry.connections import ConnectionLimits, raise_descriptor_limit
@@ -31,8 +33,14 @@ def serve(
     http: str | None,
     metrics: str | None,
     metrics_token_env: str | None = None,
+    socket_path: str | None = None,
+    stdio: bool = True,
 ) -> None:
-    """Run the server; exit 0 when it stopped (end of input, SIGTERM), 2 on misuse."""
+    """Run the server; exit 0 when it stopped (end of input, SIGTERM), 2 on misuse.
+
+    MCP over stdio (``stdio``) or HTTP (``http``), and the socket for ``runner exec`` at
+    ``socket_path`` ("": the default one) when it is given.
+    """
     from runner.mcp.serve.http import HttpAddressError, parse_address
 
     metrics_token = _metrics_token(metrics, metrics_token_env)
@@ -60,7 +68,8 @@ def serve(
         )
     except ConfigError as exc:
         _fail_usage(" ".join(str(exc).split()))
-    if http is None:
+    transport: Transport | None = None
+    if stdio and http is None:
         resolved = runner.policy.resolve_role(role)
         if resolved is None or resolved not in runner.policy.model.roles:
             runner.close()
@@ -69,22 +78,34 @@ def serve(
         service = ToolService(runner, lambda _ctx: caller, runner.policy.model.serve.max_concurrent)
         from runner.mcp.serve.stdio import StdioTransport
 
-        _run(
-            runner,
-            service,
-            StdioTransport(service),
-            Reloader(runner, policy_path, dirs, service.tools_changed),
-            _Metrics(metrics_at, metrics_token, _limits(runner, descriptors, listeners=1)),
-        )
-    from runner.mcp.serve.http import HttpTransport, http_caller
+        transport = StdioTransport(service)
+    elif http is None:  # the socket alone: no MCP client
+        service = ToolService(runner, lambda _ctx: Caller(None), runner.policy.model.serve.max_concurrent)
+    listeners = (http is not None) + (metrics_at is not None) + (socket_path is not None)
+    limits = _limits(runner, descriptors, listeners=max(1, listeners))
+    if http is not None:
+        from runner.mcp.serve.http import http_caller
+
+        service = ToolService(runner, http_caller, runner.policy.model.serve.max_concurrent)
+        transport = _http_transport(runner, service, http, limits)
+    if socket_path is not None:
+        where = Where.of(policy_path, dirs, options["audit_log"])
+        transport = _with_socket(runner, service, transport, socket_path, where)
+    if transport is None:
+        runner.close()
+        _fail_usage("serve needs --stdio, --http HOST:PORT or --socket [PATH]")
+    reloader = Reloader(runner, policy_path, dirs, service.tools_changed)
+    _run(runner, service, transport, reloader, _Metrics(metrics_at, metrics_token, limits))
+
+
+def _http_transport(runner: Runner, service: ToolService, http: str, limits: ConnectionLimits) -> Transport:
+    from runner.mcp.serve.http import HttpAddressError, HttpTransport, parse_address
 
     try:
         host, port = parse_address(http)
     except HttpAddressError as exc:
         runner.close()
         _fail_usage(str(exc))
-    service = ToolService(runner, http_caller, runner.policy.model.serve.max_concurrent)
-    limits = _limits(runner, descriptors, listeners=2 if metrics_at is not None else 1)
     try:
         transport = HttpTransport(service, host, port, limits)
     except OSError as exc:
@@ -94,8 +115,25 @@ def serve(
         runner.audit.operator.warn("serve: no serve.tokens in the policy; every request is refused (401)")
     # stderr: the address, with the port the system chose for port 0.
     print(f"runner: serving MCP at {transport.url}", file=sys.stderr, flush=True)
-    reloader = Reloader(runner, policy_path, dirs, service.tools_changed)
-    _run(runner, service, transport, reloader, _Metrics(metrics_at, metrics_token, limits))
+    return transport
+
+
+def _with_socket(
+    runner: Runner, service: ToolService, transport: Transport | None, path_text: str, where: Where
+) -> Transport:
+    """The socket for ``runner exec`` (``path_text`` "": the default), beside ``transport``."""
+    from runner.config.sockets import SocketPlaceError, default_socket
+    from runner.mcp.serve.local_socket import Alongside, SocketTransport, bind
+
+    path = Path(path_text) if path_text else default_socket()
+    try:
+        listener = bind(path.absolute(), shared=bool(runner.policy.model.serve.socket.uids))
+    except SocketPlaceError as exc:
+        runner.close()
+        _fail_usage(f"--socket: {exc}")
+    local = SocketTransport(service, listener, where)
+    print(f"runner: serving runner exec at {local.path}", file=sys.stderr, flush=True)
+    return local if transport is None else Alongside(transport, local)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,6 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from runner.errors import ConfigError
-
 POLICY_FILE = "policies.yaml"
 TOOLS_DIR = "tools"
 SYSTEM_DIR = Path("/etc/runner")
@@ -38,21 +36,32 @@ def find_policy(explicit: str | Path | None = None, env: Mapping[str, str] | Non
     Raises:
         ConfigError: none was given and the search found none.
     """
-    env = os.environ if env is None else env
-    given = explicit or env.get("RUNNER_POLICIES")
-    if given:
-        return Path(given)
-    folders = search_dirs(env)
-    for folder in folders:
-        candidate = folder / POLICY_FILE
-        if candidate.is_file():
-            return candidate
-    looked = ", ".join(f"{folder}/" for folder in folders)
+    found = found_policy(explicit, env)
+    if found is not None:
+        return found
+    # Imported here alone: runner exec's fast path reads this module, and runner.errors
+    # brings in dataclasses and inspect, the costliest imports that path would have.
+    from runner.errors import ConfigError
+
+    looked = ", ".join(f"{folder}/" for folder in search_dirs(env))
     raise ConfigError(
         POLICY_FILE,
         f"not found (looked in {looked}); run 'runner init' to write a starter policy and "
         "example tools here, or pass --policies",
     )
+
+
+def found_policy(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path | None:
+    """``find_policy``'s answer, None where it raises."""
+    env = os.environ if env is None else env
+    given = explicit or env.get("RUNNER_POLICIES")
+    if given:
+        return Path(given)
+    for folder in search_dirs(env):
+        candidate = folder / POLICY_FILE
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def tool_dirs(

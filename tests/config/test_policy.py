@@ -129,3 +129,23 @@ def test_a_broken_policy_file_stops_the_runner_with_a_clear_message(tmp_path: Pa
 def test_a_missing_policy_file_stops_the_runner(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         Runner.load(tools=tmp_path, policies=tmp_path / "absent.yaml", audit_log=tmp_path / "a.log")
+
+
+@pytest.mark.parametrize(
+    ("socket", "problem"),
+    [
+        ({"uids": {1001: "nobody-role"}}, "serve.socket.uids: uid 1001 has role 'nobody-role'"),
+        ({"max_open": 0}, "max_open"),
+        ({"read_timeout_ms": 10}, "read_timeout_ms"),
+        ({"uid": {1001: "user"}}, "uid"),
+    ],
+)
+def test_serve_socket_settings_are_checked(tools: ToolBench, socket: dict[str, Any], problem: str) -> None:
+    tools.policy["serve"] = {"socket": socket}
+    with pytest.raises(ConfigError, match=problem):
+        tools.runner()
+
+
+def test_serve_socket_admits_a_uid_with_a_defined_role(tools: ToolBench) -> None:
+    tools.policy["serve"] = {"socket": {"uids": {1001: "user"}}}
+    assert tools.runner().policy.model.serve.socket.uids == {1001: "user"}

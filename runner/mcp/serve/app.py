@@ -171,6 +171,29 @@ class ToolService:
             raise MCPError(types.CONNECTION_CLOSED, "the client disconnected; the call was cancelled")
         return _to_result(answer, tool)
 
+    @property
+    def draining(self) -> bool:
+        """Whether the server is stopping (new calls are refused)."""
+        return self._draining
+
+    async def call_for(self, request: dict[str, Any], client: str) -> dict[str, Any]:
+        """One wire request from a client other than MCP's (the local socket), audited as
+        ``client``, under the same bound on calls at once; the answer shell as ``handle`` gives it.
+
+        Raises:
+            asyncio.CancelledError: the call was cancelled (its sandbox is gone by then).
+        """
+        name = request.get("toolName")
+        tool = self.runner.registry.get(name) if isinstance(name, str) else None
+        client_token = AUDIT_CLIENT.set(client)
+        try:
+            with self._counted():
+                if not isinstance(request.get("options", {}), dict):
+                    tool = None  # refused by the runner at once: no slot needed
+                return await self._run(request, tool)
+        finally:
+            AUDIT_CLIENT.reset(client_token)
+
     async def _run(self, request: dict[str, Any], tool: Tool | None) -> dict[str, Any]:
         """Run the call once a slot is free; waiting counts against the call's deadline."""
         if tool is None:  # refused at once (TOOL_NOT_FOUND): no sandbox, no slot needed
@@ -185,7 +208,12 @@ class ToolService:
         try:
             waited_ms = round((time.monotonic() - started) * 1000)
             if waited_ms:
-                request["options"] = {"deadline": max(1, deadline_ms - waited_ms)}
+                options = request.get("options") or {}
+                left = max(1, deadline_ms - waited_ms)
+                given = options.get("deadline")
+                if isinstance(given, int) and not isinstance(given, bool):
+                    left = max(1, given - waited_ms)  # the caller's own deadline, less the wait
+                request["options"] = {**options, "deadline": left}
             return await self.runner.ahandle(request)
         finally:
             self._slots.release()

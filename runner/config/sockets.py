@@ -1,0 +1,93 @@
+"""Where ``runner serve --socket`` listens, and the checks both ends make on that place.
+
+Standard library only: ``runner exec`` reads this on its fast path, before anything else of
+the runner is imported.
+
+The default is ``$XDG_RUNTIME_DIR/runner/serve.sock``; without ``XDG_RUNTIME_DIR`` (or with
+a relative one) ``/run/user/UID/runner/serve.sock`` when that folder is the user's own,
+else ``$TMPDIR/runner-UID/serve.sock``. The folder holding the socket is created 0700 and
+must be a real folder (never a symlink) owned by the user and writable by nobody else:
+otherwise another user could put their own socket there and receive the calls.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+SOCKET_ENV = "RUNNER_SOCKET"  # a socket of the user's choosing, for `runner exec`
+SOCKET_NAME = "serve.sock"
+# The longest request line either end handles. Params are bounded at 8 MiB by the runner,
+# their request and the line's envelope add little.
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+
+
+class SocketPlaceError(Exception):
+    """The socket's folder or path is not safe to use (the message says why)."""
+
+
+def default_socket(env: Mapping[str, str] | None = None) -> Path:
+    """The socket ``runner serve --socket`` and ``runner exec`` use when none is named."""
+    env = os.environ if env is None else env
+    runtime = env.get("XDG_RUNTIME_DIR") or ""
+    if Path(runtime).is_absolute():
+        return Path(runtime) / "runner" / SOCKET_NAME
+    uid = os.getuid()
+    run_user = Path(f"/run/user/{uid}")
+    try:
+        info = os.lstat(run_user)
+    except OSError:
+        info = None
+    if info is not None and stat.S_ISDIR(info.st_mode) and info.st_uid == uid:
+        return run_user / "runner" / SOCKET_NAME
+    return Path(tempfile.gettempdir()) / f"runner-{uid}" / SOCKET_NAME
+
+
+def own_folder(folder: Path, *, private: bool) -> None:
+    """Check that ``folder`` is a real folder of this user that nobody else may write to
+    (``private``: that nobody else may even enter).
+
+    Raises:
+        SocketPlaceError: it is missing, a symlink, someone else's, or too open.
+    """
+    try:
+        info = os.lstat(folder)
+    except OSError as exc:
+        raise SocketPlaceError(f"{folder}: {exc.strerror or 'cannot be read'}") from None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise SocketPlaceError(f"{folder} is not a folder (a symlink, or a file)")
+    if info.st_uid != os.getuid():
+        raise SocketPlaceError(f"{folder} belongs to uid {info.st_uid}, not to this user")
+    if info.st_mode & (0o077 if private else 0o022):
+        wanted = "0700" if private else "writable by this user alone"
+        raise SocketPlaceError(f"{folder} has mode {stat.S_IMODE(info.st_mode):04o}; it must be {wanted}")
+
+
+def prepare_folder(socket_path: Path, *, private: bool) -> None:
+    """Create the socket's folder (0700) when it is missing, then check it (``own_folder``).
+
+    Raises:
+        SocketPlaceError: it cannot be created, or is not safe.
+    """
+    folder = socket_path.parent
+    try:
+        folder.mkdir(0o700)  # only the last part: the ones above it are the system's
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise SocketPlaceError(f"cannot create {folder}: {exc.strerror or exc}") from None
+    own_folder(folder, private=private)
+
+
+def is_own_socket(path: Path) -> bool:
+    """Whether ``path`` is a socket (not a symlink to one) of this user, in a folder only
+    this user can write to: the one place ``runner exec`` sends a call to unasked."""
+    try:
+        info = os.lstat(path)
+        own_folder(path.parent, private=False)
+    except (OSError, SocketPlaceError):
+        return False
+    return stat.S_ISSOCK(info.st_mode) and info.st_uid == os.getuid()

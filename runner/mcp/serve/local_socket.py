@@ -1,0 +1,311 @@
+"""``runner serve --socket [PATH]``: calls from ``runner exec`` on a Unix socket.
+
+Not MCP: one JSON line in, one JSON line out, then the connection closes. The request line
+is ``{"request": <wire request>, "where": {"policies", "tools", "auditLog"}}``, where
+``where`` is what the caller's own ``runner exec`` would load; the answer line is
+``{"answer": <answer shell>}``, or ``{"refused": {"reason", "message"}}`` when the call was
+not run (the caller then calls directly). Strict JSON: NaN and Infinity are refused.
+
+Who may call is decided by the peer's credentials (``SO_PEERCRED``), before a byte is read:
+the server's own user calls with the role it asks for (the policy's ``default_role`` when it
+asks for none, as ``runner exec`` would), a uid in ``serve.socket.uids`` with its role
+there, anyone else is refused (audited within a budget, like HTTP's refusals). What a peer
+can cost is bounded: ``serve.socket.max_open`` connections at once (more are closed
+unread), ``read_timeout_ms`` for the request line, ``MAX_REQUEST_BYTES`` for its size. A
+call whose client goes away (its connection ends, e.g. Ctrl-C) is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import stat
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner.config.sockets import MAX_REQUEST_BYTES, SocketPlaceError, prepare_folder
+from runner.mcp.serve.app import ToolService
+from runner.mcp.serve.lifecycle import Transport
+from runner.mcp.serve.refusals import RefusalBudget
+from runner.telemetry.connections import ACCEPT_BACKLOG
+
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_PROBE_S = 1.0  # how long the check for a live server at the socket's path may wait
+_REQUEST_KEYS = frozenset({"request", "where"})
+
+
+@dataclass(frozen=True)
+class Where:
+    """What a call loads: the policy file, the tool folders, the audit log (resolved paths)."""
+
+    policies: str
+    tools: tuple[str, ...]
+    audit_log: str | None
+
+    @classmethod
+    def of(cls, policies: str | Path, tools: list[Path] | list[str], audit_log: str | Path | None) -> Where:
+        return cls(
+            os.path.realpath(policies),
+            tuple(os.path.realpath(folder) for folder in tools),
+            None if audit_log is None else os.path.realpath(audit_log),
+        )
+
+    @classmethod
+    def parse(cls, document: object) -> Where | None:
+        """The ``where`` of a request line; None when it is not well-formed."""
+        if not isinstance(document, dict) or set(document) != {"policies", "tools", "auditLog"}:
+            return None
+        policies, tools, audit_log = document["policies"], document["tools"], document["auditLog"]
+        if not isinstance(policies, str) or not isinstance(tools, list):
+            return None
+        if not all(isinstance(folder, str) for folder in tools):
+            return None
+        if audit_log is not None and not isinstance(audit_log, str):
+            return None
+        return cls.of(policies, tools, audit_log)
+
+
+class _Refused(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A bound, listening socket, and which file at ``path`` is its own."""
+
+    sock: socket.socket
+    path: Path
+    inode: int
+
+
+def bind(path: Path, *, shared: bool) -> Listener:
+    """A listening socket at ``path``: 0600 (``shared``, when other uids are admitted: 0666,
+    the peer's credentials then decide), in a folder of this user's (0700 unless ``shared``).
+    A socket left behind by a server that is gone is replaced; anything else is not.
+
+    Raises:
+        SocketPlaceError: the place is not safe, or another server listens there.
+    """
+    prepare_folder(path, private=not shared)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None:
+        if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.getuid():
+            raise SocketPlaceError(f"{path} exists and is not a socket of this user; it is left alone")
+        if _live(path):
+            raise SocketPlaceError(f"another server already listens on {path}")
+        path.unlink()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    umask = os.umask(0o177)  # never open to others, not even between bind and chmod
+    try:
+        listener.bind(str(path))
+        path.chmod(0o666 if shared else 0o600)
+        inode = path.lstat().st_ino
+    except OSError as exc:
+        listener.close()
+        raise SocketPlaceError(f"cannot listen on {path}: {exc.strerror or exc}") from None
+    finally:
+        os.umask(umask)
+    listener.listen(ACCEPT_BACKLOG)
+    listener.setblocking(False)
+    return Listener(listener, path, inode)
+
+
+def _live(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(_PROBE_S)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return True  # a full backlog: someone is there
+    finally:
+        probe.close()
+    return True
+
+
+class SocketTransport:
+    """Serves ``runner exec`` calls on ``listener`` (see the module's docstring)."""
+
+    def __init__(self, service: ToolService, listener: Listener, where: Where) -> None:
+        self._service = service
+        self._listener = listener
+        self._where = where
+        self._stopped = asyncio.Event()
+        self._connections: set[asyncio.Task[Any]] = set()
+        audit = service.runner.audit
+        self._refusals = RefusalBudget(lambda **fields: audit.emit("serve.socket", decision="deny", **fields))
+
+    @property
+    def path(self) -> Path:
+        return self._listener.path
+
+    async def serve(self) -> None:
+        server = await asyncio.start_unix_server(
+            self._connection, sock=self._listener.sock, limit=MAX_REQUEST_BYTES + 1
+        )
+        try:
+            async with server:
+                await self._stopped.wait()
+        finally:
+            self._remove()
+            for task in list(self._connections):
+                task.cancel()
+            await asyncio.gather(*self._connections, return_exceptions=True)
+            self._refusals.flush()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _remove(self) -> None:
+        """Unlink the socket, if what is at its path is still ours."""
+        try:
+            path = self._listener.path
+            if path.lstat().st_ino == self._listener.inode:
+                path.unlink()
+        except OSError:
+            pass
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+        settings = self._service.runner.policy.model.serve.socket  # read at each call: SIGHUP reloads it
+        try:
+            uid = _peer_uid(writer)
+            client = f"uid:{uid}"
+            try:
+                if len(self._connections) > settings.max_open:
+                    self._refuse(client, "busy", f"serve.socket.max_open ({settings.max_open}) reached")
+                role = self._role_of(uid, client)
+                if self._service.draining:
+                    raise _Refused("draining", "the server is shutting down")
+                request = await self._read(reader, settings.read_timeout_ms / 1000, role)
+            except _Refused as refused:
+                # Written without waiting: a refused peer holds nothing once it is closed.
+                writer.write(_line({"refused": {"reason": refused.reason, "message": refused.message}}))
+                return
+            except TimeoutError:
+                return
+            answer = await self._call_watching(reader, request, client)
+            if answer is not None:
+                writer.write(_line({"answer": answer}))
+                async with asyncio.timeout(settings.read_timeout_ms / 1000):
+                    await writer.drain()
+        except (OSError, TimeoutError):
+            pass  # the client went away, or does not read its answer
+        finally:
+            writer.close()
+            if task is not None:
+                self._connections.discard(task)
+
+    def _refuse(self, client: str, reason: str, message: str) -> None:
+        self._refusals.refused(client, reason=reason, peer=client)
+        raise _Refused(reason, message)
+
+    def _role_of(self, uid: int, client: str) -> str | None:
+        """The role the peer's calls get; None: the role its request asks for."""
+        if uid == os.getuid():
+            return None
+        role = self._service.runner.policy.model.serve.socket.uids.get(uid)
+        if role is None:
+            self._refuse(client, "uid", f"uid {uid} is not admitted (serve.socket.uids)")
+        return role
+
+    async def _read(self, reader: asyncio.StreamReader, timeout_s: float, role: str | None) -> dict[str, Any]:
+        try:
+            async with asyncio.timeout(timeout_s):
+                line = await reader.readline()
+        except (ValueError, asyncio.LimitOverrunError):
+            raise _Refused("too_large", f"a request line is at most {MAX_REQUEST_BYTES} bytes") from None
+        if not line.endswith(b"\n"):
+            raise _Refused("bad_request", "the request line ended early")
+        try:
+            document = json.loads(line, parse_constant=_no_constant)
+        except (ValueError, RecursionError):
+            raise _Refused("bad_request", "the request line is not strict JSON") from None
+        if not isinstance(document, dict) or set(document) != _REQUEST_KEYS:
+            raise _Refused("bad_request", "a request line is an object of request and where")
+        request, where = document["request"], Where.parse(document["where"])
+        if not isinstance(request, dict) or where is None:
+            raise _Refused("bad_request", "a request line is an object of request and where")
+        if where != self._where:
+            raise _Refused("elsewhere", "this server loads another policy file, tools or audit log")
+        if role is not None:
+            if request.get("role", role) != role:
+                raise _Refused("role", f"this uid calls as {role} only")
+            request["role"] = role
+        self._no_person_here(request)
+        return request
+
+    def _no_person_here(self, request: dict[str, Any]) -> None:
+        """A call the policy's ``approval:`` holds goes back to ``runner exec``, which asks on
+        its own terminal: this server has nobody to ask."""
+        policy, name, role = self._service.runner.policy, request.get("toolName"), request.get("role")
+        tool = self._service.runner.registry.get(name) if isinstance(name, str) else None
+        role = policy.resolve_role(role if isinstance(role, str) else None)
+        if tool is not None and policy.approval_for(tool, role) is not None:
+            raise _Refused("approval", "the call waits for a person's yes, asked on runner exec's terminal")
+
+    async def _call_watching(
+        self, reader: asyncio.StreamReader, request: dict[str, Any], client: str
+    ) -> dict[str, Any] | None:
+        """The call's answer; None when the client went away first (the call is cancelled,
+        its sandbox gone, before this returns)."""
+        call = asyncio.ensure_future(self._service.call_for(request, client))
+        gone = asyncio.ensure_future(reader.read(1))  # the end of the connection, or bytes it should not send
+        try:
+            done, _ = await asyncio.wait({call, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not call.done():
+                call.cancel()
+            await asyncio.gather(call, gone, return_exceptions=True)
+        if call in done and not call.cancelled() and call.exception() is None:
+            return call.result()
+        return None
+
+
+def _peer_uid(writer: asyncio.StreamWriter) -> int:
+    sock = writer.get_extra_info("socket")
+    _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    return int(uid)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _line(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, ensure_ascii=True, allow_nan=False).encode() + b"\n"
+
+
+class Alongside:
+    """The socket beside the MCP transport: both serve until the MCP one ends (stdio: end of
+    its input) or a stop."""
+
+    def __init__(self, main: Transport, socket_transport: SocketTransport) -> None:
+        self._main = main
+        self._socket = socket_transport
+
+    async def serve(self) -> None:
+        side = asyncio.ensure_future(self._socket.serve())
+        try:
+            await self._main.serve()
+        finally:
+            self._socket.stop()
+            await side
+
+    def stop(self) -> None:
+        self._main.stop()
+        self._socket.stop()

@@ -1,0 +1,314 @@
+"""``runner serve --socket``: who may call (peer credentials), what a peer can cost, where
+the socket may live, and what the audit trail says."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+from conftest import write_tool
+from support.socket_server import Served, exchange, serving, start, starter, where_of
+
+from runner.config.sockets import MAX_REQUEST_BYTES
+
+NOBODY, OTHER = 65534, 65533
+SYSTEM_PYTHON = "/usr/bin/python3"  # one that another uid can run (ours may live under /root)
+SLEEPER = "import time\ntime.sleep(20)\nprint('{}')\n"
+ADD = {"toolName": "add_numbers", "params": {"a": 1, "b": 2}}
+SETTINGS = f"""
+serve:
+  socket:
+    uids: {{{NOBODY}: user}}
+    max_open: 4
+    read_timeout_ms: 1000
+"""
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[Served]:
+    """A server that admits ``NOBODY`` as user, in a folder others may enter (not read)."""
+    root = Path(tempfile.mkdtemp(prefix="runner-socket-"))
+    root.chmod(0o711)
+    folder = starter(root / "project", SETTINGS)
+    write_tool(folder / "tools", "sleeper", SLEEPER, tags=["write"], limits={"timeout_ms": 30000})
+    for path in (folder, *folder.rglob("*")):  # the admitted uid's `runner exec` reads the policy's path
+        path.chmod(path.stat().st_mode | 0o005)
+    (root / "run").mkdir(mode=0o711)
+    with serving(folder, root / "run" / "serve.sock") as server:
+        yield server
+
+
+def as_uid(
+    uid: int, code: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    if not Path(SYSTEM_PYTHON).is_file() or os.getuid() != 0:
+        pytest.skip("needs root (setpriv) and a system python3 another uid can run")
+    return subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", SYSTEM_PYTHON, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+
+
+_RAW_CLIENT = """
+import json, socket, sys
+with socket.socket(socket.AF_UNIX) as conn:
+    conn.connect(sys.argv[1])
+    conn.sendall(sys.argv[2].encode() + b"\\n")
+    print(conn.makefile("rb").readline().decode(), end="")
+"""
+
+
+def line(request: Mapping[str, object], folder: Path) -> str:
+    return json.dumps({"request": request, "where": where_of(folder)})
+
+
+def test_the_socket_is_0666_only_when_other_uids_are_admitted(shared: Served, tmp_path: Path) -> None:
+    assert stat.S_IMODE(shared.socket.stat().st_mode) == 0o666
+    runtime = tmp_path / "xdg"
+    runtime.mkdir(mode=0o700)
+    folder = starter(tmp_path / "project")
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
+    env.pop("RUNNER_SOCKET", None)
+    default = runtime / "runner" / "serve.sock"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runner", "serve", "--socket"], cwd=folder, env=env, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not default.exists() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.1)
+        assert stat.S_IMODE(default.stat().st_mode) == 0o600
+        assert stat.S_IMODE((runtime / "runner").stat().st_mode) == 0o700
+        # runner exec finds it there unasked.
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "runner",
+                "exec",
+                "add_numbers",
+                "--params",
+                '{"a": 2, "b": 2}',
+                "--request-id",
+                "d1",
+            ],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert json.loads(done.stdout)["result"] == 4
+        finished = [json.loads(x) for x in (folder / "audit.log").read_text().splitlines()]
+        assert [
+            e["client"] for e in finished if e.get("requestId") == "d1" and e["event"] == "call.finished"
+        ] == [f"uid:{os.getuid()}"]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        assert process.stderr is not None
+        process.stderr.close()
+    assert not default.exists()  # the server removes its socket when it stops
+
+
+def test_a_uid_not_admitted_is_refused_before_its_request_is_read(shared: Served) -> None:
+    done = as_uid(OTHER, _RAW_CLIENT, str(shared.socket), line(ADD, shared.folder))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["refused"]["reason"] == "uid"
+    refusals = [e for e in shared.audit() if e["event"] == "serve.socket"]
+    assert refusals[-1]["decision"] == "deny" and refusals[-1]["peer"] == f"uid:{OTHER}"
+    assert not any(e.get("client") == f"uid:{OTHER}" for e in shared.audit() if e["event"] != "serve.socket")
+
+
+def test_an_admitted_uid_calls_with_its_role_and_is_audited_as_itself(shared: Served) -> None:
+    # Its own `runner exec`, on a python with nothing but the standard library installed.
+    env = {
+        "PYTHONPATH": os.environ["PYTHONPATH"],
+        "RUNNER_SOCKET": str(shared.socket),
+        "RUNNER_POLICIES": str(shared.folder / "policies.yaml"),
+        "HOME": "/nonexistent",
+    }
+    code = "import sys; sys.argv[0] = 'runner'; from runner.entry import main; main()"
+    done = as_uid(
+        NOBODY, code, "exec", "add_numbers", "--params", '{"a": 1, "b": 2}', "--request-id", "n1", env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["result"] == 3
+    assert shared.finished("n1")["client"] == f"uid:{NOBODY}"
+    assert shared.finished("n1")["role"] == "user"
+    # Another role than its own is not taken.
+    admin = as_uid(NOBODY, _RAW_CLIENT, str(shared.socket), line({**ADD, "role": "admin"}, shared.folder))
+    assert json.loads(admin.stdout)["refused"]["reason"] == "role"
+
+
+def test_the_servers_own_user_calls_with_the_role_it_asks_for(shared: Served) -> None:
+    request = {
+        "toolName": "delete_file",
+        "params": {"path": "nope.txt"},
+        "requestId": "own-admin",
+        "role": "admin",
+    }
+    reply = exchange(shared.socket, line(request, shared.folder).encode() + b"\n")
+    assert reply is not None and reply["answer"]["error"]["code"] != "PERMISSION_DENIED"
+    assert shared.finished("own-admin")["role"] == "admin"
+    denied = exchange(
+        shared.socket,
+        line({**request, "role": "user", "requestId": "own-user"}, shared.folder).encode() + b"\n",
+    )
+    assert denied is not None and denied["answer"]["error"]["code"] == "PERMISSION_DENIED"
+
+
+def test_connections_beyond_the_cap_are_closed_unread_and_idle_ones_time_out(shared: Served) -> None:
+    held = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(4)]
+    try:
+        for conn in held:
+            conn.connect(str(shared.socket))
+        time.sleep(0.3)  # the server has accepted them all
+        reply = exchange(shared.socket, line(ADD, shared.folder).encode() + b"\n")
+        assert reply is not None and reply["refused"]["reason"] == "busy"
+        for conn in held:  # read_timeout_ms: each is closed without an answer
+            conn.settimeout(30)
+            assert conn.recv(100) == b""
+    finally:
+        for conn in held:
+            conn.close()
+    reply = exchange(shared.socket, line(ADD, shared.folder).encode() + b"\n")
+    assert reply is not None and reply["answer"]["result"] == 3
+
+
+def test_a_request_line_over_the_bound_is_refused(shared: Served) -> None:
+    reply = exchange(shared.socket, b"x" * (MAX_REQUEST_BYTES + 2))
+    assert reply is not None and reply["refused"]["reason"] == "too_large"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"request": {"toolName": "add_numbers", "params": {"a": NaN, "b": 1}}, "where": WHERE}\n',
+        b"not json\n",
+        b'{"request": [], "where": WHERE}\n',
+        b'{"request": {}, "where": WHERE, "more": 1}\n',
+        b'{"request": {}, "where": {"policies": "/x"}}\n',
+    ],
+)
+def test_what_is_not_a_strict_request_line_is_refused(shared: Served, data: bytes) -> None:
+    data = data.replace(b"WHERE", json.dumps(where_of(shared.folder)).encode())
+    reply = exchange(shared.socket, data)
+    assert reply is not None and reply["refused"]["reason"] == "bad_request"
+
+
+def test_a_request_for_another_policy_is_refused_as_elsewhere(shared: Served, tmp_path: Path) -> None:
+    reply = exchange(shared.socket, line(ADD, tmp_path).encode() + b"\n")
+    assert reply is not None and reply["refused"]["reason"] == "elsewhere"
+
+
+def test_a_planted_symlink_or_a_live_server_at_the_path_is_left_alone(shared: Served, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    target = tmp_path / "target"
+    planted = run / "serve.sock"
+    planted.symlink_to(target)
+    for path in (planted, shared.socket):
+        process = start(shared.folder, path)
+        _, err = process.communicate(timeout=120)
+        assert process.returncode == 2, err
+        assert b"Traceback" not in err
+    assert planted.is_symlink() and not target.exists()
+    assert shared.process.poll() is None  # the live server still serves
+
+
+def test_a_folder_others_can_write_to_is_refused(shared: Served, tmp_path: Path) -> None:
+    run = tmp_path / "open"
+    run.mkdir()
+    run.chmod(0o777)
+    process = start(shared.folder, run / "serve.sock")
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 2 and b"mode 0777" in err
+    linked = tmp_path / "linked"
+    linked.symlink_to(tmp_path / "run-target", target_is_directory=True)
+    (tmp_path / "run-target").mkdir(mode=0o700)
+    process = start(shared.folder, linked / "serve.sock")
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 2 and b"not a folder" in err
+    assert not (tmp_path / "run-target" / "serve.sock").exists()
+
+
+def test_a_client_that_goes_away_cancels_its_call(shared: Served) -> None:
+    request = {
+        "toolName": "sleeper",
+        "params": {},
+        "role": "admin",
+        "requestId": "gone",
+        "options": {"deadline": 25000, "timeout": 25000, "retries": 0},
+    }
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(str(shared.socket))
+        conn.sendall(line(request, shared.folder).encode() + b"\n")
+        deadline = time.monotonic() + 30
+        while not any(e.get("requestId") == "gone" for e in shared.audit()) and time.monotonic() < deadline:
+            time.sleep(0.1)  # the call has begun
+        time.sleep(1)
+    deadline = time.monotonic() + 30
+    finished: list[dict[str, object]] = []
+    while not finished and time.monotonic() < deadline:
+        finished = [
+            e for e in shared.audit() if e.get("requestId") == "gone" and e["event"] == "call.finished"
+        ]
+        time.sleep(0.2)
+    assert finished and finished[0]["cancelled"] is True
+    assert finished[0]["client"] == f"uid:{os.getuid()}"
+    assert isinstance(finished[0]["duration"], int) and finished[0]["duration"] < 15000  # not the tool's 20 s
+
+
+def test_beside_stdio_the_socket_serves_until_the_mcp_clients_input_ends(tmp_path: Path) -> None:
+    folder = starter(tmp_path / "project")
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    path = run / "serve.sock"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runner", "serve", "--stdio", "--socket", str(path)],
+        cwd=folder,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not path.exists() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.1)
+        time.sleep(0.2)  # bound before it listens: let it start taking connections
+        reply = exchange(path, line({**ADD, "requestId": "beside"}, folder).encode() + b"\n")
+        assert reply is not None and reply["answer"]["result"] == 3
+        assert process.stdin is not None
+        process.stdin.close()  # the MCP client is gone: the whole server stops
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert not path.exists()
+
+
+def test_beside_http_both_serve_and_sigterm_stops_both(tmp_path: Path) -> None:
+    folder = starter(tmp_path / "project")
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    with serving(folder, run / "serve.sock", "--http", "127.0.0.1:0") as server:
+        reply = exchange(server.socket, line({**ADD, "requestId": "beside-http"}, folder).encode() + b"\n")
+        assert reply is not None and reply["answer"]["result"] == 3
+        assert server.finished("beside-http")["client"] == f"uid:{os.getuid()}"
+    assert server.process.returncode == 0
+    assert not server.socket.exists()
