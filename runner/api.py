@@ -28,9 +28,11 @@ from runner.audit.key import policy_chain_key
 from runner.audit.log import AuditLog
 from runner.call.answers import AnswerMetadata, CallResult
 from runner.call.backends import Backends
+from runner.call.discovery import callable_tools, discovered, tool_definitions
+from runner.call.events import EventListener
 from runner.call.executor import CallContext, Executor, Progress
-from runner.call.guard import CallGuard, call_context, caller, scrubbed
-from runner.call.plan import CallPlan, describe, resolve_plan
+from runner.call.guard import CallGuard, call_context, scrubbed
+from runner.call.plan import CallPlan, resolve_plan
 from runner.call.policy import Policy
 from runner.call.pools import WarmPools
 from runner.call.requests import (
@@ -45,13 +47,13 @@ from runner.call.running import InFlight, current_task, run_blocking
 from runner.clock import Clock, SystemClock, iso_now
 from runner.config.locations import find_policy, tool_dirs
 from runner.dispatch.choice import dispatched_sandbox
-from runner.errors import CallError, ConfigError, ErrorCode
+from runner.errors import CallError, ConfigError
 from runner.mcp.hosted.listing import ServerLister
 from runner.mcp.hosted.work import MCP_WORK
 from runner.telemetry.calls import CallTelemetry, Telemetry
 from runner.telemetry.labels import RunnerState
 from runner.tools.manifest import Tool
-from runner.tools.registry import Registry, matches_filter
+from runner.tools.registry import Registry
 from sandboxes import Closable, Sandbox
 
 if TYPE_CHECKING:
@@ -189,9 +191,17 @@ class Runner:
         """
         return (await self._serve(request)).to_wire()
 
-    def call(self, tool_name: str, params: Mapping[str, Any] | None = None, **options: Any) -> CallResult:
+    def call(
+        self,
+        tool_name: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        on_event: EventListener | None = None,
+        **options: Any,
+    ) -> CallResult:
         """Call a tool; options are ``role``, ``timeout``, ``retries``, ``retry_delay``,
         ``deadline``, ``format``, ``request_id``, ``step_id`` and ``metadata``.
+        ``on_event`` gets each event of the tool's (progress, log, content) as it comes.
 
         Works from any thread. On a thread whose event loop is running (a notebook) the
         call runs on a private loop in a worker thread, joined before returning.
@@ -200,10 +210,15 @@ class Runner:
             RuntimeError: the runner is closed.
             asyncio.CancelledError: the runner was closed while the call ran.
         """
-        return run_blocking(self._serve(wire_request(tool_name, params, options)))
+        return run_blocking(self._serve(wire_request(tool_name, params, options), on_event))
 
     async def acall(
-        self, tool_name: str, params: Mapping[str, Any] | None = None, **options: Any
+        self,
+        tool_name: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        on_event: EventListener | None = None,
+        **options: Any,
     ) -> CallResult:
         """``call`` for async code.
 
@@ -213,7 +228,7 @@ class Runner:
                 ``cancelled: true`` before this is raised.
             RuntimeError: the runner is closed.
         """
-        return await self._serve(wire_request(tool_name, params, options))
+        return await self._serve(wire_request(tool_name, params, options), on_event)
 
     # -- the lifecycle ---------------------------------------------------------------
 
@@ -293,7 +308,7 @@ class Runner:
         Raises:
             CallError: PERMISSION_DENIED when the role is unknown or missing.
         """
-        return self._discover(filter, role)
+        return discovered(self.registry, self.policy, filter, role)
 
     def reload(self, tools: Iterable[Path], policies: Path) -> None:
         """Serve later calls with the policy file and tool folders as they are now (``runner
@@ -321,9 +336,7 @@ class Runner:
             ValueError: ``format`` is not one of those.
             CallError: PERMISSION_DENIED when the role is unknown or missing.
         """
-        from runner.tools.definitions import definitions
-
-        return definitions(self.callable_tools(role), format).tools
+        return tool_definitions(self.registry, self.policy, format, role)
 
     def callable_tools(self, role: str | None) -> list[Tool]:
         """The registered tools ``role`` (default: the policy's) may call, by name.
@@ -331,21 +344,13 @@ class Runner:
         Raises:
             CallError: PERMISSION_DENIED when the role is unknown or missing.
         """
-        resolved = self.policy.resolve_role(role)
-        if resolved is None or resolved not in self.policy.model.roles:
-            reason = "no_role" if resolved is None else "unknown_role"
-            raise CallError(
-                ErrorCode.PERMISSION_DENIED,
-                f"{caller(resolved)} may not discover tools: {reason}",
-                {"reason": reason, "role": resolved},
-            )
-        return [tool for tool in self.registry if self.policy.decide(tool, resolved).allowed]
+        return callable_tools(self.registry, self.policy, role)
 
     # -- the call path ----------------------------------------------------------------
 
-    async def _serve(self, raw: object) -> CallResult:
+    async def _serve(self, raw: object, on_event: EventListener | None = None) -> CallResult:
         with self._served(), self._telemetry.call(raw) as telemetry:
-            return await self._answer(raw, telemetry)
+            return await self._answer(raw, telemetry, on_event)
 
     @contextmanager
     def _served(self) -> Iterator[None]:
@@ -362,7 +367,9 @@ class Runner:
                 self._in_flight.discard(call)
             call.ended.set_result(None)
 
-    async def _answer(self, raw: object, telemetry: CallTelemetry) -> CallResult:
+    async def _answer(
+        self, raw: object, telemetry: CallTelemetry, on_event: EventListener | None
+    ) -> CallResult:
         received = self._clock.monotonic()
         trace_id = telemetry.trace_id
         request_id = peek(raw, "requestId", "request_id") or new_request_id()
@@ -381,14 +388,14 @@ class Runner:
                 self._guard.refused_before_policy(tool_name, ctx, "invalid_request")
                 raise
             if isinstance(request, DiscoverRequest):
-                tools = self._discover(request.options.filter, request.role)
+                tools = discovered(self.registry, self.policy, request.options.filter, request.role)
                 result = {"tools": tools}
                 telemetry.discovering()
                 extra["total"] = len(tools)
                 tool_name = None
             else:
                 policy, guard = self.policy, self._guard  # the policy in force for the whole call
-                ctx = replace(call_context(request, request_id, trace_id, policy), telemetry=telemetry)
+                ctx = call_context(request, request_id, trace_id, policy, telemetry, on_event)
                 tool = guard.tool(self.registry, policy, request.tool_name, ctx)
                 plan = resolve_plan(tool, policy, request.options)
                 # The deadline bounds the whole call, validation of the params included.
@@ -418,7 +425,7 @@ class Runner:
             error = scrubbed(error, ctx.scrubber)
         duration = self._guard.finished(tool_name, ctx, error, attempts, received)
         metadata = AnswerMetadata(duration, attempts, tool_name, iso_now(), request_id, trace_id, extra)
-        return CallResult.of(result, error, metadata)
+        return CallResult.of(result, error, metadata, progress.content)
 
     def _follow_pools(self) -> None:
         """Keep the pools of the policy and registry in force (a new one drains the old)."""
@@ -441,10 +448,3 @@ class Runner:
         return dispatched_sandbox(policy, tool, plan.sandbox) or self._pools.sandbox_for(
             tool.name, self._sandbox_factory(plan.sandbox)
         )
-
-    def _discover(self, filter_text: str | None, role: str | None) -> list[dict[str, Any]]:
-        return [
-            describe(tool, self.policy)
-            for tool in self.callable_tools(role)
-            if matches_filter(tool, filter_text)
-        ]

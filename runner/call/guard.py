@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 from runner.audit.log import AuditLog
 from runner.call.breaker import BreakerState, CircuitBreaker, CircuitOpen, tool_verdict
 from runner.call.egress import ConnectAttempt, call_egress
+from runner.call.events import EventListener
 from runner.call.executor import CallContext, Execution, Executor, Progress
-from runner.call.hooks import CANCELLED
+from runner.call.hooks import CANCELLED, NO_HOOKS, CallHooks
 from runner.call.plan import CallPlan, launch_spec
 from runner.call.policy import Policy
 from runner.call.requests import CallRequest
@@ -274,7 +275,14 @@ def caller(role: str | None) -> str:
     return "a call naming no role (and the policy has no default_role)" if role is None else f"role {role!r}"
 
 
-def call_context(request: CallRequest, request_id: str, trace_id: str, policy: Policy) -> CallContext:
+def call_context(
+    request: CallRequest,
+    request_id: str,
+    trace_id: str,
+    policy: Policy,
+    telemetry: CallHooks = NO_HOOKS,
+    on_event: EventListener | None = None,
+) -> CallContext:
     user_id = request.metadata.get("userId")
     return CallContext(
         request_id=request_id,
@@ -282,6 +290,8 @@ def call_context(request: CallRequest, request_id: str, trace_id: str, policy: P
         role=policy.resolve_role(request.role),
         step_id=request.step_id,
         user_id=str(user_id) if user_id is not None else None,
+        telemetry=telemetry,
+        on_event=on_event,
     )
 
 
