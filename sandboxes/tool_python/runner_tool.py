@@ -68,6 +68,7 @@ __all__ = [
 
 EXIT_OK, EXIT_FAILED = 0, 1
 EVENT_MARK = "\x1e"  # U+001E: the line is an event, not stderr text
+MEDIA_PIECE = 3 * 64 * 1024  # a multiple of 3: the pieces' base64 joins up without padding
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 
@@ -176,14 +177,28 @@ def _base64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+def _media(kind: str, data: bytes, mime_type: str) -> None:
+    """An image or audio block, its base64 written piece by piece: a large one is never
+    held twice over in the tool's memory."""
+    import base64
+
+    head = json.dumps({"type": kind, "mimeType": mime_type}, ensure_ascii=False)[:-1]
+    sys.stderr.write(f'{EVENT_MARK}{{"content":{head},"data":"')
+    view = memoryview(data)
+    for start in range(0, len(view), MEDIA_PIECE):
+        sys.stderr.write(base64.b64encode(view[start : start + MEDIA_PIECE]).decode("ascii"))
+    sys.stderr.write('"}}\n')
+    sys.stderr.flush()
+
+
 def image(data: bytes, mime_type: str) -> None:
     """Attach an image (``image/png``, ``image/jpeg``, ``image/gif``, ``image/webp``)."""
-    _event({"content": {"type": "image", "mimeType": mime_type, "data": _base64(data)}})
+    _media("image", data, mime_type)
 
 
 def audio(data: bytes, mime_type: str) -> None:
     """Attach audio (``audio/wav``, ``audio/mpeg``, ``audio/ogg``, ``audio/webm``)."""
-    _event({"content": {"type": "audio", "mimeType": mime_type, "data": _base64(data)}})
+    _media("audio", data, mime_type)
 
 
 def resource(
