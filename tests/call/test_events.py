@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from runner.call.events import MAX_EVENTS, ToolEvents
-from runner.schema.redaction import Scrubber
+from runner.schema.redaction import NO_SECRETS, Scrubber
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\nfake").decode()
 
@@ -19,7 +19,7 @@ def line(event: object) -> bytes:
     return json.dumps(event).encode()
 
 
-def read(*events: object, scrubber: Scrubber = Scrubber()) -> tuple[list[dict[str, Any]], ToolEvents]:
+def read(*events: object, scrubber: Scrubber = NO_SECRETS) -> tuple[list[dict[str, Any]], ToolEvents]:
     heard: list[dict[str, Any]] = []
     sink = ToolEvents(scrubber, heard.append)
     for event in events:
@@ -123,7 +123,7 @@ def test_a_listener_that_raises_does_not_stop_the_events() -> None:
     def broken(event: dict[str, Any]) -> None:
         raise RuntimeError("listener bug")
 
-    sink = ToolEvents(Scrubber(), broken)
+    sink = ToolEvents(NO_SECRETS, broken)
     sink.event(line({"content": {"type": "text", "text": "kept"}}))
     assert sink.content == [{"type": "text", "text": "kept"}]
     assert sink.ignored_count == 0
