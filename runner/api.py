@@ -182,14 +182,14 @@ class Runner:
         """
         return run_blocking(self._serve(request)).to_wire()
 
-    async def ahandle(self, request: object) -> dict[str, Any]:
-        """``handle`` for async code.
+    async def ahandle(self, request: object, on_event: EventListener | None = None) -> dict[str, Any]:
+        """``handle`` for async code; ``on_event`` as ``call`` has it.
 
         Raises:
             asyncio.CancelledError: the call was cancelled (its sandbox is gone by then).
             RuntimeError: the runner is closed.
         """
-        return (await self._serve(request)).to_wire()
+        return (await self._serve(request, on_event)).to_wire()
 
     def call(
         self,

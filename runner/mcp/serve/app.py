@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -26,8 +27,9 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
-from mcp.shared.exceptions import MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import TypeAdapter
 
 from runner.api import Runner
 from runner.audit.log import AUDIT_CLIENT
@@ -36,6 +38,7 @@ from runner.call.requests import CallOptions
 from runner.errors import CallError
 from runner.mcp.hosted.dialogue import CALL_PROGRESS
 from runner.mcp.serve.disconnect import cancel_when_gone
+from runner.mcp.serve.events import EventRelay, LogLevels
 from runner.telemetry.labels import role_label
 from runner.telemetry.tracing import TRACEPARENT, TRACESTATE
 from runner.tools.definitions import mcp_definition
@@ -47,9 +50,6 @@ REQUEST_ID_META = "dev.runner/requestId"
 ERROR_META = "dev.runner/error"
 DURATION_META = "dev.runner/durationMs"  # the runner's own time for the call (the answer's duration)
 TRACE_ID_META = "dev.runner/traceId"  # the answer's traceId: the call's W3C trace id
-# A call that runs longer than this gets progress notifications (when the client sent a
-# progressToken), one per interval: the client sees that it is alive.
-PROGRESS_INTERVAL_S = 1.0
 # JSON-RPC error (implementation-defined range) for a call that arrives while the server drains.
 SHUTTING_DOWN = -32001
 
@@ -85,6 +85,7 @@ class ToolService:
         self._bus = InMemorySubscriptionBus()
         self._listen = ListenHandler(self._bus)
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self._log_levels = LogLevels()
 
     def server(self) -> Server[Any]:
         """The SDK's low-level server with this service's handlers."""
@@ -94,13 +95,17 @@ class ToolService:
             ours = version("sandboxed-tool-runner")
         except PackageNotFoundError:
             ours = ""
-        return Server(
-            SERVER_NAME,
-            version=ours,
-            on_list_tools=self.list_tools,
-            on_call_tool=self.call_tool,
-            on_subscriptions_listen=self._listen,
-        )
+        with warnings.catch_warnings():
+            # Logging is deprecated by the 2026-07-28 protocol; clients before it use it.
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            return Server(
+                SERVER_NAME,
+                version=ours,
+                on_list_tools=self.list_tools,
+                on_call_tool=self.call_tool,
+                on_subscriptions_listen=self._listen,
+                on_set_logging_level=self._log_levels.set_level,
+            )
 
     @staticmethod
     def initialization_options(server: Server[Any]) -> InitializationOptions:
@@ -141,14 +146,16 @@ class ToolService:
         hosted = tool is not None and tool.hosted is not None
         client_token = AUDIT_CLIENT.set(caller.client)
         progress_token = CALL_PROGRESS.set(ctx.session.report_progress if hosted and wants_progress else None)
+        relay = EventRelay(ctx, params.name, wants_progress and not hosted, self._log_levels)
         answer: dict[str, Any] | None = None
         try:
             with self._counted():
                 async with anyio.create_task_group() as tasks:
-                    if wants_progress and not hosted:
-                        tasks.start_soon(_tick_progress, ctx, params.name)
+                    tasks.start_soon(relay.heartbeat)
+                    tasks.start_soon(relay.pump)
                     tasks.start_soon(cancel_when_gone, ctx.request, tasks.cancel_scope)
-                    answer = await self._run(request, tool)
+                    answer = await self._run(request, tool, relay)
+                    await relay.finish()
                     tasks.cancel_scope.cancel()
         finally:
             CALL_PROGRESS.reset(progress_token)
@@ -157,7 +164,7 @@ class ToolService:
             raise MCPError(types.CONNECTION_CLOSED, "the client disconnected; the call was cancelled")
         return _to_result(answer, tool)
 
-    async def _run(self, request: dict[str, Any], tool: Tool | None) -> dict[str, Any]:
+    async def _run(self, request: dict[str, Any], tool: Tool | None, relay: EventRelay) -> dict[str, Any]:
         """Run the call once a slot is free; waiting counts against the call's deadline."""
         if tool is None:  # refused at once (TOOL_NOT_FOUND): no sandbox, no slot needed
             return await self.runner.ahandle(request)
@@ -172,7 +179,7 @@ class ToolService:
             waited_ms = round((time.monotonic() - started) * 1000)
             if waited_ms:
                 request["options"] = {"deadline": max(1, deadline_ms - waited_ms)}
-            return await self.runner.ahandle(request)
+            return await self.runner.ahandle(request, relay.heard)
         finally:
             self._slots.release()
 
@@ -253,14 +260,6 @@ def _raw_meta(ctx: ServerRequestContext[Any, Any]) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-async def _tick_progress(ctx: ServerRequestContext[Any, Any], tool_name: str) -> None:
-    started = time.monotonic()
-    while True:
-        await anyio.sleep(PROGRESS_INTERVAL_S)
-        elapsed = round(time.monotonic() - started, 1)
-        await ctx.session.report_progress(elapsed, None, f"{tool_name} running for {elapsed:g} s")
-
-
 def _to_result(answer: dict[str, Any], tool: Tool | None) -> types.CallToolResult:
     meta: dict[str, Any] = {
         REQUEST_ID_META: answer["metadata"].get("requestId"),
@@ -278,9 +277,13 @@ def _to_result(answer: dict[str, Any], tool: Tool | None) -> types.CallToolResul
     structured = None
     if tool is not None and isinstance(result, dict) and _has_object_output(tool):
         structured = result
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=text)], structured_content=structured, _meta=meta
-    )
+    # The tool's content blocks follow the result's text.
+    blocks = _BLOCKS.validate_python(answer.get("content", []))
+    content = [types.TextContent(type="text", text=text), *blocks]
+    return types.CallToolResult(content=content, structured_content=structured, _meta=meta)
+
+
+_BLOCKS: TypeAdapter[list[types.ContentBlock]] = TypeAdapter(list[types.ContentBlock])
 
 
 def _has_object_output(tool: Tool) -> bool:
