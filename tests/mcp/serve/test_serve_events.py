@@ -81,8 +81,8 @@ async def test_the_tools_blocks_follow_the_result_text(rich_bench: ToolBench) ->
 async def test_the_tools_own_progress_replaces_the_heartbeat(rich_bench: ToolBench) -> None:
     seen: list[tuple[float, float | None, str | None]] = []
 
-    async def progress(done: float, total: float | None, message: str | None) -> None:
-        seen.append((done, total, message))
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
 
     async with Client(stdio_server(rich_bench), mode="legacy") as client:
         result = await client.call_tool("rich", {"seconds": 2.2}, progress_callback=progress)
