@@ -91,6 +91,13 @@ def _json_problem(exc: ValueError | RecursionError) -> str:
     "--request-id", default=None, help="The call's id in the answer and the audit log (default: generated)."
 )
 @click.option("--step-id", default=None, help="The agent's step this call belongs to, for the audit log.")
+@click.option(
+    "--save-content",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="Write the content blocks the tool attached (text, images, audio, resources) to files in DIR.",
+)
 @click.pass_context
 def exec_command(
     ctx: click.Context,
@@ -104,11 +111,13 @@ def exec_command(
     output_format: str | None,
     request_id: str | None,
     step_id: str | None,
+    save_content: Path | None,
 ) -> None:
     """Call TOOL, or read one whole request from stdin when TOOL is '-'.
 
     Prints the answer as JSON (indented on a terminal); exits 0 on success, 1 when the
-    call failed, 130 after Ctrl-C (once the tool's sandbox is gone).
+    call failed, 130 after Ctrl-C (once the tool's sandbox is gone). On a terminal the
+    tool's progress and log lines go to stderr as they come.
     """
     from sandboxes import plugins
 
@@ -137,14 +146,22 @@ def exec_command(
         for key, value in (("role", role), ("requestId", request_id), ("stepId", step_id)):
             if value is not None:
                 request[key] = value
+    from runner.cli.content import save_content as write_blocks
+    from runner.cli.content import terminal_events
     from runner.cli.interrupt import Interrupted, handle_interruptibly
     from runner.cli.terminal import Output, readable_json
 
     runner = _load(ctx)
+    name = request.get("toolName") if isinstance(request, dict) else None
     try:
-        answer = handle_interruptibly(runner, request)
+        answer = handle_interruptibly(runner, request, terminal_events(str(name)))
     except Interrupted as stopped:
         sys.exit(128 + stopped.signum)
+    if save_content is not None and answer.get("content"):
+        try:
+            write_blocks(answer["content"], save_content)
+        except OSError as exc:
+            _fail_usage(f"cannot write the content to {save_content}: {exc.strerror or 'write failed'}")
     out = Output.detect()
     if out.human:
         out.write(readable_json(answer, out))
