@@ -28,8 +28,10 @@ from runner.audit.log import AuditLog
 from runner.call.answers import AnswerMetadata, CallResult
 from runner.call.approval import ApproverFunction, api_approver
 from runner.call.backends import Backends
+from runner.call.discovery import callable_tools, discovered, tool_definitions
+from runner.call.events import EventListener
 from runner.call.executor import CallContext, Executor, Progress
-from runner.call.guard import CallGuard, call_context, callable_tools, discoverable, scrubbed
+from runner.call.guard import CallGuard, call_context, scrubbed
 from runner.call.plan import CallPlan, resolve_plan
 from runner.call.policy import Policy
 from runner.call.pools import WarmPools
@@ -189,18 +191,26 @@ class Runner:
         """
         return run_blocking(self._serve(request)).to_wire()
 
-    async def ahandle(self, request: object) -> dict[str, Any]:
-        """``handle`` for async code.
+    async def ahandle(self, request: object, on_event: EventListener | None = None) -> dict[str, Any]:
+        """``handle`` for async code; ``on_event`` as ``call`` has it.
 
         Raises:
             asyncio.CancelledError: the call was cancelled (its sandbox is gone by then).
             RuntimeError: the runner is closed.
         """
-        return (await self._serve(request)).to_wire()
+        return (await self._serve(request, on_event)).to_wire()
 
-    def call(self, tool_name: str, params: Mapping[str, Any] | None = None, **options: Any) -> CallResult:
+    def call(
+        self,
+        tool_name: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        on_event: EventListener | None = None,
+        **options: Any,
+    ) -> CallResult:
         """Call a tool; options are ``role``, ``timeout``, ``retries``, ``retry_delay``,
         ``deadline``, ``format``, ``request_id``, ``step_id`` and ``metadata``.
+        ``on_event`` gets each event of the tool's (progress, log, content) as it comes.
 
         Works from any thread. On a thread whose event loop is running (a notebook) the
         call runs on a private loop in a worker thread, joined before returning.
@@ -209,10 +219,15 @@ class Runner:
             RuntimeError: the runner is closed.
             asyncio.CancelledError: the runner was closed while the call ran.
         """
-        return run_blocking(self._serve(wire_request(tool_name, params, options)))
+        return run_blocking(self._serve(wire_request(tool_name, params, options), on_event))
 
     async def acall(
-        self, tool_name: str, params: Mapping[str, Any] | None = None, **options: Any
+        self,
+        tool_name: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        on_event: EventListener | None = None,
+        **options: Any,
     ) -> CallResult:
         """``call`` for async code.
 
@@ -222,7 +237,7 @@ class Runner:
                 ``cancelled: true`` before this is raised.
             RuntimeError: the runner is closed.
         """
-        return await self._serve(wire_request(tool_name, params, options))
+        return await self._serve(wire_request(tool_name, params, options), on_event)
 
     def session(self, owner: str | None = None) -> Session:
         """A session (``async with runner.session() as s: await s.acall(...)``); ``owner``:
@@ -295,12 +310,9 @@ class Runner:
         run_blocking(self.aclose())
 
     def discover(self, filter: str | None = None, role: str | None = None) -> list[dict[str, Any]]:
-        """The tools ``role`` may call whose name, description or tags contain ``filter``.
-
-        Raises:
-            CallError: PERMISSION_DENIED when the role is unknown or missing.
-        """
-        return discoverable(self.registry, self.policy, filter, role)
+        """The tools ``role`` may call whose name, description or tags contain ``filter``
+        (raises ``CallError``, PERMISSION_DENIED, when the role is unknown or missing)."""
+        return discovered(self.registry, self.policy, filter, role)
 
     def reload(self, tools: Iterable[Path], policies: Path) -> None:
         """Serve later calls with the policy file and tool folders as they are now (``runner
@@ -322,29 +334,20 @@ class Runner:
 
     def tool_definitions(self, format: str, role: str | None = None) -> list[dict[str, Any]]:
         """The tools ``role`` may call as definitions for an agent: ``openai``, ``anthropic``
-        or ``mcp`` (``runner.tools.definitions`` says what each format leaves out).
-
-        Raises:
-            ValueError: ``format`` is not one of those.
-            CallError: PERMISSION_DENIED when the role is unknown or missing.
-        """
-        from runner.tools.definitions import definitions
-
-        return definitions(self.callable_tools(role), format).tools
+        or ``mcp`` (``runner.tools.definitions`` says what each format leaves out). Raises
+        ``ValueError`` for another format, ``CallError`` (PERMISSION_DENIED) for an unknown role."""
+        return tool_definitions(self.registry, self.policy, format, role)
 
     def callable_tools(self, role: str | None) -> list[Tool]:
-        """The registered tools ``role`` (default: the policy's) may call, by name.
-
-        Raises:
-            CallError: PERMISSION_DENIED when the role is unknown or missing.
-        """
+        """The registered tools ``role`` (default: the policy's) may call, by name (raises
+        ``CallError``, PERMISSION_DENIED, when the role is unknown or missing)."""
         return callable_tools(self.registry, self.policy, role)
 
     # -- the call path ----------------------------------------------------------------
 
-    async def _serve(self, raw: object) -> CallResult:
+    async def _serve(self, raw: object, on_event: EventListener | None = None) -> CallResult:
         with self._served(), self._telemetry.call(raw) as telemetry:
-            return await self._answer(raw, telemetry)
+            return await self._answer(raw, telemetry, on_event)
 
     @contextmanager
     def _served(self) -> Iterator[None]:
@@ -361,7 +364,9 @@ class Runner:
                 self._in_flight.discard(call)
             call.ended.set_result(None)
 
-    async def _answer(self, raw: object, telemetry: CallTelemetry) -> CallResult:
+    async def _answer(
+        self, raw: object, telemetry: CallTelemetry, on_event: EventListener | None
+    ) -> CallResult:
         received = self._clock.monotonic()
         trace_id = telemetry.trace_id
         request_id = peek(raw, "requestId", "request_id") or new_request_id()
@@ -380,14 +385,14 @@ class Runner:
                 self._guard.refused_before_policy(tool_name, ctx, "invalid_request")
                 raise
             if isinstance(request, DiscoverRequest):
-                tools = discoverable(self.registry, self.policy, request.options.filter, request.role)
+                tools = discovered(self.registry, self.policy, request.options.filter, request.role)
                 result = {"tools": tools}
                 telemetry.discovering()
                 extra["total"] = len(tools)
                 tool_name = None
             else:
                 policy, guard = self.policy, self._guard  # the policy in force for the whole call
-                ctx = replace(call_context(request, request_id, trace_id, policy), telemetry=telemetry)
+                ctx = call_context(request, request_id, trace_id, policy, telemetry, on_event)
                 tool = guard.tool(self.registry, policy, request.tool_name, ctx)
                 plan = resolve_plan(tool, policy, request.options)
                 # The deadline bounds the whole call, validation of the params included.
@@ -417,7 +422,7 @@ class Runner:
             error = scrubbed(error, ctx.scrubber)
         duration = self._guard.finished(tool_name, ctx, error, attempts, received)
         metadata = AnswerMetadata(duration, attempts, tool_name, iso_now(), request_id, trace_id, extra)
-        return CallResult.of(result, error, metadata)
+        return CallResult.of(result, error, metadata, progress.content)
 
     def _follow_pools(self) -> None:
         """Keep the pools of the policy and registry in force (a new one drains the old)."""

@@ -26,9 +26,10 @@ import contextlib
 from typing import Protocol
 
 from sandboxes._priming import Opened
-from sandboxes._streams import CappedBuffer, OutputOverflow
+from sandboxes._streams import OutputOverflow, TailBuffer
 from sandboxes.base import Dialogue
-from sandboxes.view import READ_CHUNK
+from sandboxes.events import EventSink, OutputBudget, StderrSplitter
+from sandboxes.view import READ_CHUNK, STDERR_TAIL_BYTES
 
 
 class Stdin(Protocol):
@@ -73,6 +74,11 @@ class Exchange(Protocol):
     @property
     def stdout(self) -> StdoutSink: ...
 
+    @property
+    def stderr(self) -> StderrSplitter:
+        """Where the backend puts what the tool writes on stderr (``sandboxes.events``)."""
+        ...
+
     async def speak(self, stdin: Stdin, preamble: bytes) -> bool:
         """Write ``preamble``, then speak with the tool; True when this end of speaking
         ends the run (the tool is then killed), False when the tool's exit does. Never
@@ -84,23 +90,44 @@ class Exchange(Protocol):
         ...
 
 
-class _CappedStdout(CappedBuffer):
+class _CappedStdout:
+    """stdout kept whole, within the budget it shares with the run's events."""
+
+    def __init__(self, budget: OutputBudget) -> None:
+        self._budget = budget
+        self._chunks: list[bytes] = []
+
+    def feed(self, data: bytes) -> None:
+        if not self._budget.take(len(data)):
+            raise OutputOverflow
+        self._chunks.append(data)
+
     def close(self) -> None:
         pass  # all of it is the outcome's, whenever it ends
 
+    def getvalue(self) -> bytes:
+        return b"".join(self._chunks)
+
 
 class PayloadExchange:
-    """``run``'s exchange: one payload in, stdout kept up to the cap."""
+    """``run``'s exchange: one payload in, stdout kept up to the cap; the tool's events
+    (``sandboxes.events``) to ``events``, drawing on the same cap."""
 
     ends_by_exit = True
 
-    def __init__(self, payload: bytes, max_output: int) -> None:
+    def __init__(self, payload: bytes, max_output: int, events: EventSink | None = None) -> None:
         self._payload = payload
-        self._stdout = _CappedStdout(max_output)
+        budget = OutputBudget(max_output)
+        self._stdout = _CappedStdout(budget)
+        self._stderr = StderrSplitter(TailBuffer(STDERR_TAIL_BYTES), events, budget)
 
     @property
     def stdout(self) -> StdoutSink:
         return self._stdout
+
+    @property
+    def stderr(self) -> StderrSplitter:
+        return self._stderr
 
     async def speak(self, stdin: Stdin, preamble: bytes) -> bool:
         try:
@@ -162,11 +189,18 @@ class DialogueExchange:
         self._stdout = _PipeStdout(max_output - (opened.spent if opened is not None else 0))
         if opened is not None and opened.unread:
             self._stdout.feed(opened.unread)  # within the cap: the opening counted it
+        # A server speaks on stdout: event lines on its stderr are dropped.
+        tail = opened.stderr if opened is not None else TailBuffer(STDERR_TAIL_BYTES)
+        self._stderr = StderrSplitter(tail, None, None)
         self.failure: Exception | None = None
 
     @property
     def stdout(self) -> StdoutSink:
         return self._stdout
+
+    @property
+    def stderr(self) -> StderrSplitter:
+        return self._stderr
 
     async def speak(self, stdin: Stdin, preamble: bytes) -> bool:
         if preamble:

@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from sandboxes._exchange import DialogueExchange, Exchange, PayloadExchange
 from sandboxes._priming import Opened, PrimingPipe, prime_with
 from sandboxes.base import Dialogue, Limits, Opening, OpeningFailed, SandboxOutcome, SandboxUnavailable
+from sandboxes.events import EventSink
 
 
 class Stage(enum.Enum):
@@ -46,6 +47,7 @@ class OneRun(ABC):
         self._limits = limits
         self._stage = Stage.PREPARED
         self._opened: Opened | None = None  # PRIMED: what the opening left for the dialogue
+        self._events: EventSink | None = None  # where the run's events go (``stream_events``)
 
     @property
     def stage(self) -> Stage:
@@ -60,8 +62,14 @@ class OneRun(ABC):
         """
         if self._stage is Stage.PRIMED:
             raise SandboxUnavailable("a primed sandbox holds a dialogue, not a payload")
-        exchange = PayloadExchange(payload, self._limits.max_output_bytes)
-        return await self._hold(exchange, self._begin_run())
+        exchange = PayloadExchange(payload, self._limits.max_output_bytes, self._events)
+        outcome = await self._hold(exchange, self._begin_run())
+        exchange.stderr.close()  # a last event line that lacks its newline
+        return outcome
+
+    def stream_events(self, sink: EventSink) -> None:
+        """Send the events of the coming ``run`` to ``sink`` (``StreamsEvents``)."""
+        self._events = sink
 
     async def converse(self, dialogue: Dialogue) -> SandboxOutcome:
         """Hold ``dialogue`` with the tool under the limits (``Converses.converse``).

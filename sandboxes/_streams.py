@@ -10,24 +10,6 @@ class OutputOverflow(Exception):
     """More bytes arrived than the cap allows."""
 
 
-class CappedBuffer:
-    """Collects at most ``cap`` bytes; one more byte raises ``OutputOverflow``."""
-
-    def __init__(self, cap: int) -> None:
-        self._cap = cap
-        self._chunks: list[bytes] = []
-        self._size = 0
-
-    def feed(self, data: bytes) -> None:
-        self._size += len(data)
-        if self._size > self._cap:
-            raise OutputOverflow
-        self._chunks.append(data)
-
-    def getvalue(self) -> bytes:
-        return b"".join(self._chunks)
-
-
 class TailBuffer:
     """Keeps only the last ``cap`` bytes of a stream (stderr is kept as a tail)."""
 

@@ -50,6 +50,15 @@ python3 -m pip install -q --disable-pip-version-check "${wheel[0]}[dev,ray]" 2>&
 python3 -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "${wheel[0]}" 2>&1 | quiet
 (cd / && python3 -c 'import runner, sandboxes.subprocess, sandboxes.docker; runner.examples_dir()')
 
+# The official MCP conformance suite (tests/mcp/serve/test_conformance.py), pinned: 0.1.8 is
+# the last version that runs on Node 20.
+CONFORMANCE_DIR="${RUNNER_CONFORMANCE:-/opt/runner-conformance}"
+if [ ! -x "$CONFORMANCE_DIR/node_modules/.bin/conformance" ]; then
+  log "installing the MCP conformance suite"
+  mkdir -p "$CONFORMANCE_DIR"
+  npm install --prefix "$CONFORMANCE_DIR" --no-audit --no-fund --silent @modelcontextprotocol/conformance@0.1.8
+fi
+
 # gVisor as an OCI runtime for docker tools whose policy asks for it. The ptrace platform
 # works without KVM; --network=none because gVisor's netstack is not needed (tools get no
 # network unless allowed, and then they run under runc).

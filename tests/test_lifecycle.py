@@ -24,7 +24,7 @@ sys.stdin.read()
 subprocess.Popen(["sleep", "60"])
 time.sleep(60)
 """
-SLOW_OPTIONS = {"timeout": 30000, "deadline": 30000, "retries": 0}
+SLOW_OPTIONS: dict[str, Any] = {"timeout": 30000, "deadline": 30000, "retries": 0}
 
 
 def audit_events(bench: ToolBench, request_id: str) -> list[dict[str, Any]]:

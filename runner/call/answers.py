@@ -58,19 +58,31 @@ class CallResult:
     result: Any
     error: ErrorInfo | None
     metadata: AnswerMetadata
+    # The content blocks the tool attached (text, image, audio, resource), in order.
+    content: tuple[dict[str, Any], ...] = ()
 
     @classmethod
-    def of(cls, result: Any, error: CallError | None, metadata: AnswerMetadata) -> CallResult:
-        """The answer of a call: ``result`` when ``error`` is None, else the error."""
+    def of(
+        cls,
+        result: Any,
+        error: CallError | None,
+        metadata: AnswerMetadata,
+        content: tuple[dict[str, Any], ...] = (),
+    ) -> CallResult:
+        """The answer of a call: ``result`` (and ``content``) when ``error`` is None, else the error."""
         if error is not None:
             return cls(False, None, ErrorInfo.of(error), metadata)
-        return cls(True, result, None, metadata)
+        return cls(True, result, None, metadata, content)
 
     def to_wire(self) -> dict[str, Any]:
-        """The answer shell of the wire format (docs/calls.md), camelCase."""
-        return {
+        """The answer shell of the wire format (docs/calls.md), camelCase; ``content`` only
+        when the tool attached any."""
+        wire = {
             "success": self.success,
             "result": self.result,
             "error": self.error.to_wire() if self.error is not None else None,
             "metadata": self.metadata.to_wire(),
         }
+        if self.content:
+            wire["content"] = list(self.content)
+        return wire

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from runner.audit.log import AuditLog
+from runner.call.events import EventListener, ToolEvents
 from runner.call.hooks import NO_HOOKS, CallHooks
 from runner.call.hosting import NO_HOSTED_WORK, HostedWork
 from runner.call.outcomes import failure_error, parse_result
@@ -35,6 +36,7 @@ from sandboxes import (
     StopReason,
 )
 from sandboxes.cancellation import finish_shielded
+from sandboxes.events import EventSink, StreamsEvents
 
 # An attempt with less time than this left before the deadline is not worth starting:
 # it could not even spawn a process.
@@ -58,6 +60,8 @@ class CallContext:
     scrubber: Scrubber = NO_SECRETS
     tool_secrets: Scrubber = NO_SECRETS
     telemetry: CallHooks = NO_HOOKS
+    # Gets each event of the tool's as it arrives (``runner.call.events``).
+    on_event: EventListener | None = None
 
     def audit_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {
@@ -84,10 +88,12 @@ class Execution:
 
 @dataclass
 class Progress:
-    """How far a call's execution got: what its ``call.finished`` says if it is cancelled."""
+    """How far a call's execution got: what its ``call.finished`` says if it is cancelled;
+    the content blocks the tool attached to its result (``runner.call.events``)."""
 
     attempts: int = 0
     degraded: bool = False
+    content: tuple[dict[str, Any], ...] = ()
 
 
 def final_error(errors: list[CallError]) -> CallError:
@@ -150,11 +156,13 @@ class Executor:
                 else None
             )
             work = dialogue if dialogue is not None else _payload(params, spec, attempt)
+            events = ToolEvents(ctx.scrubber, ctx.on_event)
             started = clock.monotonic()
             progress.attempts = attempt
             ctx.telemetry.attempt_started(tool.name, sandbox.name)
+            limits = replace(plan.limits, timeout_ms=timeout_ms)
             try:
-                outcome = await run_attempt(sandbox, spec, replace(plan.limits, timeout_ms=timeout_ms), work)
+                outcome = await run_attempt(sandbox, spec, limits, work, events)
             except asyncio.CancelledError:
                 self._cancelled_event(tool, ctx, attempt, sandbox, started)
                 raise
@@ -173,9 +181,10 @@ class Executor:
                 result = await self._parse(tool, outcome.stdout, plan.format)
             except CallError as error:
                 errors.append(error)
-                self._attempt_event(tool, ctx, attempt, sandbox, outcome, started, error, pooled)
+                self._attempt_event(tool, ctx, attempt, sandbox, outcome, started, error, pooled, events)
             else:
-                self._attempt_event(tool, ctx, attempt, sandbox, outcome, started, None, pooled)
+                self._attempt_event(tool, ctx, attempt, sandbox, outcome, started, None, pooled, events)
+                progress.content = tuple(events.content)
                 return Execution(result, None, attempt, progress.degraded)
             if not errors[-1].retried or attempt == plan.retries + 1:
                 break
@@ -216,7 +225,9 @@ class Executor:
         started: float,
         error: CallError | None,
         pooled: bool,
+        events: ToolEvents,
     ) -> None:
+        ignored = {"eventsIgnored": events.ignored_count} if events.ignored_count else {}
         self._emit_attempt(
             tool,
             ctx,
@@ -234,6 +245,7 @@ class Executor:
             missing=list(outcome.missing),
             **({"node": outcome.node} if outcome.node is not None else {}),
             stderr=outcome.stderr_tail[-500:],
+            **ignored,
         )
 
     def _emit_attempt(
@@ -262,9 +274,14 @@ def _payload(params: dict[str, Any], spec: LaunchSpec, attempt: int) -> bytes:
 
 
 async def run_attempt(
-    sandbox: Sandbox, spec: LaunchSpec, limits: Limits, work: bytes | Dialogue
+    sandbox: Sandbox,
+    spec: LaunchSpec,
+    limits: Limits,
+    work: bytes | Dialogue,
+    events: EventSink | None = None,
 ) -> SandboxOutcome:
-    """One attempt in a fresh sandbox, closed on every path.
+    """One attempt in a fresh sandbox, closed on every path; the tool's events to
+    ``events`` when its sandbox streams them.
 
     A cancellation leaves no sandbox behind (trio's ``run_process`` is the model): a
     ``prepare`` once started runs to its end and what it made is closed, and ``close``
@@ -282,6 +299,8 @@ async def run_attempt(
         raise
     try:
         if isinstance(work, bytes):
+            if events is not None and isinstance(prepared, StreamsEvents):
+                prepared.stream_events(events)
             outcome = await prepared.run(work)
         elif isinstance(prepared, Converses):
             outcome = await prepared.converse(work)

@@ -20,9 +20,10 @@ from runner.audit.log import AuditLog
 from runner.call.approval import ApprovalGate, Approver
 from runner.call.breaker import BreakerState, CircuitBreaker, CircuitOpen, tool_verdict
 from runner.call.egress import ConnectAttempt, call_egress
+from runner.call.events import EventListener
 from runner.call.executor import CallContext, Execution, Executor, Progress
-from runner.call.hooks import CANCELLED
-from runner.call.plan import CallPlan, describe, launch_spec
+from runner.call.hooks import CANCELLED, NO_HOOKS, CallHooks
+from runner.call.plan import CallPlan, launch_spec
 from runner.call.policy import Policy
 from runner.call.pool_calls import PoolingSandbox
 from runner.call.requests import CallRequest
@@ -32,7 +33,7 @@ from runner.schema.redaction import Scrubber, nodes_at, redact_nodes
 from runner.schema.suggest import did_you_mean
 from runner.secrets.sources import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
 from runner.tools.manifest import Tool
-from runner.tools.registry import Registry, matches_filter
+from runner.tools.registry import Registry
 from sandboxes import Sandbox
 
 if TYPE_CHECKING:
@@ -291,39 +292,14 @@ def caller(role: str | None) -> str:
     return "a call naming no role (and the policy has no default_role)" if role is None else f"role {role!r}"
 
 
-def callable_tools(registry: Registry, policy: Policy, role: str | None) -> list[Tool]:
-    """The registered tools ``role`` (default: the policy's) may call, by name.
-
-    Raises:
-        CallError: PERMISSION_DENIED when the role is unknown or missing.
-    """
-    resolved = policy.resolve_role(role)
-    if resolved is None or resolved not in policy.model.roles:
-        reason = "no_role" if resolved is None else "unknown_role"
-        raise CallError(
-            ErrorCode.PERMISSION_DENIED,
-            f"{caller(resolved)} may not discover tools: {reason}",
-            {"reason": reason, "role": resolved},
-        )
-    return [tool for tool in registry if policy.decide(tool, resolved).allowed]
-
-
-def discoverable(
-    registry: Registry, policy: Policy, filter_text: str | None, role: str | None
-) -> list[dict[str, Any]]:
-    """What ``Runner.discover`` answers: the callable tools matching ``filter_text``.
-
-    Raises:
-        CallError: as ``callable_tools``.
-    """
-    return [
-        describe(tool, policy)
-        for tool in callable_tools(registry, policy, role)
-        if matches_filter(tool, filter_text)
-    ]
-
-
-def call_context(request: CallRequest, request_id: str, trace_id: str, policy: Policy) -> CallContext:
+def call_context(
+    request: CallRequest,
+    request_id: str,
+    trace_id: str,
+    policy: Policy,
+    telemetry: CallHooks = NO_HOOKS,
+    on_event: EventListener | None = None,
+) -> CallContext:
     user_id = request.metadata.get("userId")
     return CallContext(
         request_id=request_id,
@@ -331,6 +307,8 @@ def call_context(request: CallRequest, request_id: str, trace_id: str, policy: P
         role=policy.resolve_role(request.role),
         step_id=request.step_id,
         user_id=str(user_id) if user_id is not None else None,
+        telemetry=telemetry,
+        on_event=on_event,
     )
 
 

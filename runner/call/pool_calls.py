@@ -20,6 +20,7 @@ from sandboxes import (
     SandboxUnavailable,
     WarmSandbox,
 )
+from sandboxes.events import EventSink, StreamsEvents
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,10 @@ class _Taken:
 
     async def run(self, payload: bytes) -> SandboxOutcome:
         return replace(await self._warm.run(payload), warm=True)
+
+    def stream_events(self, sink: EventSink) -> None:
+        if isinstance(self._warm, StreamsEvents):
+            self._warm.stream_events(sink)
 
     async def converse(self, dialogue: Dialogue) -> SandboxOutcome:
         if not isinstance(self._warm, Converses):

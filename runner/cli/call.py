@@ -92,6 +92,13 @@ def _json_problem(exc: ValueError | RecursionError) -> str:
     is_flag=True,
     help="Run the call in this process, never through runner serve --socket.",
 )
+@click.option(
+    "--save-content",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="Write the content blocks the tool attached (text, images, audio, resources) to files in DIR.",
+)
 @click.pass_context
 def exec_command(
     ctx: click.Context,
@@ -106,11 +113,13 @@ def exec_command(
     request_id: str | None,
     step_id: str | None,
     direct: bool,
+    save_content: Path | None,
 ) -> None:
     """Call TOOL, or read one whole request from stdin when TOOL is '-'.
 
     Prints the answer as JSON (indented on a terminal); exits 0 on success, 1 when the
-    call failed, 130 after Ctrl-C (once the tool's sandbox is gone). A call the policy's
+    call failed, 130 after Ctrl-C (once the tool's sandbox is gone). On a terminal the
+    tool's progress and log lines go to stderr as they come. A call the policy's
     approval: holds asks yes/no on the terminal (/dev/tty) first. When runner serve
     --socket serves the same policy and tools, the call goes there (faster; same answer).
     """
@@ -143,16 +152,24 @@ def exec_command(
             if value is not None:
                 request[key] = value
     from runner.call.approval import CALL_APPROVER
+    from runner.cli.content import save_content as write_blocks
+    from runner.cli.content import terminal_events
     from runner.cli.interrupt import Interrupted, handle_interruptibly
     from runner.cli.prompt import terminal_approver
     from runner.cli.terminal import Output, readable_json
 
     runner = _load(ctx)
     CALL_APPROVER.set(terminal_approver())  # a call the policy holds is asked about on the terminal
+    name = request.get("toolName") if isinstance(request, dict) else None
     try:
-        answer = handle_interruptibly(runner, request)
+        answer = handle_interruptibly(runner, request, terminal_events(str(name)))
     except Interrupted as stopped:
         sys.exit(128 + stopped.signum)
+    if save_content is not None and answer.get("content"):
+        try:
+            write_blocks(answer["content"], save_content)
+        except OSError as exc:
+            _fail_usage(f"cannot write the content to {save_content}: {exc.strerror or 'write failed'}")
     out = Output.detect()
     if out.human:
         out.write(readable_json(answer, out))

@@ -17,6 +17,7 @@ from types import FrameType
 from typing import Any
 
 from runner.api import Runner
+from runner.call.events import EventListener
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -29,18 +30,21 @@ class Interrupted(Exception):
         self.signum = signum
 
 
-def handle_interruptibly(runner: Runner, request: object) -> dict[str, Any]:
-    """``runner.handle(request)`` on a fresh event loop, closing ``runner`` afterwards.
+def handle_interruptibly(
+    runner: Runner, request: object, on_event: EventListener | None = None
+) -> dict[str, Any]:
+    """``runner.handle(request)`` on a fresh event loop (the tool's events to
+    ``on_event``), closing ``runner`` afterwards.
 
     Raises:
         Interrupted: SIGINT or SIGTERM arrived; raised after the sandbox is gone.
     """
-    return asyncio.run(_serve(runner, request))
+    return asyncio.run(_serve(runner, request, on_event))
 
 
-async def _serve(runner: Runner, request: object) -> dict[str, Any]:
+async def _serve(runner: Runner, request: object, on_event: EventListener | None) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
-    call = asyncio.ensure_future(runner.ahandle(request))
+    call = asyncio.ensure_future(runner.ahandle(request, on_event))
     received: list[int] = []
 
     def stop(signum: int, _frame: FrameType | None) -> None:

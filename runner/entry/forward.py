@@ -34,8 +34,8 @@ _FORMATS = ("json", "raw")
 def forward(args: list[str]) -> None:
     """Send ``runner exec ARGS`` to the local server and exit with its answer; return when
     the call is to run here instead."""
-    if sys.stdout.isatty():
-        return
+    if sys.stdout.isatty() or sys.stderr.isatty():
+        return  # a person reads it: the full command line's readable answer, progress and log lines
     given = _parse(args)
     if given is None:
         return

@@ -111,11 +111,12 @@ def mcp_definition(tool: Tool, notes: list[ExportNote] | None = None) -> dict[st
     definition: dict[str, Any] = {
         "name": tool.name,
         "description": manifest.description,
-        "inputSchema": clean_schema(manifest.parameters),
+        # JSON Schema 2020-12 as written: ``$schema``, ``$defs`` and ``$ref`` stay.
+        "inputSchema": clean_schema(manifest.parameters, keep_dialect=True),
     }
     output = manifest.output_schema
     if isinstance(output, dict) and output.get("type") == "object":
-        definition["outputSchema"] = clean_schema(output)
+        definition["outputSchema"] = clean_schema(output, keep_dialect=True)
     elif output is not None and notes is not None:
         # MCP's outputSchema (and structuredContent) must be an object; the result still
         # travels as JSON text.
@@ -143,22 +144,22 @@ def plain_object_schema(tool: Tool, notes: list[ExportNote]) -> dict[str, Any]:
     return schema
 
 
-def clean_schema(schema: Any) -> Any:
-    """A copy of ``schema`` without ``$schema`` and the runner's own ``x-`` keywords
-    (``x-sensitive``), at every level; subschemas are walked by keyword, so a property
-    that happens to be named ``x-foo`` stays."""
+def clean_schema(schema: Any, *, keep_dialect: bool = False) -> Any:
+    """A copy of ``schema`` without the runner's own ``x-`` keywords (``x-sensitive``) and,
+    unless ``keep_dialect``, without ``$schema``, at every level; subschemas are walked by
+    keyword, so a property that happens to be named ``x-foo`` stays."""
     if not isinstance(schema, dict):
         return copy.deepcopy(schema)
     out: dict[str, Any] = {}
     for key, value in schema.items():
-        if key == "$schema" or key.startswith("x-"):
+        if (key == "$schema" and not keep_dialect) or key.startswith("x-"):
             continue
         if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: clean_schema(sub) for name, sub in value.items()}
+            out[key] = {name: clean_schema(sub, keep_dialect=keep_dialect) for name, sub in value.items()}
         elif (key in _SUBSCHEMA_LISTS or key == "items") and isinstance(value, list):
-            out[key] = [clean_schema(sub) for sub in value]
+            out[key] = [clean_schema(sub, keep_dialect=keep_dialect) for sub in value]
         elif key in _SUBSCHEMA_ONE:
-            out[key] = clean_schema(value)
+            out[key] = clean_schema(value, keep_dialect=keep_dialect)
         else:
             out[key] = copy.deepcopy(value)
     return out

@@ -45,7 +45,7 @@ limits:
 _PYTHON_MAIN = '''\
 """{name}: reads {{"params", "context"}} on stdin, prints one JSON result."""
 
-from runner_tool import ToolError, run
+from runner_tool import ToolError, log, progress, run, text
 
 
 def main(params, context):
@@ -53,6 +53,12 @@ def main(params, context):
     if not name:
         # A failure on purpose: {{"error": {{...}}}} on stdout, exit status 1.
         raise ToolError("name is blank", code="BLANK_NAME", details={{"given": params["name"]}})
+    # Events reach the caller while the tool runs: progress, log lines (MCP levels) and
+    # content blocks attached to the answer (text, image, audio, resource).
+    progress(0, 1, "greeting")
+    log("info", {{"greeting": name}})
+    text(f"Hello, {{name}}!")
+    progress(1, 1)
     return {{"greeting": f"Hello, {{name}}!", "attempt": context.get("attempt", 1)}}
 
 

@@ -16,10 +16,9 @@ from typing import Any
 
 from sandboxes._exchange import StdoutSink
 from sandboxes._exec_status import new_token, token_line
-from sandboxes._streams import TailBuffer
 from sandboxes.docker._cgroup import ContainerCgroup
 from sandboxes.docker._frames import STDOUT, FrameDecoder
-from sandboxes.docker._trailer import TrailerReader, both_said
+from sandboxes.docker._trailer import Sink, TrailerReader, both_said
 from sandboxes.view import READ_CHUNK
 
 # After a dialogue's end and the kill, the stream ends as soon as the daemon has copied
@@ -50,7 +49,7 @@ async def read_frames(
     raw: socket.socket,
     decoder: FrameDecoder,
     stdout: StdoutSink,
-    stderr: TailBuffer,
+    stderr: Sink,
     gate_token: str = "",
     stop_at_trailer: bool = True,
 ) -> int | None:
@@ -91,7 +90,7 @@ class _Discarded:
         pass
 
 
-async def drain(attached: Attached, stderr: TailBuffer) -> None:
+async def drain(attached: Attached, stderr: Sink) -> None:
     """Read a killed container's stream to its end, for the rest of its stderr; at most
     ``STDERR_DRAIN_S``, and a lost connection only ends it sooner."""
     with contextlib.suppress(OSError, TimeoutError):

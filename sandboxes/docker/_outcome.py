@@ -8,15 +8,15 @@ from typing import Any
 
 from sandboxes._exec_status import exec_failure
 from sandboxes._kernel import signal_from_init_status
-from sandboxes._streams import TailBuffer
 from sandboxes.base import SandboxOutcome, StopReason
+from sandboxes.events import StderrSplitter
 
 
 def outcome(
     state: dict[str, Any],
     reason: StopReason | None,
     stdout: bytes,
-    stderr: TailBuffer,
+    stderr: StderrSplitter,
     token: str,
     duration_ms: float,
     zero_fails: bool = False,

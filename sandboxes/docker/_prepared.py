@@ -31,7 +31,7 @@ from sandboxes._netns_sockets import SandboxSockets
 from sandboxes._prepared import OneRun, Stage
 from sandboxes._priming import PrimingPipe
 from sandboxes._socket_memory import tcp_budget
-from sandboxes._streams import OutputOverflow, TailBuffer
+from sandboxes._streams import OutputOverflow
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import (
     EgressEndpoint,
@@ -48,7 +48,7 @@ from sandboxes.docker._container import remove_container
 from sandboxes.docker._egress import listener_in
 from sandboxes.docker._outcome import outcome
 from sandboxes.docker._prime import SocketPipe
-from sandboxes.view import STDERR_TAIL_BYTES
+from sandboxes.events import StderrSplitter
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -108,7 +108,7 @@ class PreparedContainer(OneRun):
             SandboxUnavailable: the daemon failed, or the connection to it was lost.
         """
         started = time.monotonic()
-        stderr = self._opened.stderr if self._opened is not None else TailBuffer(STDERR_TAIL_BYTES)
+        stderr = exchange.stderr
         attached, self._waiting = self._waiting, None
         if begun_at is not Stage.PREPARED and attached is None:
             raise SandboxUnavailable("the container was removed before its run")
@@ -262,7 +262,7 @@ class PreparedContainer(OneRun):
         return cgroup
 
     async def _attend(
-        self, attached: Attached, exchange: Exchange, preamble: bytes, stderr: TailBuffer
+        self, attached: Attached, exchange: Exchange, preamble: bytes, stderr: StderrSplitter
     ) -> StopReason | _End:
         """Exchange with the tool until its output ends (``_OUTPUT_ENDED``), the exchange
         ends the run (``_FINISHED``), the container as a whole breaks a limit, the output
@@ -326,7 +326,7 @@ class PreparedContainer(OneRun):
         return outcome
 
     async def _exchange(
-        self, attached: Attached, exchange: Exchange, preamble: bytes, stderr: TailBuffer
+        self, attached: Attached, exchange: Exchange, preamble: bytes, stderr: StderrSplitter
     ) -> _End:
         """Let ``exchange`` speak while the frames are read: ``_OUTPUT_ENDED`` at the end of
         the output (the container exited), ``_FINISHED`` when the exchange ends the run.

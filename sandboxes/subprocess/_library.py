@@ -6,6 +6,10 @@ user) could not reach it. The backend copies it once into its state folder, read
 all and writable only by the runner, and binds (or, degraded, points ``PYTHONPATH`` at)
 that copy.
 
+Each version of the helper has a folder of its own under ``target`` (named by a hash of
+its files): runners of different versions on one host share the state folder, and one
+must never replace the helper another's sandboxes import.
+
 The copy carries its bytecode: the sandbox cannot write a ``__pycache__`` into a read-only
 mount, and compiling the helper on every call would cost each call milliseconds. The
 bytecode is checked against the source's hash, so a stale one is never used.
@@ -13,6 +17,7 @@ bytecode is checked against the source's hash, so a stale one is never used.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import py_compile
@@ -22,15 +27,23 @@ from sandboxes.view import LIBRARY_SOURCE
 
 
 def publish_library(target: Path) -> Path:
-    """Copy the helper's files into ``target`` (made if need be) and return it.
+    """Copy the helper's files into this version's folder under ``target`` (made if need
+    be) and return that folder.
 
     Raises:
         OSError: the state folder cannot be written.
         py_compile.PyCompileError: the helper does not compile (a broken installation).
     """
+    sources = sorted(LIBRARY_SOURCE.glob("*.py"))
+    digest = hashlib.sha256()
+    for source in sources:
+        digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
     target.mkdir(parents=True, exist_ok=True)
     target.chmod(0o755)
-    for source in sorted(LIBRARY_SOURCE.glob("*.py")):
+    target = target / digest.hexdigest()[:16]
+    target.mkdir(exist_ok=True)
+    target.chmod(0o755)
+    for source in sources:
         text = source.read_bytes()
         path = target / source.name
         bytecode = Path(importlib.util.cache_from_source(str(path)))

@@ -254,7 +254,6 @@ class PreparedSubprocess(OneRun):
                 self._limits.timeout_ms / 1000,
                 self._kill_now,
                 self._breached if self._cgroup else None,
-                self._opened.stderr if self._opened is not None else None,
             )
         finally:
             tool_started = self._started_read is not None and shim_started(self._started_read)

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sandboxes._exchange import Exchange, StdoutSink
-from sandboxes._streams import OutputOverflow, TailBuffer
+from sandboxes._streams import OutputOverflow
 from sandboxes.cancellation import finish_shielded
-from sandboxes.view import READ_CHUNK, STDERR_TAIL_BYTES
+from sandboxes.events import StderrSplitter
+from sandboxes.view import READ_CHUNK
 
 # How often the limits of the whole tool (CPU time, OOM kills, over all its processes)
 # are checked: 50 ms after the start, then twice as long each time up to 0.2 s. Each look
@@ -89,7 +90,7 @@ class _WriterStdin:
                 self._writer.close()
 
 
-async def _read_all(stream: asyncio.StreamReader | None, sink: TailBuffer) -> None:
+async def _read_all(stream: asyncio.StreamReader | None, sink: StderrSplitter) -> None:
     if stream is None:
         return
     while chunk := await stream.read(READ_CHUNK):
@@ -116,11 +117,10 @@ async def drive(
     timeout_s: float,
     kill_all: Callable[[], None],
     breached: Callable[[], Ending | None] | None = None,
-    stderr: TailBuffer | None = None,
 ) -> ProcessResult:
     """Run ``proc`` to its end under the limits, ``exchange`` speaking with it (after
-    ``preamble``); everything it started is dead on return. ``stderr``: the tail so far
-    (of a primed tool), else a new one.
+    ``preamble``); everything it started is dead on return. stderr goes to the
+    exchange's ``stderr`` (its events handed on as they come).
 
     However it ends (cancellation included) the tool is killed and, shielded from
     further cancellation, reaped and its pipes drained before this returns or raises.
@@ -128,7 +128,7 @@ async def drive(
     Raises:
         asyncio.CancelledError: the caller was cancelled; the tool is dead by then.
     """
-    stderr = stderr if stderr is not None else TailBuffer(STDERR_TAIL_BYTES)
+    stderr = exchange.stderr
     try:
         async with asyncio.TaskGroup() as tasks:
             speaker = tasks.create_task(exchange.speak(_WriterStdin(proc.stdin), preamble))

@@ -21,6 +21,15 @@ backend without a copy in the tool's folder. A tool is then a function::
 every try: its last traceback line becomes the error message (not retried), and that line
 with where it was raised goes to stderr; exit 1.
 
+While it runs, a tool may tell more than its result (each call writes one event line on
+stderr, which the runner takes out of the stderr text): ``progress(done, total=None,
+message=None)``; ``log(level, data)`` at an MCP level (``debug`` ... ``emergency``); and
+content blocks attached to the answer, after the result: ``text(str)``, ``image(bytes,
+mime_type)``, ``audio(bytes, mime_type)``, ``resource(uri, *, text=None, blob=None,
+mime_type=None)``. Images are ``image/png``, ``image/jpeg``, ``image/gif`` or
+``image/webp``; audio ``audio/wav``, ``audio/mpeg``, ``audio/ogg`` or ``audio/webm``.
+Events count toward the tool's ``max_output_bytes``; what does not fit is dropped.
+
 ``run(main, fast_exit=True)`` ends the process, once the answer is out, without Python's
 own shutdown (tearing down every module and object: 2-3 ms, a third of a warm call), when
 that shutdown has nothing left to do that the helper can see: no thread but the main one
@@ -45,9 +54,22 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["ToolError", "run", "workspace_path"]
+__all__ = [
+    "ToolError",
+    "audio",
+    "image",
+    "log",
+    "progress",
+    "resource",
+    "run",
+    "text",
+    "workspace_path",
+]
 
 EXIT_OK, EXIT_FAILED = 0, 1
+EVENT_MARK = "\x1e"  # U+001E: the line is an event, not stderr text
+MEDIA_PIECE = 3 * 64 * 1024  # a multiple of 3: the pieces' base64 joins up without padding
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 
 def _identity(fd: int) -> tuple[int, int] | None:
@@ -111,6 +133,92 @@ def workspace_path(relative: str) -> Path:
     if Path(relative).is_absolute() or not target.is_relative_to(root) or target == root:
         raise ToolError(f"path {relative!r} is outside the workspace", code="OUTSIDE_WORKSPACE")
     return target
+
+
+def _event(event: dict[str, Any]) -> None:
+    line = json.dumps(event, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    sys.stderr.write(f"{EVENT_MARK}{line}\n")
+    sys.stderr.flush()
+
+
+def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+    """Report progress: ``done`` (of ``total``, when known), with an optional message.
+
+    Raises:
+        ValueError: a number is not finite.
+    """
+    event: dict[str, Any] = {"progress": done}
+    if total is not None:
+        event["total"] = total
+    if message is not None:
+        event["message"] = message
+    _event(event)
+
+
+def log(level: str, data: Any) -> None:
+    """A log message (any JSON value) at an MCP level, ``debug`` to ``emergency``.
+
+    Raises:
+        ValueError: an unknown level, or ``data`` is not JSON.
+    """
+    if level not in LOG_LEVELS:
+        raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}")
+    _event({"log": level, "data": data})
+
+
+def text(value: str) -> None:
+    """Attach a text block to the answer."""
+    _event({"content": {"type": "text", "text": value}})
+
+
+def _base64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode("ascii")
+
+
+def _media(kind: str, data: bytes, mime_type: str) -> None:
+    """An image or audio block, its base64 written piece by piece: a large one is never
+    held twice over in the tool's memory."""
+    import base64
+
+    head = json.dumps({"type": kind, "mimeType": mime_type}, ensure_ascii=False)[:-1]
+    sys.stderr.write(f'{EVENT_MARK}{{"content":{head},"data":"')
+    view = memoryview(data)
+    for start in range(0, len(view), MEDIA_PIECE):
+        sys.stderr.write(base64.b64encode(view[start : start + MEDIA_PIECE]).decode("ascii"))
+    sys.stderr.write('"}}\n')
+    sys.stderr.flush()
+
+
+def image(data: bytes, mime_type: str) -> None:
+    """Attach an image (``image/png``, ``image/jpeg``, ``image/gif``, ``image/webp``)."""
+    _media("image", data, mime_type)
+
+
+def audio(data: bytes, mime_type: str) -> None:
+    """Attach audio (``audio/wav``, ``audio/mpeg``, ``audio/ogg``, ``audio/webm``)."""
+    _media("audio", data, mime_type)
+
+
+def resource(
+    uri: str, *, text: str | None = None, blob: bytes | None = None, mime_type: str | None = None
+) -> None:
+    """Attach a resource: its ``uri`` and either its ``text`` or its bytes (``blob``).
+
+    Raises:
+        ValueError: neither or both of ``text`` and ``blob``.
+    """
+    if (text is None) == (blob is None):
+        raise ValueError("a resource has either text or blob")
+    body: dict[str, Any] = {"uri": uri}
+    if mime_type is not None:
+        body["mimeType"] = mime_type
+    if text is not None:
+        body["text"] = text
+    elif blob is not None:
+        body["blob"] = _base64(blob)
+    _event({"content": {"type": "resource", "resource": body}})
 
 
 def _fail(message: str) -> NoReturn:

@@ -106,6 +106,9 @@ def test_mcp_definitions_are_mcp_tools_with_annotations_and_object_output_schema
     assert "outputSchema" not in tools["union"]  # a number: not expressible as outputSchema
     assert tools["dotted.name"]["annotations"] == {"destructiveHint": True}
     assert "oneOf" in tools["union"]["inputSchema"]  # MCP takes the whole schema
+    # JSON Schema 2020-12 as written, its dialect included; the runner's own keyword goes.
+    assert tools["union"]["inputSchema"]["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert "x-sensitive" not in json.dumps(tools["union"]["inputSchema"])
 
 
 def test_what_a_format_cannot_express_is_left_out_and_reported(tools_bench: ToolBench) -> None:

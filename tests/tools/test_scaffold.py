@@ -57,6 +57,7 @@ def test_new_python_tool_validates_and_answers_its_sample_params(project: Path) 
     assert done.returncode == 0, done.stdout + done.stderr
     answer = answer_of(done)
     assert answer["result"] == {"greeting": "Hello, world!", "attempt": 1}
+    assert answer["content"] == [{"type": "text", "text": "Hello, world!"}]  # its event, shown
 
 
 def test_new_sh_tool_needs_nothing_but_the_contract(project: Path) -> None:

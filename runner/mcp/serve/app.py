@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -26,8 +27,9 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
-from mcp.shared.exceptions import MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import TypeAdapter
 
 from runner.api import Runner
 from runner.audit.log import AUDIT_CLIENT
@@ -40,6 +42,7 @@ from runner.mcp.hosted.dialogue import CALL_PROGRESS
 from runner.mcp.serve.approval import ask_first, client_approver, state_boundary
 from runner.mcp.serve.call_sessions import McpSessions, mcp_session_id
 from runner.mcp.serve.disconnect import cancel_when_gone
+from runner.mcp.serve.events import EventRelay, LogLevels
 from runner.telemetry.labels import role_label
 from runner.telemetry.tracing import TRACEPARENT, TRACESTATE
 from runner.tools.definitions import mcp_definition
@@ -51,9 +54,6 @@ REQUEST_ID_META = "dev.runner/requestId"
 ERROR_META = "dev.runner/error"
 DURATION_META = "dev.runner/durationMs"  # the runner's own time for the call (the answer's duration)
 TRACE_ID_META = "dev.runner/traceId"  # the answer's traceId: the call's W3C trace id
-# A call that runs longer than this gets progress notifications (when the client sent a
-# progressToken), one per interval: the client sees that it is alive.
-PROGRESS_INTERVAL_S = 1.0
 # JSON-RPC error (implementation-defined range) for a call that arrives while the server drains.
 SHUTTING_DOWN = -32001
 
@@ -90,6 +90,7 @@ class ToolService:
         self._listen = ListenHandler(self._bus)
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         self.sessions = McpSessions(runner)  # each MCP session's runner session
+        self._log_levels = LogLevels()
 
     def server(self) -> Server[Any]:
         """The SDK's low-level server with this service's handlers."""
@@ -99,13 +100,17 @@ class ToolService:
             ours = version("sandboxed-tool-runner")
         except PackageNotFoundError:
             ours = ""
-        server: Server[Any] = Server(
-            SERVER_NAME,
-            version=ours,
-            on_list_tools=self.list_tools,
-            on_call_tool=self.call_tool,
-            on_subscriptions_listen=self._listen,
-        )
+        with warnings.catch_warnings():
+            # Logging is deprecated by the 2026-07-28 protocol; clients before it use it.
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            server: Server[Any] = Server(
+                SERVER_NAME,
+                version=ours,
+                on_list_tools=self.list_tools,
+                on_call_tool=self.call_tool,
+                on_subscriptions_listen=self._listen,
+                on_set_logging_level=self._log_levels.set_level,
+            )
         server.middleware.append(state_boundary(SERVER_NAME))  # approvals asked of 2026-07-28 clients
         return server
 
@@ -151,15 +156,17 @@ class ToolService:
         client_token = AUDIT_CLIENT.set(caller.client)
         approver_token = CALL_APPROVER.set(client_approver(ctx, caller.client or "stdio", params))
         progress_token = CALL_PROGRESS.set(ctx.session.report_progress if hosted and wants_progress else None)
+        relay = EventRelay(ctx, params.name, wants_progress and not hosted, self._log_levels)
         answer: dict[str, Any] | None = None
         session = self.sessions.session_for(caller.client, mcp_session_id(ctx))
         try:
             with self._counted(), session.calls() if session else no_session() as note:
                 async with anyio.create_task_group() as tasks:
-                    if wants_progress and not hosted:
-                        tasks.start_soon(_tick_progress, ctx, params.name)
+                    tasks.start_soon(relay.heartbeat)
+                    tasks.start_soon(relay.pump)
                     tasks.start_soon(cancel_when_gone, ctx.request, tasks.cancel_scope)
-                    answer = await self._run(request, tool)
+                    answer = await self._run(request, tool, relay)
+                    await relay.finish()
                     tasks.cancel_scope.cancel()
             if note.restarted and answer is not None:
                 answer = restarted_wire(answer)
@@ -190,11 +197,13 @@ class ToolService:
             with self._counted():
                 if not isinstance(request.get("options", {}), dict):
                     tool = None  # refused by the runner at once: no slot needed
-                return await self._run(request, tool)
+                return await self._run(request, tool, None)
         finally:
             AUDIT_CLIENT.reset(client_token)
 
-    async def _run(self, request: dict[str, Any], tool: Tool | None) -> dict[str, Any]:
+    async def _run(
+        self, request: dict[str, Any], tool: Tool | None, relay: EventRelay | None
+    ) -> dict[str, Any]:
         """Run the call once a slot is free; waiting counts against the call's deadline."""
         if tool is None:  # refused at once (TOOL_NOT_FOUND): no sandbox, no slot needed
             return await self.runner.ahandle(request)
@@ -214,7 +223,7 @@ class ToolService:
                 if isinstance(given, int) and not isinstance(given, bool):
                     left = max(1, given - waited_ms)  # the caller's own deadline, less the wait
                 request["options"] = {**options, "deadline": left}
-            return await self.runner.ahandle(request)
+            return await self.runner.ahandle(request, relay.heard if relay is not None else None)
         finally:
             self._slots.release()
 
@@ -295,14 +304,6 @@ def _raw_meta(ctx: ServerRequestContext[Any, Any]) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-async def _tick_progress(ctx: ServerRequestContext[Any, Any], tool_name: str) -> None:
-    started = time.monotonic()
-    while True:
-        await anyio.sleep(PROGRESS_INTERVAL_S)
-        elapsed = round(time.monotonic() - started, 1)
-        await ctx.session.report_progress(elapsed, None, f"{tool_name} running for {elapsed:g} s")
-
-
 def _to_result(answer: dict[str, Any], tool: Tool | None) -> types.CallToolResult:
     meta: dict[str, Any] = {
         REQUEST_ID_META: answer["metadata"].get("requestId"),
@@ -320,9 +321,13 @@ def _to_result(answer: dict[str, Any], tool: Tool | None) -> types.CallToolResul
     structured = None
     if tool is not None and isinstance(result, dict) and _has_object_output(tool):
         structured = result
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=text)], structured_content=structured, _meta=meta
-    )
+    # The tool's content blocks follow the result's text.
+    blocks = _BLOCKS.validate_python(answer.get("content", []))
+    content = [types.TextContent(type="text", text=text), *blocks]
+    return types.CallToolResult(content=content, structured_content=structured, _meta=meta)
+
+
+_BLOCKS: TypeAdapter[list[types.ContentBlock]] = TypeAdapter(list[types.ContentBlock])
 
 
 def _has_object_output(tool: Tool) -> bool:

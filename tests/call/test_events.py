@@ -1,0 +1,129 @@
+"""The runner's reading of a tool's event lines (``runner.call.events``): every kind of
+event, each bound, the scrub; what is dropped is counted, never a failure."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+
+from runner.call.events import MAX_EVENTS, ToolEvents
+from runner.schema.redaction import NO_SECRETS, Scrubber
+
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\nfake").decode()
+
+
+def line(event: object) -> bytes:
+    return json.dumps(event).encode()
+
+
+def read(*events: object, scrubber: Scrubber = NO_SECRETS) -> tuple[list[dict[str, Any]], ToolEvents]:
+    heard: list[dict[str, Any]] = []
+    sink = ToolEvents(scrubber, heard.append)
+    for event in events:
+        sink.event(event if isinstance(event, bytes) else line(event))
+    return heard, sink
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"progress": 40, "total": 100, "message": "reading"},
+        {"progress": 0.5},
+        {"log": "info", "data": {"rows": 3}},
+        {"log": "emergency", "data": "disk full", "logger": "io"},
+        {"content": {"type": "text", "text": "hello"}},
+        {"content": {"type": "image", "mimeType": "image/png", "data": PNG}},
+        {"content": {"type": "audio", "mimeType": "audio/wav", "data": PNG}},
+        {"content": {"type": "resource", "resource": {"uri": "file:///a.txt", "mimeType": "text/plain", "text": "a"}}},
+        {"content": {"type": "resource", "resource": {"uri": "data:x", "blob": PNG}}},
+    ],
+)
+def test_each_kind_of_event_is_handed_on_as_written(event: dict[str, Any]) -> None:
+    heard, sink = read(event)
+    assert heard == [event]
+    assert sink.ignored_count == 0
+    assert sink.content == ([event["content"]] if "content" in event else [])
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        b"not json",
+        b"[1, 2]",
+        line({"unknown": 1}),
+        line({"progress": 1, "log": "info"}),  # two kinds at once
+        b'{"progress": NaN}',
+        b'{"progress": 1e999}',
+        b'{"log": "info", "data": Infinity}',
+        line({"progress": -1}),
+        line({"progress": True}),
+        line({"progress": 1, "total": 0}),
+        line({"progress": 1, "message": 5}),
+        line({"log": "loud", "data": "x"}),
+        line({"content": {"type": "video", "data": PNG}}),
+        line({"content": {"type": "image", "mimeType": "image/svg+xml", "data": PNG}}),
+        line({"content": {"type": "audio", "mimeType": "audio/flac", "data": PNG}}),
+        line({"content": {"type": "image", "mimeType": "image/png", "data": "not base64!"}}),
+        line({"content": {"type": "text", "text": 5}}),
+        line({"content": {"type": "resource", "resource": {"uri": "x", "text": "a", "blob": PNG}}}),
+        line({"content": {"type": "resource", "resource": {"text": "a"}}}),
+        b"\xff\xfe",
+    ],
+)
+def test_a_malformed_unknown_or_non_finite_event_is_dropped_and_counted(record: bytes) -> None:
+    heard, sink = read(record)
+    assert heard == []
+    assert sink.content == []
+    assert sink.ignored_count == 1
+
+
+def test_past_a_thousand_events_the_rest_are_dropped_and_counted() -> None:
+    heard, sink = read(*({"log": "debug", "data": n} for n in range(MAX_EVENTS + 50)))
+    assert len(heard) == MAX_EVENTS
+    assert sink.ignored_count == 50
+
+
+def test_progress_never_goes_past_its_total_nor_back() -> None:
+    heard, sink = read(
+        {"progress": 50, "total": 100},
+        {"progress": 250, "total": 100},  # forged: past 100 %
+        {"progress": 400, "total": 100},  # no further than the whole: not forward
+        {"progress": 20, "total": 100},  # backwards
+    )
+    assert heard == [{"progress": 50, "total": 100}, {"progress": 100, "total": 100}]
+    assert sink.ignored_count == 2
+
+
+def test_secrets_are_scrubbed_from_every_text_log_and_message() -> None:
+    secret = "hunter2-secret"
+    scrubber = Scrubber.of([secret])
+    heard, sink = read(
+        {"log": "info", "data": {"note": f"token={secret}", secret: [secret]}},
+        {"log": "info", "data": secret, "logger": secret},
+        {"progress": 1, "message": f"using {secret}"},
+        {"content": {"type": "text", "text": f"the key is {secret}"}},
+        {"content": {"type": "resource", "resource": {"uri": f"file:///{secret}", "text": secret}}},
+        scrubber=scrubber,
+    )
+    assert len(heard) == 5
+    assert secret not in json.dumps(heard)
+    assert secret not in json.dumps(sink.content)
+    assert heard[0] == {"log": "info", "data": {"note": "token=***", "***": ["***"]}}
+
+
+def test_unknown_keys_of_a_block_are_left_out() -> None:
+    heard, _ = read({"content": {"type": "text", "text": "a", "_meta": {"x": 1}}})
+    assert heard == [{"content": {"type": "text", "text": "a"}}]
+
+
+def test_a_listener_that_raises_does_not_stop_the_events() -> None:
+    def broken(event: dict[str, Any]) -> None:
+        raise RuntimeError("listener bug")
+
+    sink = ToolEvents(NO_SECRETS, broken)
+    sink.event(line({"content": {"type": "text", "text": "kept"}}))
+    assert sink.content == [{"type": "text", "text": "kept"}]
+    assert sink.ignored_count == 0

@@ -1,0 +1,123 @@
+"""A tool's events through ``runner serve --stdio`` to the official MCP client: its
+blocks after the result's text, its own progress instead of the heartbeat, its logs as
+``notifications/message`` from the level the client set; schemas as written."""
+
+from __future__ import annotations
+
+import base64
+import json
+import warnings
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from conftest import ToolBench
+from mcp import Client
+from mcp.shared.exceptions import MCPDeprecationWarning
+from support.mcp_harness import stdio_server
+
+pytestmark = pytest.mark.anyio
+
+RICH = """
+import time
+import runner_tool as rt
+
+def main(params, context):
+    rt.progress(0, 2, "starting")
+    rt.log("debug", "fine detail")
+    rt.log("warning", {"disk": "low"})
+    rt.text("see the picture")
+    rt.image(b"PNGDATA", "image/png")
+    rt.resource("file:///report.txt", text="report", mime_type="text/plain")
+    time.sleep(params.get("seconds", 0))
+    rt.progress(2, 2, "done")
+    return {"ok": True}
+
+rt.run(main)
+"""
+SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "$defs": {"name": {"type": "string", "minLength": 1}},
+    "properties": {"who": {"$ref": "#/$defs/name"}, "seconds": {"type": "number"}},
+}
+
+
+async def settled(heard: list[Any], count: int) -> None:
+    """The client hands notifications to its callback apart from the result: wait for
+    ``count`` of them (bounded), and a moment for any more."""
+    with anyio.move_on_after(5):
+        while len(heard) < count:
+            await anyio.sleep(0.02)
+    await anyio.sleep(0.2)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def rich_bench(bench: ToolBench) -> ToolBench:
+    bench.tool("rich", RICH, parameters=SCHEMA, limits={"timeout_ms": 20000})
+    return bench
+
+
+async def test_the_tools_blocks_follow_the_result_text(rich_bench: ToolBench) -> None:
+    async with Client(stdio_server(rich_bench), mode="legacy") as client:
+        result = await client.call_tool("rich", {})
+    assert not result.is_error
+    first, text, image, resource = result.content
+    assert isinstance(first, types.TextContent) and json.loads(first.text) == {"ok": True}
+    assert isinstance(text, types.TextContent) and text.text == "see the picture"
+    assert isinstance(image, types.ImageContent) and image.mime_type == "image/png"
+    assert base64.b64decode(image.data) == b"PNGDATA"
+    assert isinstance(resource, types.EmbeddedResource)
+    assert isinstance(resource.resource, types.TextResourceContents)
+    assert resource.resource.text == "report"
+
+
+async def test_the_tools_own_progress_replaces_the_heartbeat(rich_bench: ToolBench) -> None:
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    async with Client(stdio_server(rich_bench), mode="legacy") as client:
+        result = await client.call_tool("rich", {"seconds": 2.2}, progress_callback=progress)
+    assert not result.is_error, result.content
+    # The heartbeat may come while the sandbox starts; from the tool's first progress on,
+    # over two seconds of its sleep, only the tool's own (its 0 may be below a heartbeat
+    # already sent: progress only goes forward).
+    ours = [index for index, (_, total, _) in enumerate(seen) if total == 2]
+    assert seen[-1] == (2, 2, "done")
+    assert all(total == 2 for _, total, _ in seen[ours[0] :])
+    assert [done for done, _, _ in seen] == sorted(done for done, _, _ in seen)
+
+
+async def test_logs_go_out_from_the_level_the_client_set(rich_bench: ToolBench) -> None:
+    heard: list[tuple[str, Any]] = []
+
+    async def logged(params: types.LoggingMessageNotificationParams) -> None:
+        heard.append((params.level, params.data))
+
+    async with Client(stdio_server(rich_bench), mode="legacy", logging_callback=logged) as client:
+        capabilities = client.server_capabilities
+        assert capabilities is not None and capabilities.logging is not None
+        await client.call_tool("rich", {})
+        await settled(heard, 2)
+        assert heard == [("debug", "fine detail"), ("warning", {"disk": "low"})]
+        heard.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            await client.set_logging_level("info")
+        await client.call_tool("rich", {})
+        await settled(heard, 1)
+    assert heard == [("warning", {"disk": "low"})]
+
+
+async def test_tools_list_keeps_the_schema_as_written(rich_bench: ToolBench) -> None:
+    async with Client(stdio_server(rich_bench), mode="legacy") as client:
+        [tool] = (await client.list_tools()).tools
+    assert tool.input_schema == SCHEMA

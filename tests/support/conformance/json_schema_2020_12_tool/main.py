@@ -1,0 +1,18 @@
+"""json_schema_2020_12_tool: a tool of the MCP conformance suite's, written with the helper."""
+
+import base64
+
+import runner_tool as rt
+
+# A 1x1 red PNG, and a WAV of one silent sample.
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+)
+WAV = base64.b64decode("UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAIA+AAACABAAZGF0YQIAAAAAAA==")
+
+
+def main(params, context):
+    return {'name': params.get('name')}
+
+
+rt.run(main)

@@ -1,0 +1,19 @@
+"""test_image_content: a tool of the MCP conformance suite's, written with the helper."""
+
+import base64
+
+import runner_tool as rt
+
+# A 1x1 red PNG, and a WAV of one silent sample.
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+)
+WAV = base64.b64decode("UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAIA+AAACABAAZGF0YQIAAAAAAA==")
+
+
+def main(params, context):
+    rt.image(PNG, 'image/png')
+    return {'image': 'attached'}
+
+
+rt.run(main)

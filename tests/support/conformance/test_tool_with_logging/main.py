@@ -1,0 +1,22 @@
+"""test_tool_with_logging: a tool of the MCP conformance suite's, written with the helper."""
+
+import base64
+import time
+
+import runner_tool as rt
+
+# A 1x1 red PNG, and a WAV of one silent sample.
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+)
+WAV = base64.b64decode("UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAIA+AAACABAAZGF0YQIAAAAAAA==")
+
+
+def main(params, context):
+    for message in ('Tool execution started', 'Tool processing data', 'Tool execution completed'):
+        rt.log('info', message)
+        time.sleep(0.05)
+    return 'logged'
+
+
+rt.run(main)
