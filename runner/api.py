@@ -313,17 +313,17 @@ class Runner:
         with self._lock:
             self.policy, self.registry = policy, registry
 
-    def tool_definitions(self, format: str, role: str | None = None) -> list[dict[str, Any]]:
-        """The tools ``role`` may call as definitions for an agent: ``openai``, ``anthropic``
-        or ``mcp`` (``runner.tools.definitions`` says what each format leaves out).
+    def tool_definitions(self, format: str, role: str | None = None, *, strict: bool = False) -> list[Any]:
+        """The tools ``role`` may call as definitions for an agent: ``openai``, ``openai-responses``,
+        ``anthropic`` or ``mcp``; ``strict``: for OpenAI's strict mode (``runner.tools.definitions``).
 
         Raises:
-            ValueError: ``format`` is not one of those.
+            ValueError: an unknown ``format``, or ``strict`` with anthropic or mcp.
             CallError: PERMISSION_DENIED when the role is unknown or missing.
         """
         from runner.tools.definitions import definitions
 
-        return definitions(self.callable_tools(role), format).tools
+        return definitions(self.callable_tools(role), format, strict=strict).tools
 
     def callable_tools(self, role: str | None) -> list[Tool]:
         """The registered tools ``role`` (default: the policy's) may call, by name.

@@ -136,6 +136,7 @@ class CallGuard:
                 problem=None,
                 expired=True,
                 scrubber=Scrubber.of(static),
+                params=params,
                 audit_params=redact_nodes(params, frozenset(id(node) for node in static)),
             )
 
@@ -204,7 +205,7 @@ class CallGuard:
                 report = self._reporter(tool, ctx)
                 async with call_egress(tool, policy, spec, report) as spec:
                     execution = await self._executor.execute(
-                        tool, plan, sandbox, spec, request.params, ctx, deadline_at, progress
+                        tool, plan, sandbox, spec, check.params, ctx, deadline_at, progress
                     )
                 ticket.record(tool_verdict(execution.error))
                 return execution
