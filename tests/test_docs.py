@@ -166,7 +166,7 @@ def test_nothing_a_user_reads_points_at_a_document_they_do_not_have() -> None:
 
 
 EXAMPLES = sorted((CHECKOUT / "docs" / "examples").glob("*.py"))
-PRINTS = re.compile(r"^print\(.*\)\s*# => (.+)$", re.MULTILINE)
+PRINTS = re.compile(r"^\s*print\(.*\)\s*# => (.+)$", re.MULTILINE)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
