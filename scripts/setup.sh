@@ -50,6 +50,15 @@ python3 -m pip install -q --disable-pip-version-check "${wheel[0]}[dev,ray]" 2>&
 python3 -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "${wheel[0]}" 2>&1 | quiet
 (cd / && python3 -c 'import runner, sandboxes.subprocess, sandboxes.docker; runner.examples_dir()')
 
+# langchain-mcp-adapters needs the mcp SDK 1.x, the runner the 2.x: its tests run it as a
+# client of runner serve from an environment of its own.
+langchain=/opt/runner-langchain
+if ! "$langchain/bin/python" -c 'import importlib.metadata as m; assert m.version("langchain-mcp-adapters") == "0.3.2"' 2>/dev/null; then
+  log "making $langchain (langchain-mcp-adapters)"
+  python3 -m venv "$langchain"
+  "$langchain/bin/python" -m pip install -q --disable-pip-version-check "langchain-mcp-adapters==0.3.2" 2>&1 | quiet
+fi
+
 # gVisor as an OCI runtime for docker tools whose policy asks for it. The ptrace platform
 # works without KVM; --network=none because gVisor's netstack is not needed (tools get no
 # network unless allowed, and then they run under runc).
