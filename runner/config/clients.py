@@ -70,7 +70,8 @@ def client_timeout_s(largest_deadline_ms: int) -> int:
 
 
 def check_reach(url: str | None, token_env: str | None) -> None:
-    """
+    """Check the HTTP options of a set-up before anything is loaded.
+
     Raises:
         ClientConfigError: a URL without a token variable (or the reverse), a URL that is
             not http(s), or a variable name a shell cannot hold.
