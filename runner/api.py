@@ -332,11 +332,11 @@ class Runner:
         with self._lock:
             self.policy, self.registry = policy, registry
 
-    def tool_definitions(self, format: str, role: str | None = None) -> list[dict[str, Any]]:
-        """The tools ``role`` may call as definitions for an agent: ``openai``, ``anthropic``
-        or ``mcp`` (``runner.tools.definitions`` says what each format leaves out). Raises
-        ``ValueError`` for another format, ``CallError`` (PERMISSION_DENIED) for an unknown role."""
-        return tool_definitions(self.registry, self.policy, format, role)
+    def tool_definitions(self, format: str, role: str | None = None, *, strict: bool = False) -> list[Any]:
+        """The tools ``role`` may call as definitions for an agent, in a format and strictness
+        of ``runner.tools.definitions`` (which says what raises ``ValueError``); ``CallError``
+        (PERMISSION_DENIED) for an unknown role."""
+        return tool_definitions(self.registry, self.policy, format, role, strict=strict)
 
     def callable_tools(self, role: str | None) -> list[Tool]:
         """The registered tools ``role`` (default: the policy's) may call, by name (raises

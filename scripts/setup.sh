@@ -59,6 +59,15 @@ if [ ! -x "$CONFORMANCE_DIR/node_modules/.bin/conformance" ]; then
   npm install --prefix "$CONFORMANCE_DIR" --no-audit --no-fund --silent @modelcontextprotocol/conformance@0.1.8
 fi
 
+# langchain-mcp-adapters needs the mcp SDK 1.x, the runner the 2.x: its tests run it as a
+# client of runner serve from an environment of its own.
+langchain=/opt/runner-langchain
+if ! "$langchain/bin/python" -c 'import importlib.metadata as m; assert m.version("langchain-mcp-adapters") == "0.3.2"' 2>/dev/null; then
+  log "making $langchain (langchain-mcp-adapters)"
+  python3 -m venv "$langchain"
+  "$langchain/bin/python" -m pip install -q --disable-pip-version-check "langchain-mcp-adapters==0.3.2" 2>&1 | quiet
+fi
+
 # gVisor as an OCI runtime for docker tools whose policy asks for it. The ptrace platform
 # works without KVM; --network=none because gVisor's netstack is not needed (tools get no
 # network unless allowed, and then they run under runc).

@@ -163,3 +163,22 @@ def test_nothing_a_user_reads_points_at_a_document_they_do_not_have() -> None:
                     if re.search(r"\bSPEC\b|\.\./shared", line):
                         found.append(f"{path.relative_to(CHECKOUT)}:{number}: {line.strip()}")
     assert found == []
+
+
+EXAMPLES = sorted((CHECKOUT / "docs" / "examples").glob("*.py"))
+PRINTS = re.compile(r"^\s*print\(.*\)\s*# => (.+)$", re.MULTILINE)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+def test_each_example_of_the_manual_runs_offline_and_prints_what_it_says(example: Path, tmp_path: Path) -> None:
+    """The provider SDK loops run against a recorded model, in a folder made by runner init."""
+    from runner.config.starter import write_starter
+
+    write_starter(tmp_path)
+    expected = PRINTS.findall(example.read_text(encoding="utf-8"))
+    assert expected, f"{example.name} says nowhere what it prints (# => ...)"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RUNNER_")}
+    done = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == expected

@@ -46,14 +46,15 @@ def discovered(
 
 
 def tool_definitions(
-    registry: Registry, policy: Policy, format: str, role: str | None
-) -> list[dict[str, Any]]:
+    registry: Registry, policy: Policy, format: str, role: str | None, *, strict: bool = False
+) -> list[Any]:
     """The tools ``role`` may call as definitions for an agent (``runner.tools.definitions``).
 
     Raises:
-        ValueError: ``format`` is not one the definitions know.
+        ValueError: ``format`` is not one the definitions know, or ``strict`` with one that
+            has no strict mode.
         CallError: as ``callable_tools``.
     """
-    from runner.tools.definitions import definitions
+    from runner.tools.definitions import definitions  # only exports need them: not on the call path
 
-    return definitions(callable_tools(registry, policy, role), format).tools
+    return definitions(callable_tools(registry, policy, role), format, strict=strict).tools

@@ -141,6 +141,7 @@ class CallGuard:
                 problem=None,
                 expired=True,
                 scrubber=Scrubber.of(static),
+                params=params,
                 audit_params=redact_nodes(params, frozenset(id(node) for node in static)),
             )
 
@@ -218,7 +219,7 @@ class CallGuard:
                         plan,
                         sandbox,
                         spec,
-                        request.params,
+                        check.params,
                         ctx,
                         deadline_at,
                         progress,

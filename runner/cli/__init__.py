@@ -58,6 +58,7 @@ def _register_commands() -> None:
     # lists them (what a command needs beyond that, it imports when it runs).
     from runner.cli.audit import audit_group
     from runner.cli.call import exec_command
+    from runner.cli.client import client_group
     from runner.cli.host import completion_command, doctor_command, images_group, init_command
     from runner.cli.mcp import mcp_group
     from runner.cli.serve import export_command, serve_group
@@ -75,6 +76,7 @@ def _register_commands() -> None:
         audit_group,
         export_command,
         serve_group,
+        client_group,
         mcp_group,
         completion_command,
     ):

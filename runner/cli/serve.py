@@ -8,7 +8,7 @@ import click
 
 from runner.cli._common import EXIT_OK, _fail_usage, _load, _location_options, _print_json
 from runner.errors import CallError, ConfigError
-from runner.tools.definitions import FORMATS, definitions
+from runner.tools.definitions import FORMATS, STRICT_FORMATS, definitions
 
 
 @click.command("export")
@@ -18,15 +18,24 @@ from runner.tools.definitions import FORMATS, definitions
     "fmt",
     type=click.Choice(FORMATS),
     required=True,
-    help="openai (functions), anthropic (tools) or mcp (as tools/list gives them).",
+    help="openai (Chat Completions functions), openai-responses (Responses API functions), "
+    "anthropic (tools) or mcp (as tools/list gives them).",
+)
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="OpenAI formats: schemas for strict mode (optional properties required and nullable; "
+    "a null there counts as left out).",
 )
 @click.option("--role", default=None, help="Export the tools this role may call (default: default_role).")
 @click.pass_context
-def export_command(ctx: click.Context, fmt: str, role: str | None) -> None:
+def export_command(ctx: click.Context, fmt: str, strict: bool, role: str | None) -> None:
     """Tool definitions for an agent, as one JSON list; what a format cannot express goes to stderr."""
+    if strict and fmt not in STRICT_FORMATS:
+        _fail_usage(f"--strict is for --format {' and '.join(STRICT_FORMATS)}")
     runner = _load(ctx)
     try:
-        exported = definitions(runner.callable_tools(role), fmt)
+        exported = definitions(runner.callable_tools(role), fmt, strict=strict)
     except CallError as exc:
         _fail_usage(exc.message)
     for note in exported.notes:

@@ -16,6 +16,7 @@ from jsonschema.protocols import Validator
 from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource, Unresolvable
 
+from runner.schema.absent import without_absent_nulls
 from runner.schema.keywords import FORMAT_CHECKER, SafeValidator, ValidationExpired, validation_run
 from runner.schema.redaction import Scrubber, holds_marked, nodes_at, redact_nodes
 from runner.schema.suggest import did_you_mean
@@ -123,13 +124,16 @@ class ParamsCheck:
     ``problem`` is the first error (no secret in it) as ``field``, ``problem`` and
     ``validator``, plus ``errors``: every failing field as ``{"path", "message"}`` (at most
     ``MAX_ERRORS``, with ``moreErrors`` counting the rest), ``expired`` says the validation ran
-    out of time, ``scrubber`` holds the request's sensitive strings and ``audit_params``
-    are the params with every sensitive value as ``***``.
+    out of time, ``scrubber`` holds the request's sensitive strings, ``params`` are the
+    params as validated and as the tool gets them (``runner.schema.absent``: a null for an
+    optional property counts as left out) and ``audit_params`` are those with every
+    sensitive value as ``***``.
     """
 
     problem: dict[str, Any] | None
     expired: bool
     scrubber: Scrubber
+    params: dict[str, Any]
     audit_params: Any
 
 
@@ -156,12 +160,14 @@ def check_params(
     sensitive: frozenset[SensitivePath],
     budget_s: float,
 ) -> ParamsCheck:
-    """Validate ``params`` within ``budget_s`` seconds, finding their sensitive values.
+    """Validate ``params`` within ``budget_s`` seconds, finding their sensitive values; a
+    null for an optional property whose schema refuses null is left out first.
 
     Sensitive values are those the schema marks ``x-sensitive`` where validation applied
     the mark, plus those at the statically found ``sensitive`` paths (which also cover an
     ``anyOf`` branch the validation did not need to try).
     """
+    params = without_absent_nulls(validator, params)
     marked: list[object] = []
     expired = False
     errors: list[ValidationError] = []
@@ -195,6 +201,7 @@ def check_params(
         problem=scrubber.scrub(problem) if problem is not None else None,
         expired=expired,
         scrubber=scrubber,
+        params=params,
         audit_params=redact_nodes(params, marked_ids),
     )
 

@@ -1,11 +1,13 @@
-"""Tool definitions for agents: OpenAI functions, Anthropic tools, MCP tools.
+"""Tool definitions for agents: OpenAI functions (Chat Completions and Responses), Anthropic
+tools, MCP tools.
 
 A manifest's schemas are JSON Schema 2020-12; each provider accepts a part of it. What a
 provider cannot take is left out of the definition and reported as an ``ExportNote``,
 never silently: the definition is only the model's guide, the runner still checks every
 call against the manifest's full schema, so a keyword left out loosens the hint, never the
 check. A tool whose name a provider refuses is left out of that provider's definitions
-(renaming it would have the model call a name the runner does not know).
+(renaming it would have the model call a name the runner does not know). With ``strict``,
+the OpenAI formats give schemas OpenAI's strict mode accepts (``runner.tools.strict``).
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ MCP_HINTS = {
 }
 
 
-Format = Literal["openai", "anthropic", "mcp"]
+Format = Literal["openai", "openai-responses", "anthropic", "mcp"]
 FORMATS: tuple[str, ...] = get_args(Format)
+STRICT_FORMATS = ("openai", "openai-responses")  # the formats that have a strict mode
 
 # OpenAI: function names ^[a-zA-Z0-9_-]{1,64}$; Anthropic: the same pattern for tool names;
 # MCP (2025-11-25 and later): letters, digits, _ - . up to 128.
 _NAME_RULES: dict[str, re.Pattern[str]] = {
     "openai": re.compile(r"[a-zA-Z0-9_-]{1,64}"),
+    "openai-responses": re.compile(r"[a-zA-Z0-9_-]{1,64}"),
     "anthropic": re.compile(r"[a-zA-Z0-9_-]{1,64}"),
     "mcp": re.compile(r"[a-zA-Z0-9_.-]{1,128}"),
 }
@@ -79,14 +83,18 @@ class Definitions:
     notes: list[ExportNote] = field(default_factory=list)
 
 
-def definitions(tools: Iterable[Tool], fmt: str) -> Definitions:
-    """The definitions of ``tools`` in format ``fmt`` (``openai``, ``anthropic`` or ``mcp``).
+def definitions(tools: Iterable[Tool], fmt: str, *, strict: bool = False) -> Definitions:
+    """The definitions of ``tools`` in format ``fmt`` (one of ``FORMATS``); ``strict``
+    (``openai`` and ``openai-responses`` only): schemas for OpenAI's strict mode.
 
     Raises:
-        ValueError: ``fmt`` is not one of ``FORMATS``.
+        ValueError: ``fmt`` is not one of ``FORMATS``, or ``strict`` with a format that has
+            no strict mode.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if strict and fmt not in STRICT_FORMATS:
+        raise ValueError(f"strict is for the formats {' and '.join(STRICT_FORMATS)}, not {fmt}")
     out = Definitions()
     for tool in tools:
         if not _NAME_RULES[fmt].fullmatch(tool.name):
@@ -96,13 +104,39 @@ def definitions(tools: Iterable[Tool], fmt: str) -> Definitions:
             out.tools.append(mcp_definition(tool, out.notes))
             continue
         params = plain_object_schema(tool, out.notes)
-        description = tool.manifest.description
-        if fmt == "openai":
-            function = {"name": tool.name, "description": description, "parameters": params}
-            out.tools.append({"type": "function", "function": function})
-        else:
-            out.tools.append({"name": tool.name, "description": description, "input_schema": params})
+        strict_params = _strict(tool.name, params, out.notes) if strict else params
+        if strict_params is not None:
+            out.tools.append(_definition(fmt, tool.name, tool.manifest.description, strict_params, strict))
     return out
+
+
+def _definition(
+    fmt: str, name: str, description: str, params: dict[str, Any], strict: bool
+) -> dict[str, Any]:
+    if fmt == "anthropic":
+        return {"name": name, "description": description, "input_schema": params}
+    if fmt == "openai-responses":
+        # The Responses API's flat shape; strict is given either way (it defaults to true there).
+        flat = {"type": "function", "name": name, "description": description, "parameters": params}
+        return {**flat, "strict": strict}
+    function: dict[str, Any] = {"name": name, "description": description, "parameters": params}
+    if strict:
+        function["strict"] = True
+    return {"type": "function", "function": function}
+
+
+def _strict(name: str, params: dict[str, Any], notes: list[ExportNote]) -> dict[str, Any] | None:
+    """``params`` for strict mode, what changed in ``notes``; None (the tool left out) when
+    strict mode cannot express them."""
+    from runner.tools.strict import NotStrict, strict_parameters
+
+    try:
+        converted, report = strict_parameters(params)
+    except NotStrict as exc:
+        notes.append(ExportNote(name, f"strict mode cannot express it: {exc}; the tool is left out"))
+        return None
+    notes.extend(ExportNote(name, problem) for problem in report.problems())
+    return converted
 
 
 def mcp_definition(tool: Tool, notes: list[ExportNote] | None = None) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from runner.errors import CallError
 from runner.mcp.hosted.dialogue import CALL_PROGRESS
 from runner.mcp.serve.approval import ask_first, client_approver, state_boundary
 from runner.mcp.serve.call_sessions import McpSessions, mcp_session_id
+from runner.mcp.serve.client_limits import gives_up_first
 from runner.mcp.serve.disconnect import cancel_when_gone
 from runner.mcp.serve.events import EventRelay, LogLevels
 from runner.telemetry.labels import role_label
@@ -91,6 +92,7 @@ class ToolService:
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         self.sessions = McpSessions(runner)  # each MCP session's runner session
         self._log_levels = LogLevels()
+        self._warned: set[tuple[str | None, int]] = set()
 
     def server(self) -> Server[Any]:
         """The SDK's low-level server with this service's handlers."""
@@ -126,8 +128,26 @@ class ToolService:
             tools = self.runner.callable_tools(self._caller_of(ctx).role)
         except CallError as exc:  # an unknown role: nothing to list, and the client is told why
             raise MCPError(types.INVALID_REQUEST, exc.message) from None
+        self._warn_if_client_gives_up_first(ctx, tools)
         definitions = [types.Tool.model_validate(mcp_definition(tool)) for tool in tools]
         return types.ListToolsResult(tools=definitions)
+
+    def _warn_if_client_gives_up_first(self, ctx: ServerRequestContext[Any, Any], tools: list[Tool]) -> None:
+        """Once per client name and deadline: a client known to end calls sooner than the
+        longest deadline of the tools it is listed (``runner.mcp.serve.client_limits``)."""
+        client_params = getattr(ctx.session, "client_params", None)
+        name = client_params.client_info.name if client_params is not None else None
+        plans = (resolve_plan(tool, self.runner.policy, CallOptions()) for tool in tools)
+        deadline_ms = max((plan.deadline_ms for plan in plans), default=0)
+        limit = gives_up_first(name, deadline_ms)
+        if limit is None or (name, deadline_ms) in self._warned:
+            return
+        self._warned.add((name, deadline_ms))
+        self.runner.audit.operator.warn(
+            f"serve: client {name!r} ends a call after {limit:g} s, sooner than the largest deadline of"
+            f" its tools ({deadline_ms} ms): its calls that run that long are cut off before the"
+            " runner's TIMEOUT answer; lower those deadlines for it"
+        )
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
