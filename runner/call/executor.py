@@ -150,13 +150,13 @@ class Executor:
             timeout_ms = max(1, min(plan.limits.timeout_ms, math.ceil(left_ms)))
             by_deadline = timeout_ms < plan.limits.timeout_ms
             # A hosted MCP server's tool is spoken with; any other is fed its payload.
+            events = ToolEvents(ctx.scrubber, ctx.on_event)
             dialogue = (
-                self._hosted.dialogue(tool.hosted.tool, params, ctx.tool_secrets)
+                self._hosted.dialogue(tool.hosted.tool, params, ctx.tool_secrets, events)
                 if tool.hosted is not None
                 else None
             )
             work = dialogue if dialogue is not None else _payload(params, spec, attempt)
-            events = ToolEvents(ctx.scrubber, ctx.on_event)
             started = clock.monotonic()
             progress.attempts = attempt
             ctx.telemetry.attempt_started(tool.name, sandbox.name)

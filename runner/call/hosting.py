@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 from runner.errors import CallError
 from runner.schema.redaction import Scrubber
 from sandboxes import Dialogue, Opening, SandboxOutcome
+from sandboxes.events import EventSink
 
 
 class HostedDialogue(Dialogue, Protocol):
@@ -44,8 +45,11 @@ class Adopts(Protocol):
 class HostedWork(Protocol):
     """What the call path needs to run a hosted server's tool."""
 
-    def dialogue(self, tool_name: str, params: dict[str, Any], secrets: Scrubber) -> HostedDialogue:
-        """The conversation of one attempt calling ``tool_name`` (the server's own name)."""
+    def dialogue(
+        self, tool_name: str, params: dict[str, Any], secrets: Scrubber, events: EventSink | None = None
+    ) -> HostedDialogue:
+        """The conversation of one attempt calling ``tool_name`` (the server's own name); the
+        server's log messages and content blocks go to ``events``."""
         ...
 
     def opening(self) -> HeldOpening:
@@ -56,7 +60,9 @@ class HostedWork(Protocol):
 class NoHostedWork:
     """The call path without the MCP side: a hosted tool's call is a fault of the runner."""
 
-    def dialogue(self, tool_name: str, params: dict[str, Any], secrets: Scrubber) -> HostedDialogue:
+    def dialogue(
+        self, tool_name: str, params: dict[str, Any], secrets: Scrubber, events: EventSink | None = None
+    ) -> HostedDialogue:
         raise RuntimeError(f"no hosted work plugged in: cannot call the MCP tool {tool_name!r}")
 
     def opening(self) -> HeldOpening:

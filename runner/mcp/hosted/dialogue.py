@@ -3,10 +3,12 @@ and what its outcome becomes (``answers``)."""
 
 from __future__ import annotations
 
+import json
 import math
 from contextvars import ContextVar
 from typing import Any
 
+import mcp_types as types
 from mcp.shared.dispatcher import ProgressFnT
 
 from runner.errors import CallError
@@ -14,6 +16,7 @@ from runner.mcp.hosted.replies import protocol_error, settle
 from runner.mcp.hosted.session import CallTool
 from runner.schema.redaction import Scrubber
 from sandboxes import SandboxOutcome
+from sandboxes.events import EventSink
 
 # Where the server's ``notifications/progress`` of the call being served go: set by
 # ``runner serve`` around a call whose client asked for progress; none by default.
@@ -24,9 +27,16 @@ MAX_PROGRESS = 100
 
 class HostedCall(CallTool):
     """``initialize`` and one ``tools/call`` of ``name``, in one fresh sandbox (a warm pool's
-    may have said ``initialize`` ahead: ``adopt``)."""
+    may have said ``initialize`` ahead: ``adopt``).
 
-    def __init__(self, name: str, arguments: dict[str, Any], secrets: Scrubber) -> None:
+    The server's log messages, and the blocks of its result other than text (images,
+    audio, resources), go to ``events`` as a tool's own events would: the same checks,
+    bounds and scrub (``runner.call.events``). Its text is the result already."""
+
+    def __init__(
+        self, name: str, arguments: dict[str, Any], secrets: Scrubber, events: EventSink | None = None
+    ) -> None:
+        self._events = events
         relay = CALL_PROGRESS.get()
         passed = 0
 
@@ -41,10 +51,29 @@ class HostedCall(CallTool):
             # The tool's secrets never reach the client, in progress messages either.
             await relay(progress, total, secrets.scrub_text(message) if message else message)
 
-        super().__init__(name, arguments, scrubbed if relay is not None else None)
+        async def logged(params: types.LoggingMessageNotificationParams) -> None:
+            event = {"log": params.level, "data": params.data}
+            self._event(event if params.logger is None else {**event, "logger": params.logger})
+
+        super().__init__(name, arguments, scrubbed if relay is not None else None, logged)
 
     def settled(self, outcome: SandboxOutcome) -> SandboxOutcome:
+        result = self.spoken.result
+        if outcome.ok and result is not None and not result.is_error:
+            for block in result.content:
+                if block.type != "text":
+                    self._event({"content": block.model_dump(by_alias=True, exclude_none=True, mode="json")})
         return settle(outcome, self.spoken)
+
+    def _event(self, event: dict[str, Any]) -> None:
+        if self._events is None:
+            return
+        try:
+            record = json.dumps(event, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        except ValueError:  # NaN or Infinity: dropped and counted, as a tool's would be
+            self._events.ignored()
+            return
+        self._events.event(record)
 
     def protocol_error(self, tool_name: str, secrets: Scrubber) -> CallError | None:
         return protocol_error(tool_name, self.spoken, secrets)

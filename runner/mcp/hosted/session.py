@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.client.session import ClientSession
+from mcp.client.session import ClientSession, LoggingFnT
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
@@ -63,9 +63,10 @@ class Spoken:
 class _Conversation:
     """The part both dialogues share: the session over the pipe, the verdict kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, logging: LoggingFnT | None = None) -> None:
         self.spoken = Spoken()
         self._adopted: types.InitializeResult | None = None
+        self._logging = logging
 
     def adopt(self, result: types.InitializeResult) -> None:
         """Speak with a server a ``Handshake`` already initialized: no ``initialize`` again."""
@@ -78,7 +79,9 @@ class _Conversation:
             group.start_soon(self._read, pipe, incoming_send, group.cancel_scope)
             group.start_soon(_write, pipe, outgoing_receive)
             try:
-                async with _Session(incoming, outgoing, client_info=CLIENT_INFO) as session:
+                async with _Session(
+                    incoming, outgoing, client_info=CLIENT_INFO, logging_callback=self._logging
+                ) as session:
                     # Inside the session: its task group would wrap what goes out of it.
                     try:
                         if self._adopted is not None:
@@ -258,10 +261,16 @@ class ListTools(_Conversation):
 
 class CallTool(_Conversation):
     """``initialize`` (unless adopted: a server initialized ahead), then one ``tools/call``;
-    the server's progress goes to ``progress``."""
+    the server's progress goes to ``progress``, its log messages to ``logging``."""
 
-    def __init__(self, name: str, arguments: dict[str, Any], progress: ProgressFnT | None = None) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        progress: ProgressFnT | None = None,
+        logging: LoggingFnT | None = None,
+    ) -> None:
+        super().__init__(logging)
         self._name = name
         self._arguments = arguments
         self._progress = progress

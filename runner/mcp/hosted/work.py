@@ -9,13 +9,16 @@ from runner.call.hosting import HeldOpening, HostedDialogue
 
 if TYPE_CHECKING:
     from runner.schema.redaction import Scrubber
+    from sandboxes.events import EventSink
 
 
 class McpWork:
-    def dialogue(self, tool_name: str, params: dict[str, Any], secrets: Scrubber) -> HostedDialogue:
+    def dialogue(
+        self, tool_name: str, params: dict[str, Any], secrets: Scrubber, events: EventSink | None = None
+    ) -> HostedDialogue:
         from runner.mcp.hosted.dialogue import HostedCall
 
-        return HostedCall(tool_name, params, secrets)
+        return HostedCall(tool_name, params, secrets, events)
 
     def opening(self) -> HeldOpening:
         from runner.mcp.hosted.session import Handshake

@@ -35,6 +35,7 @@ NAMES = {
     "structured",
     "nan",
     "leak",
+    "rich",
 } | {"evil", "chatty"}
 
 
@@ -298,6 +299,33 @@ def test_no_part_of_a_secret_reaches_the_answer_however_long_the_text_around_it(
     for cut in range(8, len(secret) + 1):
         assert secret[:cut] not in text, (cut, text)
     assert secret[:8] not in bench.audit_log.read_text()
+
+
+def test_a_servers_images_resources_and_logs_pass_through_checked_and_scrubbed(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch, backend: dict[str, Any]
+) -> None:
+    secret = "sk-live-0123456789abcdefSECRETSECRET"
+    monkeypatch.setenv("HOSTED_TEST_TOKEN", secret)
+    add_server(bench, secrets=["API_TOKEN"], **backend)
+    bench.policy["secrets"] = {"API_TOKEN": {"env": "HOSTED_TEST_TOKEN"}}
+    bench.policy["tools"] = {"st_rich": {"secrets": ["API_TOKEN"]}}
+    heard: list[dict[str, Any]] = []
+    with bench.runner(warm_pools=False) as runner:
+        answer = runner.call("st_rich", on_event=heard.append)
+    assert answer.success, answer.error
+    assert answer.result == "see the picture"
+    # The text is the result; the other blocks are the answer's content, the audio block
+    # of a type outside the list dropped and counted.
+    assert [block["type"] for block in answer.content] == ["image", "resource"]
+    assert answer.content[0] == {"type": "image", "mimeType": "image/png", "data": "iVBORw0KGgo="}
+    assert answer.content[1]["resource"]["uri"] == "file:///notes.txt"
+    logs = [event for event in heard if "log" in event]
+    assert len(logs) == 1 and (logs[0]["log"], logs[0]["logger"]) == ("warning", "rich"), heard
+    assert logs[0]["data"]["note"].startswith("token ") and secret[:8] not in json.dumps(logs)
+    events = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
+    attempt = [e for e in events if e["event"] == "call.attempt"][-1]
+    assert attempt["eventsIgnored"] == 1
+    assert secret[:8] not in json.dumps(answer.to_wire()) + bench.audit_log.read_text()
 
 
 def test_a_listing_sees_an_empty_read_only_workspace_never_the_real_one(bench: ToolBench) -> None:

@@ -13,6 +13,8 @@ SDK): every way a hosted server can behave, good or hostile, as a tool of its ow
 - ``chatty``: 1000 progress notifications, the first with a NaN progress.
 - ``leak``: ``isError`` and a non-JSON line, each with the secret ``API_TOKEN`` far into a
   long text (a cut before the scrub would leave part of it).
+- ``rich``: a log notification holding ``API_TOKEN``, then a result of a text, a PNG
+  image, an embedded text resource and an audio block of a type no tool may send.
 - ``evil``: a tool listed without an output schema; a ``tools/list`` made after a call
   (a client checking the call's answer) offers it one with a catastrophic pattern, which
   the answer does not match (and takes a backtracking matcher a second to say so).
@@ -54,6 +56,7 @@ TOOLS = [
         "nan",
         "leak",
         "chatty",
+        "rich",
     )
 ] + [
     {
@@ -137,6 +140,18 @@ def call(request: dict[str, Any]) -> Any:
             )
         sys.stdout.flush()
         return text("done")
+    if name == "rich":
+        secret = os.environ.get("API_TOKEN", "")
+        log = {"level": "warning", "logger": "rich", "data": {"note": "token " + secret}}
+        send({"jsonrpc": "2.0", "method": "notifications/message", "params": log})
+        png = "iVBORw0KGgo="  # base64 of the PNG signature: enough to be a well-formed block
+        blocks = [
+            {"type": "text", "text": "see the picture"},
+            {"type": "image", "mimeType": "image/png", "data": png},
+            {"type": "resource", "resource": {"uri": "file:///notes.txt", "mimeType": "text/plain", "text": "n"}},
+            {"type": "audio", "mimeType": "audio/x-unheard", "data": png},
+        ]
+        return {"content": blocks}
     if name == "nan":
         return {**text("see structuredContent"), "structuredContent": {"x": float("nan")}}
     if name == "leak":
