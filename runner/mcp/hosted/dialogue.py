@@ -29,8 +29,8 @@ class HostedCall(CallTool):
     """``initialize`` and one ``tools/call`` of ``name``, in one fresh sandbox (a warm pool's
     may have said ``initialize`` ahead: ``adopt``).
 
-    The server's log messages, and the blocks of its result other than text (images,
-    audio, resources), go to ``events`` as a tool's own events would: the same checks,
+    The server's progress and log messages, and the blocks of its result other than text
+    (images, audio, resources), go to ``events`` as a tool's own events would: the same checks,
     bounds and scrub (``runner.call.events``). Its text is the result already."""
 
     def __init__(
@@ -42,10 +42,12 @@ class HostedCall(CallTool):
 
         async def scrubbed(progress: float, total: float | None, message: str | None) -> None:
             nonlocal passed
-            assert relay is not None
+            # The call's own progress events (``on_event``), checked as a tool's are.
+            given = {"progress": progress, "total": total, "message": message}
+            self._event({key: value for key, value in given.items() if value is not None})
             # A server may send without end: the client gets a bounded number, each a
             # number JSON can carry.
-            if passed >= MAX_PROGRESS or not _finite(progress, total):
+            if relay is None or passed >= MAX_PROGRESS or not _finite(progress, total):
                 return
             passed += 1
             # The tool's secrets never reach the client, in progress messages either.
@@ -55,7 +57,8 @@ class HostedCall(CallTool):
             event = {"log": params.level, "data": params.data}
             self._event(event if params.logger is None else {**event, "logger": params.logger})
 
-        super().__init__(name, arguments, scrubbed if relay is not None else None, logged)
+        wants_progress = relay is not None or events is not None
+        super().__init__(name, arguments, scrubbed if wants_progress else None, logged)
 
     def settled(self, outcome: SandboxOutcome) -> SandboxOutcome:
         result = self.spoken.result

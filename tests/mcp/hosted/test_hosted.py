@@ -328,6 +328,21 @@ def test_a_servers_images_resources_and_logs_pass_through_checked_and_scrubbed(
     assert secret[:8] not in json.dumps(answer.to_wire()) + bench.audit_log.read_text()
 
 
+def test_a_servers_progress_reaches_on_event_in_order_and_bounded(bench: ToolBench) -> None:
+    add_server(bench)
+    heard: list[dict[str, Any]] = []
+    with bench.runner(warm_pools=False) as runner:
+        assert runner.call("st_progress", on_event=heard.append).success
+        assert runner.call("st_chatty", on_event=heard.append).success
+    progress = [event["progress"] for event in heard if "progress" in event]
+    # progress: 1, 2, 3 of 3; chatty: a NaN (dropped), then 2..1000, of which the events'
+    # cap keeps the first ones, each larger than the last.
+    assert progress[:3] == [1, 2, 3] and all(event.get("total") == 3 for event in heard[:3])
+    assert [event["message"] for event in heard[:3]] == ["step 1", "step 2", "step 3"]
+    chatty = progress[3:]
+    assert chatty[0] == 2 and chatty == sorted(set(chatty)) and len(chatty) <= 1000
+
+
 def test_a_listing_sees_an_empty_read_only_workspace_never_the_real_one(bench: ToolBench) -> None:
     folder = add_server(bench, workspace="write")
     (folder / "server.py").write_text(
