@@ -161,10 +161,14 @@ def exec_command(
     runner = _load(ctx)
     CALL_APPROVER.set(terminal_approver())  # a call the policy holds is asked about on the terminal
     name = request.get("toolName") if isinstance(request, dict) else None
+    shown = terminal_events(str(name))
     try:
-        answer = handle_interruptibly(runner, request, terminal_events(str(name)))
+        answer = handle_interruptibly(runner, request, shown)
     except Interrupted as stopped:
         sys.exit(128 + stopped.signum)
+    finally:
+        if shown is not None:
+            shown.close()
     if save_content is not None and answer.get("content"):
         try:
             write_blocks(answer["content"], save_content)

@@ -23,26 +23,47 @@ EXTENSIONS = {
 }
 
 
+# The width of the progress bar, in characters.
+BAR_WIDTH = 24
+# Back to the start of the line, and erase it: the bar is redrawn in place.
+REDRAW = "\r\x1b[K"
+
+
 class EventLines:
-    """Each progress and log event as one line on ``stream`` (a terminal), as it comes."""
+    """The tool's progress as a bar redrawn in place on ``stream`` (a terminal), its log
+    events as lines above the bar, as they come; ``close`` ends the bar's line."""
 
     def __init__(self, stream: TextIO, tool_name: str) -> None:
         self._stream = stream
         self._tool = tool_name
+        self._bar = ""  # the bar on screen, if any
 
     def __call__(self, event: dict[str, Any]) -> None:
         if "progress" in event:
-            total = event.get("total")
-            done = f"{event['progress']:g}/{total:g}" if total is not None else f"{event['progress']:g}"
-            line = f"{self._tool}: {done} {event.get('message') or ''}".rstrip()
+            self._bar = _printable(self._bar_of(event))
+            self._stream.write(REDRAW + self._bar)
         elif "log" in event:
             data = event["data"]
             text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
-            line = f"{self._tool} [{event['log']}] {text}"
+            line = _printable(f"{self._tool} [{event['log']}] {text}")
+            self._stream.write(REDRAW + line + "\n" + self._bar)
         else:
             return
-        self._stream.write(_printable(line) + "\n")
         self._stream.flush()
+
+    def close(self) -> None:
+        if self._bar:
+            self._stream.write("\n")
+            self._stream.flush()
+            self._bar = ""
+
+    def _bar_of(self, event: dict[str, Any]) -> str:
+        done, total, message = event["progress"], event.get("total"), event.get("message") or ""
+        if total is None:
+            return f"{self._tool}: {done:g} {message}".rstrip()
+        filled = round(BAR_WIDTH * min(done, total) / total)
+        bar = "#" * filled + "." * (BAR_WIDTH - filled)
+        return f"{self._tool}: [{bar}] {done:g}/{total:g} {message}".rstrip()
 
 
 def _printable(text: str) -> str:

@@ -69,6 +69,6 @@ def test_on_a_terminal_progress_and_log_lines_go_to_stderr_without_control_chara
         os.close(leader)
     assert done.returncode == 0
     text = shown.decode()
-    assert "eventful: 1/2 half way" in text
+    assert "eventful: [" + "#" * 12 + "." * 12 + "] 1/2 half way" in text  # the bar, redrawn in place
     assert "eventful [warning] careful?[2J" in text  # the escape sequence cannot reach the terminal
     assert base64.b64encode(b"PNGBYTES").decode() not in text
