@@ -15,6 +15,7 @@ import enum
 from typing import Protocol, runtime_checkable
 
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome
+from sandboxes.events import EventSink
 
 
 class SessionEnd(enum.StrEnum):
@@ -27,9 +28,10 @@ class SessionEnd(enum.StrEnum):
 class SessionSandbox(Protocol):
     """A sandbox kept between the calls of one session."""
 
-    async def run(self, payload: bytes, timeout_ms: int) -> SandboxOutcome:
+    async def run(self, payload: bytes, timeout_ms: int, events: EventSink | None = None) -> SandboxOutcome:
         """Run the tool's command once more inside the sandbox, ``payload`` on stdin, under
-        ``timeout_ms`` and the session's limits. One call at a time.
+        ``timeout_ms`` and the session's limits, its event lines to ``events``. One call at
+        a time.
 
         Raises:
             SandboxUnavailable: the sandbox has ended (``ended`` says why) or is busy.

@@ -36,6 +36,7 @@ from sandboxes import (
     SessionSandbox,
 )
 from sandboxes.cancellation import finish_shielded
+from sandboxes.events import EventSink
 
 # How often expiry is looked at, as a share of the shortest of idle_ms and max_ms, within
 # these bounds: a sandbox outlives its expiry by at most that much.
@@ -281,9 +282,14 @@ class _SessionRun:
         self._held = held
         self._lock: asyncio.Lock | None = lock
         self._limits = limits
+        self._events: EventSink | None = None
+
+    def stream_events(self, sink: EventSink) -> None:
+        """The coming ``run``'s event lines to ``sink`` (``StreamsEvents``)."""
+        self._events = sink
 
     async def run(self, payload: bytes) -> SandboxOutcome:
-        return await self._held.sandbox.run(payload, self._limits.timeout_ms)
+        return await self._held.sandbox.run(payload, self._limits.timeout_ms, self._events)
 
     async def close(self) -> None:
         lock, self._lock = self._lock, None

@@ -27,6 +27,7 @@ from sandboxes._exchange import PayloadExchange
 from sandboxes._exec_status import new_token, token_line
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
 from sandboxes.cancellation import finish_shielded
+from sandboxes.events import EventSink
 from sandboxes.session import SessionEnd
 from sandboxes.subprocess._attach import _reader, _WriteProtocol
 from sandboxes.subprocess._outcome import outcome
@@ -120,14 +121,14 @@ class SubprocessSession:
     def ended(self) -> SessionEnd | None:
         return self._end
 
-    async def run(self, payload: bytes, timeout_ms: int) -> SandboxOutcome:
+    async def run(self, payload: bytes, timeout_ms: int, events: EventSink | None = None) -> SandboxOutcome:
         if self._end is not None:
             raise SandboxUnavailable(f"the session sandbox has ended ({self._end.value})")
         if self._busy:
             raise SandboxUnavailable("a session sandbox serves one call at a time")
         self._busy = True
         try:
-            return await self._call(payload, dataclasses.replace(self._limits, timeout_ms=timeout_ms))
+            return await self._call(payload, dataclasses.replace(self._limits, timeout_ms=timeout_ms), events)
         finally:
             self._busy = False
 
@@ -155,7 +156,7 @@ class SubprocessSession:
                 os.close(fd)
         return _Started(token, in_write, out_read, err_read)
 
-    async def _call(self, payload: bytes, limits: Limits) -> SandboxOutcome:
+    async def _call(self, payload: bytes, limits: Limits, events: EventSink | None) -> SandboxOutcome:
         call, self._ahead = self._ahead or self._start_call(), None
         started = time.monotonic()
         proc = _CallProcess(self)
@@ -167,9 +168,10 @@ class SubprocessSession:
                 self.kill(SessionEnd.DIED)
                 raise
             prepared = self._prepared
+            exchange = PayloadExchange(payload, limits.max_output_bytes, events)
             result = await drive(
                 proc,
-                PayloadExchange(payload, limits.max_output_bytes),
+                exchange,
                 b"",  # the token line is in already
                 limits.timeout_ms / 1000,
                 lambda: None,  # the call's own end kills nothing: ``proc.kill`` decides
@@ -177,6 +179,7 @@ class SubprocessSession:
             )
         finally:
             proc.detach()
+        exchange.stderr.close()  # a last event line that lacks its newline
         answer = outcome(
             result,
             True,

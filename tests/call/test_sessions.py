@@ -303,3 +303,30 @@ def test_closing_the_runner_closes_its_open_sessions(bench: ToolBench, mark: str
     assert [event["reason"] for event in _events(bench, "session.closed")] == ["runner_closed"]
     assert processes_with_env(f"SESSION_MARK={mark}") == []
     assert our_cgroups(os.getpid()) == []
+
+
+EVENTFUL = """
+import json, sys
+json.load(sys.stdin)
+for line in ({"progress": 1, "total": 2, "message": "half"}, {"content": {"type": "text", "text": "note"}}):
+    sys.stderr.write("\\x1e" + json.dumps(line) + "\\n")
+sys.stderr.write("plain stderr\\n")
+print(json.dumps({"ok": True}))
+"""
+
+
+def test_a_session_tools_events_stream_as_a_fresh_sandboxs_do(bench: ToolBench) -> None:
+    bench.tool("eventful", EVENTFUL, session=True)
+    heard: list[dict[str, Any]] = []
+
+    async def scenario() -> list[Any]:
+        async with bench.runner() as runner, runner.session() as session:
+            return [await session.acall("eventful", on_event=heard.append) for _ in range(2)]
+
+    answers = asyncio.run(scenario())
+    for answer in answers:
+        assert answer.success, answer.error
+        assert answer.content == ({"type": "text", "text": "note"},)
+    assert [event.get("progress") for event in heard if "progress" in event] == [1, 1]
+    attempts = _events(bench, "call.attempt")
+    assert all("\x1e" not in event.get("stderr", "") for event in attempts)
