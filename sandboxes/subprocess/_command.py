@@ -15,6 +15,7 @@ from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import LaunchSpec, Limits, SandboxUnavailable
 from sandboxes.subprocess._cgroup import CallCgroup
 from sandboxes.subprocess._launch import (
+    ROOTLESS_NOFILE,
     carried_env,
     drop_privileges_argv,
     launcher_argv,
@@ -111,7 +112,8 @@ class SandboxCommand:
         sources = Sources(tool_dir, workspace, owner.etc.path, owner.library_dir, owner.etc.copies)
         # Secrets too: bubblewrap's arguments reach it through a sealed memfd, not argv.
         env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace else None) | dict(spec.secrets)
-        command = started_shim_argv(SHELL, list(spec.command))
+        cap = self._limits.max_pids if owner.rlimits_only else None
+        command = started_shim_argv(SHELL, list(spec.command), cap)
         if owner.bwrap is None:
             raise SandboxUnavailable("bubblewrap is not installed")  # missing_layers says so first
         seccomp = filter_fd()
@@ -192,6 +194,12 @@ class SandboxCommand:
         env["RUNNER_CPU"] = str(self._limits.cpu_seconds)
         if self._cgroup is not None:
             env["RUNNER_CGROUPS"] = " ".join(str(p) for p in self._cgroup.join_files)
+        elif self._owner.rlimits_only:
+            # Each process's own: address space, file size (the scratch bound, in dash's
+            # 512-byte blocks), open files; the process cap is set inside (``ROOTLESS_SHIM``).
+            env["RUNNER_VMEM_KB"] = str(self._limits.memory_mb * 1024)
+            env["RUNNER_FSIZE_BLOCKS"] = str(self._limits.disk_mb * 2048)
+            env["RUNNER_NOFILE"] = str(ROOTLESS_NOFILE)
         return env
 
 

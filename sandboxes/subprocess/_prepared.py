@@ -30,8 +30,9 @@ from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailabl
 from sandboxes.subprocess._attach import attach
 from sandboxes.subprocess._cgroup import CallCgroup
 from sandboxes.subprocess._command import SandboxCommand
+from sandboxes.subprocess._launch import PIDS_CAPPED
 from sandboxes.subprocess._network import SandboxNetwork
-from sandboxes.subprocess._outcome import outcome, shim_started
+from sandboxes.subprocess._outcome import outcome, shim_marks
 from sandboxes.subprocess._prime import FdPipe
 from sandboxes.subprocess._process import EXIT_GRACE_S, Driven, Ending, drive
 from sandboxes.subprocess._staged_folders import FolderId, NoNamespace, StagedFolders
@@ -256,7 +257,7 @@ class PreparedSubprocess(OneRun):
                 self._opened.stderr if self._opened is not None else None,
             )
         finally:
-            tool_started = self._started_read is not None and shim_started(self._started_read)
+            marks = shim_marks(self._started_read) if self._started_read is not None else b""
             self._close_fds()
         duration_ms = (time.monotonic() - started) * 1000
         if result.ending is Ending.FINISHED:
@@ -272,13 +273,14 @@ class PreparedSubprocess(OneRun):
             )
         return outcome(
             result,
-            tool_started,
+            marks.startswith(b"s"),
             token,
             duration_ms,
             not exchange.ends_by_exit,
             missing=self._missing,
             cgroup=self._cgroup,
             limits=self._limits,
+            pids_capped=PIDS_CAPPED in marks,
         )
 
     def _breached(self) -> Ending | None:
