@@ -36,6 +36,7 @@ from sandboxes.subprocess._outcome import outcome, shim_marks
 from sandboxes.subprocess._prime import FdPipe
 from sandboxes.subprocess._process import EXIT_GRACE_S, Driven, Ending, drive
 from sandboxes.subprocess._staged_folders import FolderId, NoNamespace, StagedFolders
+from sandboxes.subprocess._tree import ProcessTree
 
 if TYPE_CHECKING:
     from sandboxes.subprocess.sandbox import SubprocessSandbox
@@ -253,7 +254,7 @@ class PreparedSubprocess(OneRun):
                 b"",  # the token line is in already (``_start``)
                 self._limits.timeout_ms / 1000,
                 self._kill_now,
-                self._breached if self._cgroup else None,
+                self._breached_limit(),
                 self._opened.stderr if self._opened is not None else None,
             )
         finally:
@@ -282,6 +283,15 @@ class PreparedSubprocess(OneRun):
             limits=self._limits,
             pids_capped=PIDS_CAPPED in marks,
         )
+
+    def _breached_limit(self) -> Callable[[], Ending | None] | None:
+        """What polls the tool's limits as a whole: its cgroup's counters, or rootless
+        without one, the sums over its processes (``_tree``)."""
+        if self._cgroup is not None:
+            return self._breached
+        if self._owner.rlimits_only and self._popen is not None:
+            return ProcessTree(self._popen.pid, self._limits).breached
+        return None
 
     def _breached(self) -> Ending | None:
         """A limit of the tool as a whole that is already broken (polled while it runs).
