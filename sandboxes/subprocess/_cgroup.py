@@ -33,10 +33,7 @@ KILL_ROUNDS = 200
 KILL_PAUSE_S = 0.005
 
 
-V1_NEEDS_ROOT = (
-    "this machine has cgroup v1, whose hierarchies only root can divide "
-    "(a user gets a delegated subtree on cgroup v2: systemd.unified_cgroup_hierarchy=1)"
-)
+V1_NEEDS_ROOT = "this machine has cgroup v1, whose hierarchies only root can divide"
 
 
 class CgroupUnavailable(Exception):

@@ -16,6 +16,7 @@ from sandboxes.base import LaunchSpec, Limits, SandboxUnavailable
 from sandboxes.subprocess._cgroup import CallCgroup
 from sandboxes.subprocess._launch import (
     ROOTLESS_NOFILE,
+    ROOTLESS_VMEM_FACTOR,
     carried_env,
     drop_privileges_argv,
     launcher_argv,
@@ -113,6 +114,11 @@ class SandboxCommand:
         # Secrets too: bubblewrap's arguments reach it through a sealed memfd, not argv.
         env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace else None) | dict(spec.secrets)
         cap = self._limits.max_pids if owner.rlimits_only else None
+        if cap is not None:
+            try:
+                env = carried_env(env)  # unpacked by the rootless shim (``ROOTLESS_SHIM``)
+            except ValueError as exc:
+                raise SandboxUnavailable(f"the tool's environment cannot be passed on: {exc}") from exc
         command = started_shim_argv(SHELL, list(spec.command), cap)
         if owner.bwrap is None:
             raise SandboxUnavailable("bubblewrap is not installed")  # missing_layers says so first
@@ -195,9 +201,10 @@ class SandboxCommand:
         if self._cgroup is not None:
             env["RUNNER_CGROUPS"] = " ".join(str(p) for p in self._cgroup.join_files)
         elif self._owner.rlimits_only:
-            # Each process's own: address space, file size (the scratch bound, in dash's
-            # 512-byte blocks), open files; the process cap is set inside (``ROOTLESS_SHIM``).
-            env["RUNNER_VMEM_KB"] = str(self._limits.memory_mb * 1024)
+            # Each process's own: address space (``_tree`` polls the sum), file size (the
+            # scratch bound, in dash's 512-byte blocks), open files; the process cap is set
+            # inside (``ROOTLESS_SHIM``).
+            env["RUNNER_VMEM_KB"] = str(self._limits.memory_mb * 1024 * ROOTLESS_VMEM_FACTOR)
             env["RUNNER_FSIZE_BLOCKS"] = str(self._limits.disk_mb * 2048)
             env["RUNNER_NOFILE"] = str(ROOTLESS_NOFILE)
         return env

@@ -89,16 +89,20 @@ STARTED_SHIM = (
 # only (set outside, it would count every process of the user on the host). The tool
 # then runs as a child, not by exec, so that once it exits the shim can still see (from
 # its own /proc, by a glob: no fork) whether the tool's processes filled the cap, and say
-# so with a ``p`` on the started pipe, before the pid namespace is torn down.
+# so with a ``p`` on the started pipe, before the pid namespace is torn down. The tool's
+# environment reaches the shim carried (``carried_env``) and is unpacked in the subshell
+# only: the shim, which stays, is not one more process with the tool's variables.
 ROOTLESS_SHIM = (
     'runner_cap=$1; shift; ulimit -p "$runner_cap" || exit 125; '
-    f"printf s >&3; unset PWD OLDPWD; {UNPACK_TOOL_ENV}; "
-    f'({EXEC_GUARD}; exec "$@") 3>&-; runner_status=$?; '
+    "printf s >&3; unset PWD OLDPWD; "
+    f'({UNPACK_TOOL_ENV}; {EXEC_GUARD}; exec "$@") 3>&-; runner_status=$?; '
     'set -- /proc/[0-9]*; [ "$#" -ge $((runner_cap - 1)) ] && printf p >&3; exit "$runner_status"'
 )
 PIDS_CAPPED = b"p"
 # Open files a rootless sandbox may hold (no cgroup bounds the kernel memory they cost).
 ROOTLESS_NOFILE = 1024
+# Its address-space rlimit, in memory limits: the sum of resident memory is polled (``_tree``).
+ROOTLESS_VMEM_FACTOR = 2
 
 
 def carried_env(env: dict[str, str]) -> dict[str, str]:

@@ -93,6 +93,7 @@ class PreparedSubprocess(OneRun):
         self._popen: subprocess.Popen[bytes] | None = None
         self._token = ""
         self._cpu_look_at = 0.0  # when ``_breached`` next reads the CPU time
+        self._tree: ProcessTree | None = None
 
     @property
     def uid(self) -> int:
@@ -139,6 +140,9 @@ class PreparedSubprocess(OneRun):
         # its next sandbox is not begun while this one still takes the CPU to set up.
         assert self._started_read is not None
         select.select([self._started_read], [], [], STARTED_WAIT_S)
+        tree = self._process_tree()
+        if tree is not None:
+            tree.look()  # its processes, while the launcher still holds them
 
     async def _astart(self) -> None:
         """Start the tool for a cold run (the launch thread awaited, not blocked on)."""
@@ -289,9 +293,14 @@ class PreparedSubprocess(OneRun):
         without one, the sums over its processes (``_tree``)."""
         if self._cgroup is not None:
             return self._breached
-        if self._owner.rlimits_only and self._popen is not None:
-            return ProcessTree(self._popen.pid, self._limits).breached
-        return None
+        tree = self._process_tree()
+        return tree.breached if tree is not None else None
+
+    def _process_tree(self) -> ProcessTree | None:
+        """Rootless without a cgroup: the processes under the launcher, which stand for it."""
+        if self._tree is None and self._owner.rlimits_only and self._popen is not None:
+            self._tree = ProcessTree(self._popen.pid, self._limits)
+        return self._tree
 
     def _breached(self) -> Ending | None:
         """A limit of the tool as a whole that is already broken (polled while it runs).
@@ -341,7 +350,10 @@ class PreparedSubprocess(OneRun):
         return process_ended(self._popen.pid, not self._missing)
 
     def used_cpu_seconds(self) -> float | None:
-        return self._cgroup.cpu_seconds() if self._cgroup is not None else None
+        if self._cgroup is not None:
+            return self._cgroup.cpu_seconds()
+        tree = self._process_tree()
+        return tree.cpu_seconds() if tree is not None else None
 
     async def close(self) -> None:
         self._stage = Stage.CLOSED
@@ -375,6 +387,9 @@ class PreparedSubprocess(OneRun):
         # Each step runs whatever the one before it raised: a failed apply must neither
         # keep the uid leased nor leave the cgroup behind.
         try:
+            tree = self._process_tree()
+            if tree is not None:  # what a cgroup's removal does: kill, and wait till gone
+                tree.kill_all(EXIT_GRACE_S)
             if self._cgroup is not None:
                 self._cgroup.remove()  # kills until empty, then removes
                 self._cgroup = None

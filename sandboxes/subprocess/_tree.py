@@ -6,7 +6,9 @@ runner adds up the resident memory and the CPU time of every process under the s
 launcher (the pid namespace keeps them all there: an orphan goes to bubblewrap's init,
 itself under the launcher) and ends the run when a sum passes its limit. This is polled,
 as the cgroup counters are: a burst between two looks is caught at the next one, and the
-address-space rlimit caps each process in the meantime.
+address-space rlimit, twice the memory limit, caps each process in the meantime (twice:
+a process's address space runs well ahead of what it uses, and a child stopped by it
+alone would leave no trace a parent waiting on it could be stopped for).
 """
 
 from __future__ import annotations
@@ -27,18 +29,38 @@ class ProcessTree:
         self._memory_bytes = limits.memory_mb * 1024 * 1024
         self._cpu_seconds = limits.cpu_seconds
         self._root: psutil.Process | None = None
+        self._seen: dict[int, psutil.Process] = {}
 
     def _members(self) -> list[psutil.Process]:
         if self._root is None:
             self._root = psutil.Process(self._root_pid)
-        return [self._root, *self._root.children(recursive=True)]
+        members = [self._root, *self._root.children(recursive=True)]
+        self._seen.update((member.pid, member) for member in members)
+        return members
 
-    def breached(self) -> Ending | None:
-        """The limit the tool's processes together have passed, if any."""
+    def look(self) -> None:
+        """Note the processes there are now (``kill_all`` kills them should the launcher
+        be gone by then, and its children with it out of reach)."""
+        with contextlib.suppress(psutil.Error):
+            self._members()
+
+    def kill_all(self, grace_s: float) -> None:
+        """SIGKILL every process of the tree, as it is now and as last seen, and wait (at
+        most ``grace_s``) until they are gone. A process already dead (or its pid reused:
+        psutil checks its start time) is left alone. Blocking: from a thread."""
+        self.look()
+        alive = list(self._seen.values())
+        for member in alive:
+            with contextlib.suppress(psutil.Error):
+                member.kill()
+        psutil.wait_procs(alive, timeout=grace_s)
+
+    def _sums(self) -> tuple[int, float] | None:
+        """Resident bytes and CPU seconds of all the processes; None once the launcher is gone."""
         try:
             members = self._members()
         except psutil.Error:
-            return None  # the launcher is gone: the run is ending anyway
+            return None
         rss = 0
         cpu = 0.0
         for member in members:
@@ -48,6 +70,19 @@ class ProcessTree:
                 times = member.cpu_times()
                 # children_*: the descendants already reaped, counted by their parent
                 cpu += times.user + times.system + times.children_user + times.children_system
+        return rss, cpu
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time of the processes alive now, and of their descendants reaped already."""
+        sums = self._sums()
+        return None if sums is None else sums[1]
+
+    def breached(self) -> Ending | None:
+        """The limit the tool's processes together have passed, if any."""
+        sums = self._sums()
+        if sums is None:
+            return None  # the launcher is gone: the run is ending anyway
+        rss, cpu = sums
         if rss > self._memory_bytes:
             return Ending.MEMORY_LIMIT
         if cpu > self._cpu_seconds:
