@@ -83,7 +83,11 @@ def _probe(backend: SubprocessSandbox) -> Check:
         ran = "a tool ran rootless: your uid mapped inside, namespaces, cgroup, seccomp"
     else:
         ran = "a tool ran: own uid, namespaces, cgroup, seccomp"
-    detail = ran if ok else f"probe failed: {result}"[:160]
+    if ok:
+        detail = ran
+    else:  # bubblewrap's own complaint, when it said one
+        said = (getattr(result, "stderr_tail", "") or "").strip().splitlines()
+        detail = f"probe failed: {said[-1] if said else result}"[:200]
     return Check("hardened sandbox", ok, detail, "see the layers above")
 
 
