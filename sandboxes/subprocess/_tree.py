@@ -14,11 +14,21 @@ alone would leave no trace a parent waiting on it could be stopped for).
 from __future__ import annotations
 
 import contextlib
+import time
 
 import psutil
 
 from sandboxes.base import Limits
 from sandboxes.subprocess._process import Ending
+
+KILL_PAUSE_S = 0.005
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 class ProcessTree:
@@ -46,14 +56,19 @@ class ProcessTree:
 
     def kill_all(self, grace_s: float) -> None:
         """SIGKILL every process of the tree, as it is now and as last seen, and wait (at
-        most ``grace_s``) until they are gone. A process already dead (or its pid reused:
-        psutil checks its start time) is left alone. Blocking: from a thread."""
+        most ``grace_s``) until none runs. A process already dead (or its pid reused:
+        psutil checks its start time) is left alone; a zombie counts as gone (its parent,
+        or the host's init, reaps it), and the launcher is left to its ``Popen`` to reap.
+        Blocking: from a thread."""
         self.look()
-        alive = list(self._seen.values())
-        for member in alive:
+        members = list(self._seen.values())
+        for member in members:
             with contextlib.suppress(psutil.Error):
                 member.kill()
-        psutil.wait_procs(alive, timeout=grace_s)
+        others = [member for member in members if member.pid != self._root_pid]
+        deadline = time.monotonic() + grace_s
+        while any(_running(member) for member in others) and time.monotonic() < deadline:
+            time.sleep(KILL_PAUSE_S)
 
     def _sums(self) -> tuple[int, float] | None:
         """Resident bytes and CPU seconds of all the processes; None once the launcher is gone."""

@@ -186,8 +186,10 @@ def test_a_sandbox_idle_past_max_idle_ms_is_replaced(pooled: tuple[ToolBench, st
     with bench.runner() as runner:
         wait_for(lambda: len(_warm_pids(mark)) == 2)
         first = set(_warm_pids(mark))
-        wait_for(lambda: not first & set(_warm_pids(mark)) and len(_warm_pids(mark)) == 2)
-        assert _idle(runner)["trace"] == 2
+        # A replacement's tool runs a moment before its pool counts it ready: both, together.
+        wait_for(
+            lambda: not first & set(_warm_pids(mark)) and len(_warm_pids(mark)) == 2 and _idle(runner)["trace"] == 2
+        )
 
 
 def test_max_total_bounds_warm_sandboxes_over_all_tools(bench: ToolBench) -> None:
