@@ -12,6 +12,7 @@ from sandboxes._kernel import signal_from_init_status
 from sandboxes.base import Limits, SandboxOutcome, StopReason
 from sandboxes.subprocess._cgroup import CallCgroup
 from sandboxes.subprocess._process import Ending, ProcessResult
+from sandboxes.subprocess._tree import out_of_memory
 
 _HOST_PATH = re.compile(r"/[^\s:'\"]+")
 
@@ -102,22 +103,12 @@ def _reason(
     return StopReason.EXIT_CODE
 
 
-# How programs report an allocation the address-space rlimit refused (rootless, without a
-# cgroup, there is no OOM counter to read): Python, glibc's perror, C++, Node, Go.
-_OUT_OF_MEMORY = re.compile(
-    r"^MemoryError|Cannot allocate memory|std::bad_alloc|JavaScript heap out of memory"
-    r"|fatal error: runtime: out of memory",
-    re.MULTILINE,
-)
-
-
 def _rlimit_reason(stderr_tail: str, pids_capped: bool) -> StopReason | None:
     """A failure without a cgroup to tell why: the process cap filled (the shim saw it),
-    or an allocation refused by the address-space limit (the tool said so). A tool can
-    only misname its own failure this way, never escape a limit."""
+    or an allocation refused by the address-space limit (the tool said so)."""
     if pids_capped:
         return StopReason.PIDS_LIMIT
-    if _OUT_OF_MEMORY.search(stderr_tail):
+    if out_of_memory(stderr_tail):
         return StopReason.MEMORY_LIMIT
     return None
 

@@ -25,6 +25,7 @@ from sandboxes._exec_status import new_token, token_line
 from sandboxes._identity import IdentityLease
 from sandboxes._prepared import OneRun, Stage
 from sandboxes._priming import PrimingPipe
+from sandboxes._streams import TailBuffer
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable
 from sandboxes.subprocess._attach import attach
@@ -37,6 +38,7 @@ from sandboxes.subprocess._prime import FdPipe
 from sandboxes.subprocess._process import EXIT_GRACE_S, Driven, Ending, drive
 from sandboxes.subprocess._staged_folders import FolderId, NoNamespace, StagedFolders
 from sandboxes.subprocess._tree import ProcessTree
+from sandboxes.view import STDERR_TAIL_BYTES
 
 if TYPE_CHECKING:
     from sandboxes.subprocess.sandbox import SubprocessSandbox
@@ -251,6 +253,7 @@ class PreparedSubprocess(OneRun):
             proc.detach()
 
     async def _drive(self, proc: Driven, exchange: Exchange, token: str, started: float) -> SandboxOutcome:
+        stderr = self._opened.stderr if self._opened is not None else TailBuffer(STDERR_TAIL_BYTES)
         try:
             result = await drive(
                 proc,
@@ -258,8 +261,8 @@ class PreparedSubprocess(OneRun):
                 b"",  # the token line is in already (``_start``)
                 self._limits.timeout_ms / 1000,
                 self._kill_now,
-                self._breached_limit(),
-                self._opened.stderr if self._opened is not None else None,
+                self._breached_limit(stderr),
+                stderr,
             )
         finally:
             marks = shim_marks(self._started_read) if self._started_read is not None else b""
@@ -288,13 +291,13 @@ class PreparedSubprocess(OneRun):
             pids_capped=PIDS_CAPPED in marks,
         )
 
-    def _breached_limit(self) -> Callable[[], Ending | None] | None:
+    def _breached_limit(self, stderr: TailBuffer) -> Callable[[], Ending | None] | None:
         """What polls the tool's limits as a whole: its cgroup's counters, or rootless
-        without one, the sums over its processes (``_tree``)."""
+        without one, the sums over its processes and what its stderr says (``_tree``)."""
         if self._cgroup is not None:
             return self._breached
         tree = self._process_tree()
-        return tree.breached if tree is not None else None
+        return tree.watch(stderr) if tree is not None else None
 
     def _process_tree(self) -> ProcessTree | None:
         """Rootless without a cgroup: the processes under the launcher, which stand for it."""

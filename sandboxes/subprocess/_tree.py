@@ -14,14 +14,30 @@ alone would leave no trace a parent waiting on it could be stopped for).
 from __future__ import annotations
 
 import contextlib
+import re
 import time
+from collections.abc import Callable
 
 import psutil
 
+from sandboxes._streams import TailBuffer
 from sandboxes.base import Limits
 from sandboxes.subprocess._process import Ending
 
 KILL_PAUSE_S = 0.005
+# How programs report an allocation the address-space rlimit refused (without a cgroup
+# there is no OOM counter to read): Python, glibc's perror, C++, Node, Go.
+_OUT_OF_MEMORY = re.compile(
+    r"^MemoryError|Cannot allocate memory|std::bad_alloc|JavaScript heap out of memory"
+    r"|fatal error: runtime: out of memory",
+    re.MULTILINE,
+)
+
+
+def out_of_memory(stderr_text: str) -> bool:
+    """Whether some process of the tool said an allocation was refused. A tool can only
+    misname its own failure this way, never escape a limit."""
+    return _OUT_OF_MEMORY.search(stderr_text) is not None
 
 
 def _running(process: psutil.Process) -> bool:
@@ -103,3 +119,13 @@ class ProcessTree:
         if cpu > self._cpu_seconds:
             return Ending.CPU_BUDGET
         return None
+
+    def watch(self, stderr: TailBuffer) -> Callable[[], Ending | None]:
+        """What the run polls: the sums, and the stderr of the tool, where a child the
+        address-space rlimit stopped says so while its parent may wait on (a cgroup's
+        OOM counter would show it)."""
+
+        def breached() -> Ending | None:
+            return Ending.MEMORY_LIMIT if out_of_memory(stderr.text()) else self.breached()
+
+        return breached
