@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sandboxes._watchdog import OWNER_MARK
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import LaunchSpec, Limits, SandboxUnavailable
 from sandboxes.subprocess._cgroup import CallCgroup
@@ -207,6 +208,8 @@ class SandboxCommand:
             env["RUNNER_VMEM_KB"] = str(self._limits.memory_mb * 1024 * ROOTLESS_VMEM_FACTOR)
             env["RUNNER_FSIZE_BLOCKS"] = str(self._limits.disk_mb * 2048)
             env["RUNNER_NOFILE"] = str(ROOTLESS_NOFILE)
+            # Kept by bubblewrap's processes, for the watchdog's sweep (``OWNER_MARK``).
+            env[OWNER_MARK] = str(os.getpid())
         return env
 
 

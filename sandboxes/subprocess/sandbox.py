@@ -154,6 +154,8 @@ class SubprocessSandbox:
                 for parent in self.cgroups.parents:
                     watch("cgroups", f"{self.cgroups.version}:{parent}")
             watch("scratch", str(self.scratch_root))
+            if self.rlimits_only:
+                watch("marked")
             if os.geteuid() == 0:
                 watch("staging", str(STAGING_ROOT))
                 remove_stale_staging(STAGING_ROOT, lambda name: not owner_alive(name))
