@@ -73,7 +73,8 @@ def watch(kind: str, value: str = "") -> None:
     """Make sure this process has a watchdog, and tell it to sweep ``kind``/``value``.
 
     ``kind`` is ``cgroups`` (value: ``<version>:<parent dir>``), ``scratch`` (a folder of
-    ``<pid>-*`` entries), ``staging`` (a folder of staged workspaces) or ``docker``.
+    ``<pid>-*`` entries), ``staging`` (a folder of staged workspaces), ``marked``
+    (processes carrying ``OWNER_MARK``) or ``docker``.
 
     Raises:
         OSError: the watchdog could not be started; the caller must not start a sandbox.
@@ -215,6 +216,38 @@ def _sweep_docker(owner: int) -> None:
                 _quietly(lambda cid: client.remove_container(cid, force=True), cid)
 
 
+# Rootless sandboxes have no cgroup to sweep: their bubblewrap processes carry this
+# variable (the sandbox's own environment is cleared), and killing bubblewrap's init
+# takes the sandbox's whole pid namespace with it.
+OWNER_MARK = "RUNNER_OWNER"
+
+
+def _sweep_marked(owner: int) -> None:
+    """Kill this user's processes whose environment holds ``RUNNER_OWNER=<owner>``, each
+    pinned by a pidfd before its environment is read."""
+    needle = f"{OWNER_MARK}={owner}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fd = os.pidfd_open(int(entry.name))
+        except OSError:
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except OSError:
+            pass  # gone, or not ours to read
+        finally:
+            os.close(fd)
+
+
+def _sweep_processes(owner: int, cgroups: Iterable[tuple[int, Path]], marked: bool) -> None:
+    _sweep_cgroups(owner, cgroups)
+    if marked:
+        _sweep_marked(owner)
+
+
 def _quietly(action: Callable[[str], object], cid: str) -> None:
     with contextlib.suppress(Exception):
         action(cid)
@@ -238,25 +271,25 @@ def main(argv: list[str]) -> int:
     except OSError:
         runner = None
     cgroups: list[tuple[int, Path]] = []
-    scratch: list[Path] = []
-    staging: list[Path] = []
+    told: dict[str, list[str]] = {"scratch": [], "staging": [], "marked": []}
     docker_used = False
     for raw in sys.stdin.buffer:
         kind, _, value = raw.decode(errors="replace").rstrip("\n").partition("\t")
         if kind == "cgroups":
             version, _, parent = value.partition(":")
             cgroups.append((int(version), Path(parent)))
-        elif kind == "scratch":
-            scratch.append(Path(value))
-        elif kind == "staging":
-            staging.append(Path(value))
+        elif kind in told:
+            told[kind].append(value)
         elif kind == "docker" and not docker_used:
             docker_used = True
             sys.path.extend(entry for entry in value.split(os.pathsep) if entry and entry not in sys.path)
             with contextlib.suppress(ImportError):
                 import docker  # noqa: F401 - loaded now rather than when time counts
+    scratch = [Path(value) for value in told["scratch"]]
+    staging = [Path(value) for value in told["staging"]]
+    marked = bool(told["marked"])
     # End of file: the runner exited or was killed. Sweep what it may have left.
-    sweepers = [threading.Thread(target=_sweep_cgroups, args=(owner, cgroups))]
+    sweepers = [threading.Thread(target=_sweep_processes, args=(owner, cgroups, marked))]
     if docker_used:
         sweepers.append(threading.Thread(target=_sweep_docker, args=(owner,)))
     for thread in sweepers:
@@ -268,7 +301,7 @@ def main(argv: list[str]) -> int:
     # after the first sweep. Once the whole process is gone nothing can; sweep again.
     if runner is not None:
         select.select([runner], [], [], FULL_EXIT_WAIT_S)
-        _sweep_cgroups(owner, cgroups)
+        _sweep_processes(owner, cgroups, marked)
     for thread in sweepers:
         thread.join()
     # Last: a staged workspace may be unmounted only once no sandbox of ours can use it.

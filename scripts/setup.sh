@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
-# Everything a fresh Debian 12 machine needs to run the runner and its tests:
-# Debian packages, the Python package, a running dockerd with gVisor registered, and the
+# Everything a fresh Debian 12 / Ubuntu 24.04 machine needs to run the runner and its tests.
+# As root: Debian packages, the package in a virtual environment (/opt/runner/venv) with
+# `runner` linked into /usr/local/bin, a running dockerd with gVisor registered, and the
 # Docker images (built from Debian packages; no container registry is contacted).
-# Idempotent: what is already there is skipped. Run as root.
+# As a user: the parts that need no system package, i.e. the virtual environment under
+# ${XDG_DATA_HOME:-~/.local/share}/runner with `runner` linked into ~/.local/bin (the missing
+# system packages are named, with the command an administrator runs).
+# The system's Python may be externally managed (PEP 668): nothing is installed into it.
+# With CI=true (.ci/run) the wheel and its dev and ray extras also go into `python3` itself,
+# which there is a Python of CI's own, so that the checks and tests find their tools.
+# Idempotent: what is already there is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { echo "setup: $*"; }
+# ldconfig, debootstrap and dockerd live in sbin, which a user's PATH may lack.
+export PATH="$PATH:/usr/sbin:/sbin"
+as_root=false
+[ "$(id -u)" = 0 ] && as_root=true
 
 need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
@@ -26,29 +37,74 @@ command -v node >/dev/null || need_apt+=(nodejs)
 command -v npm >/dev/null || need_apt+=(npm)
 # runner audit report --html is checked by rendering it in headless Chromium.
 command -v chromium >/dev/null || need_apt+=(chromium)
-if [ ${#need_apt[@]} -gt 0 ]; then
+if [ ${#need_apt[@]} -gt 0 ] && $as_root; then
   log "installing ${need_apt[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+elif [ ${#need_apt[@]} -gt 0 ]; then
+  log "not installed (an administrator runs: sudo apt-get install ${need_apt[*]})"
+  # What a user's install cannot do without: the sandbox, and a Python that makes venvs.
+  for essential in bubblewrap python3 python3-venv libseccomp2; do
+    case " ${need_apt[*]} " in *" $essential "*) log "$essential is needed first"; exit 1 ;; esac
+  done
 fi
 
-log "installing the runner package from its wheel"
-# As users install it: a built wheel, not an editable checkout (dist/ keeps the wheel).
-rm -rf build dist  # setuptools reuses build/lib: a stale module would slip into the wheel
-python3 -m pip wheel -q --disable-pip-version-check --no-deps -w dist .
-rm -rf build
-wheel=(dist/*.whl)
-quiet() { grep -v -e '^WARNING: Running pip as' -e 'is ignored: it is neither' || true; }
-# an earlier install under the old distribution name "runner" (this project's, often editable)
-# (sed, not grep -q: pip must not die of a closed pipe under pipefail)
-if [ "$(python3 -m pip show runner 2>/dev/null | sed -n 's/^Summary: //p')" = "A sandboxed tool runner for LLM agents" ]; then
-  python3 -m pip uninstall -q -y runner 2>&1 | quiet
+python=${RUNNER_PYTHON:-python3}
+if $as_root; then
+  home=/opt/runner bindir=/usr/local/bin
+else
+  home=${XDG_DATA_HOME:-$HOME/.local/share}/runner bindir=$HOME/.local/bin
 fi
-rm -rf runner.egg-info  # its metadata, left in the checkout by an old editable install
-python3 -m pip install -q --disable-pip-version-check "${wheel[0]}[dev,ray]" 2>&1 | quiet
-# the same version may be installed already (or an editable copy): replace it with this build
-python3 -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "${wheel[0]}" 2>&1 | quiet
-(cd / && python3 -c 'import runner, sandboxes.subprocess, sandboxes.docker; runner.examples_dir()')
+venv=$home/venv
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# --system-site-packages: what the system (or CI's Python) has installed already is reused.
+if [ ! -x "$venv/bin/python" ]; then
+  log "making the virtual environment $venv ($("$python" --version))"
+  mkdir -p "$home"
+  "$python" -m venv --system-site-packages "$venv"
+fi
+
+log "building the wheel and installing it into $venv"
+# As users install it: a built wheel, not an editable checkout. Built from a copy: the
+# checkout may not be writable (another user's clone), and setuptools would reuse build/lib.
+mkdir "$work/src"
+tar --exclude=./.git --exclude=./build --exclude=./dist --exclude='*.egg-info' -cf - . | tar -xf - -C "$work/src"
+"$venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$work/dist" "$work/src"
+wheel=("$work"/dist/*.whl)
+if [ -w . ]; then
+  rm -rf dist && mkdir dist && cp "${wheel[0]}" dist/  # dist/ keeps the wheel
+fi
+quiet() { grep -v -e '^WARNING: Running pip as' -e 'is ignored: it is neither' || true; }
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "${wheel[0]}" 2>&1 | quiet
+# the same version may be installed already: replace it with this build
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "${wheel[0]}" 2>&1 | quiet
+mkdir -p "$bindir"
+ln -sfn "$venv/bin/runner" "$bindir/runner"
+(cd / && "$bindir/runner" --version >/dev/null)
+case ":$PATH:" in
+  *":$bindir:"*) ;;
+  *) log "add $bindir to PATH (e.g. in ~/.profile: export PATH=\"$bindir:\$PATH\")" ;;
+esac
+
+if [ "${CI:-}" = true ]; then
+  log "CI: the wheel with its dev and ray extras into $python as well"
+  # an earlier install under the old distribution name "runner" (this project's, often editable)
+  # (sed, not grep -q: pip must not die of a closed pipe under pipefail)
+  if [ "$("$python" -m pip show runner 2>/dev/null | sed -n 's/^Summary: //p')" = "A sandboxed tool runner for LLM agents" ]; then
+    "$python" -m pip uninstall -q -y runner 2>&1 | quiet
+  fi
+  rm -rf runner.egg-info  # its metadata, left in the checkout by an old editable install
+  "$python" -m pip install -q --disable-pip-version-check "${wheel[0]}[dev,ray]" 2>&1 | quiet
+  "$python" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "${wheel[0]}" 2>&1 | quiet
+  (cd / && "$python" -c 'import runner, sandboxes.subprocess, sandboxes.docker; runner.examples_dir()')
+fi
+
+if ! $as_root; then
+  log "done (as $(id -un): Docker, gVisor and the images are root's part of this script)"
+  exit 0
+fi
 
 # The official MCP conformance suite (tests/mcp/serve/test_conformance.py), pinned: 0.1.8 is
 # the last version that runs on Node 20.

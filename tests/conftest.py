@@ -194,10 +194,24 @@ def shipped(tmp_path: Path) -> Iterator[Runner]:
     yield runner
 
 
+def call_cgroups() -> bool:
+    """Whether the subprocess backend makes a cgroup per call here (not rootless on v1)."""
+    from sandboxes.subprocess._cgroup import CgroupFactory, CgroupUnavailable
+
+    try:
+        CgroupFactory()
+    except (CgroupUnavailable, OSError):
+        return False
+    return True
+
+
 def our_cgroups(pid: int) -> list[Path]:
-    """The subprocess backend's cgroups made by the runner of process ``pid``."""
+    """The subprocess backend's cgroups made by the runner of process ``pid`` (none where
+    it makes none: ``call_cgroups``)."""
     from sandboxes.subprocess._cgroup import CgroupFactory
 
+    if not call_cgroups():
+        return []
     return [
         child
         for parent in CgroupFactory().parents

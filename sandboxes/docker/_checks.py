@@ -6,8 +6,25 @@ import os
 
 from sandboxes._netns import NamespaceError, listen_inside
 from sandboxes.base import Check, SandboxUnavailable
-from sandboxes.docker._client import START_DOCKER_HINT, api_client, image_exists
+from sandboxes.docker._client import api_client, image_exists, reach_fix
 from sandboxes.docker.images import BASE_IMAGE
+
+TCP_V1_PROBLEM = (
+    "on cgroup v1 a container's TCP buffers are counted apart from memory_mb and only root "
+    "can cap them (the daemon must be local and the runner root, or the host on cgroup v2)"
+)
+
+
+def _limits_check(cgroup_version: str) -> Check:
+    """Whether the runner can give a container every limit: on a v1 daemon it caps the
+    TCP buffers itself, which needs root."""
+    name = "docker limits"
+    if cgroup_version == "1" and os.geteuid() != 0:
+        return Check(name, False, f"not root: {TCP_V1_PROBLEM}", TCP_V1_FIX)
+    return Check(name, True, "memory, pids, CPU" + (", TCP buffers" if cgroup_version == "1" else ""))
+
+
+TCP_V1_FIX = "run the runner as root, or use a host on cgroup v2 (systemd.unified_cgroup_hierarchy=1)"
 
 
 def _egress_check() -> Check:
@@ -26,7 +43,7 @@ def daemon_checks() -> list[Check]:
     try:
         client = api_client()
     except SandboxUnavailable as exc:
-        return [Check("docker", False, exc.message[:160], START_DOCKER_HINT)]
+        return [Check("docker", False, exc.message.split(";")[0][:160], reach_fix(exc.__cause__))]
     try:
         info = client.info()
         checks = [
@@ -40,6 +57,7 @@ def daemon_checks() -> list[Check]:
             checks.append(Check("docker base image", True, BASE_IMAGE))
         else:
             checks.append(Check("docker base image", False, f"{BASE_IMAGE} missing", "runner images build"))
+        checks.append(_limits_check(str(info.get("CgroupVersion", "1"))))
         checks.append(_egress_check())
         runtimes = info.get("Runtimes", {})
         checks.append(

@@ -23,6 +23,28 @@ LABEL_MANAGED = "io.runner.managed"
 LABEL_REQUEST = "io.runner.request-id"
 LABEL_OWNER = "io.runner.owner-pid"
 START_DOCKER_HINT = "start the Docker daemon (dockerd) or set DOCKER_HOST"
+JOIN_GROUP_HINT = (
+    "add this user to the docker group (usermod -aG docker USER, then log in again), "
+    "or use rootless Docker: DOCKER_HOST=unix://$XDG_RUNTIME_DIR/docker.sock"
+)
+
+
+def _permission_denied(exc: BaseException) -> bool:
+    """Whether a PermissionError is anywhere in ``exc``'s causes or arguments (the SDK
+    wraps the socket's error in two layers of its own)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, PermissionError) or "Permission denied" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def reach_fix(exc: BaseException | None) -> str:
+    """The fix for a daemon ``api_client`` could not reach, from why it could not."""
+    return JOIN_GROUP_HINT if exc is not None and _permission_denied(exc) else START_DOCKER_HINT
 
 
 def api_client() -> APIClient:
@@ -44,6 +66,9 @@ def api_client() -> APIClient:
     except (DockerException, OSError) as exc:
         if client is not None:
             client.close()
+        if _permission_denied(exc):
+            why = f"permission denied on the Docker socket {base_url.removeprefix('unix://')}"
+            raise SandboxUnavailable(f"{why}; {JOIN_GROUP_HINT}") from exc
         raise SandboxUnavailable(f"cannot reach the Docker daemon; {START_DOCKER_HINT}") from exc
     client.timeout = API_TIMEOUT_S
     return client

@@ -43,6 +43,7 @@ from sandboxes.base import (
 )
 from sandboxes.docker._attach import Attached, SocketStdin, drain, read_frames
 from sandboxes.docker._cgroup import ContainerCgroup
+from sandboxes.docker._checks import TCP_V1_PROBLEM
 from sandboxes.docker._client import daemon_call, daemon_failures
 from sandboxes.docker._container import remove_container
 from sandboxes.docker._egress import listener_in
@@ -256,8 +257,7 @@ class PreparedContainer(OneRun):
         if cgroup is None or problem is not None:
             self._kill()
             raise SandboxUnavailable(
-                "cannot limit the container's TCP buffers (cgroup v1 counts them apart from "
-                "memory_mb; the daemon must be local and the runner root)"
+                f"cannot limit the container's TCP buffers: {TCP_V1_PROBLEM}"
             ) from problem
         return cgroup
 

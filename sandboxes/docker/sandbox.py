@@ -37,6 +37,7 @@ from sandboxes._watchdog import prestart as prestart_watchdog
 from sandboxes._watchdog import watch
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import Check, LaunchSpec, Limits, SandboxUnavailable, ToolRequirements
+from sandboxes.docker._checks import TCP_V1_PROBLEM
 from sandboxes.docker._client import (
     LABEL_MANAGED,
     LABEL_OWNER,
@@ -156,6 +157,8 @@ class DockerSandbox:
             raise SandboxUnavailable(problem)
         client = self.client()
         cgroup_v1 = self._daemon_cgroup_v1(client)
+        if cgroup_v1 and os.geteuid() != 0:
+            raise SandboxUnavailable(f"not root: {TCP_V1_PROBLEM}")
         lease = lease_identity()
         workspace = None
         try:

@@ -33,6 +33,9 @@ KILL_ROUNDS = 200
 KILL_PAUSE_S = 0.005
 
 
+V1_NEEDS_ROOT = "this machine has cgroup v1, whose hierarchies only root can divide"
+
+
 class CgroupUnavailable(Exception):
     """No usable cgroup hierarchy; the message says what is missing."""
 
@@ -229,8 +232,14 @@ class CgroupFactory:
 
     def __init__(self) -> None:
         self.version = detect_version()
+        if self.version == 1 and os.geteuid() != 0:
+            raise CgroupUnavailable(V1_NEEDS_ROOT)
         self._parents = self._make_parents()
         self._sequence = 0
+        if os.geteuid() != 0:
+            # A user's subtree may take a folder and still refuse its limits: found out
+            # here, once, rather than by every call.
+            self.create(1, 1).remove()
 
     @property
     def parents(self) -> list[Path]:
@@ -265,7 +274,8 @@ class CgroupFactory:
             except OSError:
                 raise CgroupUnavailable(
                     f"cgroup v2 controllers {wanted} cannot be delegated under {base}; "
-                    "run the runner in a delegated cgroup (systemd-run --user -p Delegate=yes) "
+                    "run the runner in a delegated cgroup "
+                    "(systemd-run --user --scope -p Delegate=yes runner ...) "
                     "or set RUNNER_CGROUP_ROOT"
                 ) from exc
         return parent

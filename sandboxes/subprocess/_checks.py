@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import tempfile
 import threading
@@ -76,8 +77,46 @@ def _probe(backend: SubprocessSandbox) -> Check:
     if isinstance(result, SandboxUnavailable):
         return Check("hardened sandbox", False, result.message[:160], "see the layers above")
     ok = result is not None and getattr(result, "ok", False)
-    detail = "a tool ran: own uid, namespaces, cgroup, seccomp" if ok else f"probe failed: {result}"[:160]
+    if backend.rlimits_only:
+        ran = "a tool ran rootless: your uid mapped inside, namespaces, rlimits, seccomp"
+    elif os.geteuid() != 0:
+        ran = "a tool ran rootless: your uid mapped inside, namespaces, cgroup, seccomp"
+    else:
+        ran = "a tool ran: own uid, namespaces, cgroup, seccomp"
+    if ok:
+        detail = ran
+    else:  # bubblewrap's own complaint, when it said one
+        said = (getattr(result, "stderr_tail", "") or "").strip().splitlines()
+        detail = f"probe failed: {said[-1] if said else result}"[:200]
     return Check("hardened sandbox", ok, detail, "see the layers above")
+
+
+ROOTLESS_LIMITS = (
+    "without a cgroup: rlimits (address space, CPU, file size, open files), a process cap "
+    "in the sandbox's user namespace, memory and CPU summed over the tool's processes (polled)"
+)
+DELEGATE = "systemd-run --user --scope -p Delegate=yes runner ..."
+
+
+def _running_as() -> Check:
+    return Check(
+        "rootless",
+        True,
+        f"not root (uid {os.getuid()}): bubblewrap runs as you, the sandbox as your uid mapped "
+        "inside; no uid of its own per sandbox, no network",
+    )
+
+
+def _cgroup_fix() -> str:
+    """The fix that applies here for per-call cgroups."""
+    if os.geteuid() == 0:
+        return "mount cgroup v2, or cgroup v1 with the memory, pids and cpuacct controllers"
+    if not Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        return (
+            "cgroup v1 here: boot with systemd.unified_cgroup_hierarchy=1 for a delegated "
+            f"cgroup v2 subtree ({DELEGATE}), or run as root"
+        )
+    return f"run the runner in a delegated subtree: {DELEGATE} (or set RUNNER_CGROUP_ROOT)"
 
 
 def machine_checks(backend: SubprocessSandbox) -> list[Check]:
@@ -87,9 +126,12 @@ def machine_checks(backend: SubprocessSandbox) -> list[Check]:
         checks.append(Check("bubblewrap", False, "not found", "apt-get install bubblewrap"))
     else:
         checks.append(Check("bubblewrap", True, _run([bwrap, "--version"])[1]))
+    if os.geteuid() != 0:
+        checks.append(_running_as())
     if backend.cgroups is None:
-        hint = "run as root, or in a delegated cgroup v2 subtree"
-        checks.append(Check("cgroups", False, str(backend.cgroup_problem)[:160], hint))
+        checks.append(Check("cgroups", False, str(backend.cgroup_problem)[:200], _cgroup_fix()))
+        if backend.rlimits_only:
+            checks.append(Check("rootless limits", True, ROOTLESS_LIMITS))
     else:
         version = backend.cgroups.version
         controllers = "memory, pids, cpuacct" if version == 1 else "memory, pids, cpu"

@@ -11,10 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sandboxes._watchdog import OWNER_MARK
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import LaunchSpec, Limits, SandboxUnavailable
 from sandboxes.subprocess._cgroup import CallCgroup
 from sandboxes.subprocess._launch import (
+    ROOTLESS_NOFILE,
+    ROOTLESS_VMEM_FACTOR,
     carried_env,
     drop_privileges_argv,
     launcher_argv,
@@ -115,7 +118,13 @@ class SandboxCommand:
         sources = Sources(tool_dir, workspace, owner.etc.path, owner.library_dir, owner.etc.copies)
         # Secrets too: bubblewrap's arguments reach it through a sealed memfd, not argv.
         env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace else None) | dict(spec.secrets)
-        command = started_shim_argv(SHELL, list(spec.command))
+        cap = self._limits.max_pids if owner.rlimits_only else None
+        if cap is not None:
+            try:
+                env = carried_env(env)  # unpacked by the rootless shim (``ROOTLESS_SHIM``)
+            except ValueError as exc:
+                raise SandboxUnavailable(f"the tool's environment cannot be passed on: {exc}") from exc
+        command = started_shim_argv(SHELL, list(spec.command), cap)
         if owner.bwrap is None:
             raise SandboxUnavailable("bubblewrap is not installed")  # missing_layers says so first
         seccomp = filter_fd()
@@ -196,6 +205,15 @@ class SandboxCommand:
         env["RUNNER_CPU"] = str(self._limits.cpu_seconds)
         if self._cgroup is not None:
             env["RUNNER_CGROUPS"] = " ".join(str(p) for p in self._cgroup.join_files)
+        elif self._owner.rlimits_only:
+            # Each process's own: address space (``_tree`` polls the sum), file size (the
+            # scratch bound, in dash's 512-byte blocks), open files; the process cap is set
+            # inside (``ROOTLESS_SHIM``).
+            env["RUNNER_VMEM_KB"] = str(self._limits.memory_mb * 1024 * ROOTLESS_VMEM_FACTOR)
+            env["RUNNER_FSIZE_BLOCKS"] = str(self._limits.disk_mb * 2048)
+            env["RUNNER_NOFILE"] = str(ROOTLESS_NOFILE)
+            # Kept by bubblewrap's processes, for the watchdog's sweep (``OWNER_MARK``).
+            env[OWNER_MARK] = str(os.getpid())
         return env
 
 

@@ -46,6 +46,9 @@ fi
 if [ -n "$RUNNER_VMEM_KB" ]; then
   ulimit -v "$RUNNER_VMEM_KB" || fail "cannot set memory limit"
 fi
+if [ -n "$RUNNER_FSIZE_BLOCKS" ]; then
+  ulimit -f "$RUNNER_FSIZE_BLOCKS" && ulimit -n "$RUNNER_NOFILE" || fail "cannot set file limits"
+fi
 if [ -n "$RUNNER_STARTED_FD" ]; then
   exec 3>"/proc/$PPID/fd/$RUNNER_STARTED_FD" || fail "cannot open the started pipe"
 fi
@@ -58,8 +61,8 @@ fi
 if [ -n "$RUNNER_CHDIR" ]; then
   cd "$RUNNER_CHDIR" || fail "cannot enter the tool folder"
 fi
-unset RUNNER_CGROUPS RUNNER_CPU RUNNER_VMEM_KB RUNNER_STARTED_FD RUNNER_STAGE \
-  RUNNER_TOOL_DIR RUNNER_WORKSPACE_DIR RUNNER_PID RUNNER_CHDIR
+unset RUNNER_CGROUPS RUNNER_CPU RUNNER_VMEM_KB RUNNER_FSIZE_BLOCKS RUNNER_NOFILE RUNNER_STARTED_FD \
+  RUNNER_STAGE RUNNER_TOOL_DIR RUNNER_WORKSPACE_DIR RUNNER_PID RUNNER_CHDIR
 exec "$@"
 """
 # A degraded run has no bubblewrap to hand the tool its environment: it travels through
@@ -79,6 +82,27 @@ STARTED_SHIM = (
     f"printf s >&3; exec 3>&-; unset PWD OLDPWD; {UNPACK_TOOL_ENV}; {EXEC_GUARD}; "
     'exec "$@"'  # sh exports PWD itself
 )
+
+
+# Rootless without a cgroup, the process cap is RLIMIT_NPROC set inside the sandbox: the
+# kernel counts it per uid *per user namespace*, so it counts this sandbox's processes
+# only (set outside, it would count every process of the user on the host). The tool
+# then runs as a child, not by exec, so that once it exits the shim can still see (from
+# its own /proc, by a glob: no fork) whether the tool's processes filled the cap, and say
+# so with a ``p`` on the started pipe, before the pid namespace is torn down. The tool's
+# environment reaches the shim carried (``carried_env``) and is unpacked in the subshell
+# only: the shim, which stays, is not one more process with the tool's variables.
+ROOTLESS_SHIM = (
+    'runner_cap=$1; shift; ulimit -p "$runner_cap" || exit 125; '
+    "printf s >&3; unset PWD OLDPWD; "
+    f'({UNPACK_TOOL_ENV}; {EXEC_GUARD}; exec "$@") 3>&-; runner_status=$?; '
+    'set -- /proc/[0-9]*; [ "$#" -ge $((runner_cap - 1)) ] && printf p >&3; exit "$runner_status"'
+)
+PIDS_CAPPED = b"p"
+# Open files a rootless sandbox may hold (no cgroup bounds the kernel memory they cost).
+ROOTLESS_NOFILE = 1024
+# Its address-space rlimit, in memory limits: the sum of resident memory is polled (``_tree``).
+ROOTLESS_VMEM_FACTOR = 2
 
 
 def carried_env(env: dict[str, str]) -> dict[str, str]:
@@ -101,8 +125,11 @@ def launcher_argv(shell: str, argv: list[str], unshare: str | None) -> list[str]
     return [unshare, "--mount", "--propagation", "private", "--", *launch]
 
 
-def started_shim_argv(shell: str, command: list[str]) -> list[str]:
-    return [shell, "-c", STARTED_SHIM, "runner-exec", *command]
+def started_shim_argv(shell: str, command: list[str], process_cap: int | None = None) -> list[str]:
+    """The shim's argv; ``process_cap``: the rootless shim's, with that RLIMIT_NPROC."""
+    if process_cap is None:
+        return [shell, "-c", STARTED_SHIM, "runner-exec", *command]
+    return [shell, "-c", ROOTLESS_SHIM, "runner-exec", str(process_cap), *command]
 
 
 def drop_privileges_argv(setpriv: str, uid: int, gid: int) -> list[str]:

@@ -24,6 +24,7 @@ from sandboxes._usernet import INSTALL_HINT, UserNetwork, find_slirp4netns
 from sandboxes.base import Check, LaunchSpec, Limits, SandboxUnavailable
 
 NEEDS_ROOT = "a network of the tool's own (network: true or an allow-list) needs the runner to run as root"
+ROOT_HINT = "run the runner as root (rootless, tools get no network: network: false works)"
 
 
 def network_checks() -> list[Check]:
@@ -31,8 +32,8 @@ def network_checks() -> list[Check]:
     checks = []
     probe = LaunchSpec("doctor", "doctor", ("true",), Path("/"))
     for name, limits, egress, hint in (
-        ("own network", Limits(network=True), None, INSTALL_HINT),
-        ("egress network", Limits(), _ProbeEndpoint(), "run the runner as root"),
+        ("own network", Limits(network=True), None, INSTALL_HINT if os.geteuid() == 0 else ROOT_HINT),
+        ("egress network", Limits(), _ProbeEndpoint(), ROOT_HINT),
     ):
         spec = dataclasses.replace(probe, egress=egress)
         try:

@@ -12,6 +12,7 @@ from sandboxes._kernel import signal_from_init_status
 from sandboxes.base import Limits, SandboxOutcome, StopReason
 from sandboxes.subprocess._cgroup import CallCgroup
 from sandboxes.subprocess._process import Ending, ProcessResult
+from sandboxes.subprocess._tree import out_of_memory
 
 _HOST_PATH = re.compile(r"/[^\s:'\"]+")
 
@@ -26,9 +27,11 @@ def outcome(
     missing: tuple[str, ...],
     cgroup: CallCgroup | None,
     limits: Limits,
+    pids_capped: bool = False,
 ) -> SandboxOutcome:
     """The outcome of a run whose tool ended (exited, was killed, or never started);
-    ``missing``: the layers a degraded sandbox lacked (empty: hardened)."""
+    ``missing``: the layers a degraded sandbox lacked (empty: hardened); ``pids_capped``:
+    the rootless shim saw the tool fill its process cap."""
     hardened = not missing
     rc = result.returncode
     sig: int | None = None
@@ -37,6 +40,8 @@ def outcome(
     elif hardened and rc is not None and started_ok and signal_from_init_status(rc):
         sig, rc = signal_from_init_status(rc), None  # bubblewrap's init: 128 + N
     reason = _reason(result, rc, sig, started_ok, cgroup, limits)
+    if reason in (StopReason.EXIT_CODE, StopReason.SIGNAL) and cgroup is None:
+        reason = _rlimit_reason(result.stderr_tail, pids_capped) or reason
     if reason is None and zero_fails:
         reason = StopReason.EXIT_CODE
     message = ""
@@ -98,12 +103,23 @@ def _reason(
     return StopReason.EXIT_CODE
 
 
-def shim_started(started_fd: int) -> bool:
-    """Did the sandbox get as far as exec'ing the tool? (The shim then wrote one byte.)"""
+def _rlimit_reason(stderr_tail: str, pids_capped: bool) -> StopReason | None:
+    """A failure without a cgroup to tell why: the process cap filled (the shim saw it),
+    or an allocation refused by the address-space limit (the tool said so)."""
+    if pids_capped:
+        return StopReason.PIDS_LIMIT
+    if out_of_memory(stderr_tail):
+        return StopReason.MEMORY_LIMIT
+    return None
+
+
+def shim_marks(started_fd: int) -> bytes:
+    """What the shim wrote on the started pipe: ``s`` once the tool is about to start, and
+    from the rootless shim ``p`` after it when the tool's processes filled their cap."""
     try:
-        return os.read(started_fd, 1) == b"s"
+        return os.read(started_fd, 2)
     except (BlockingIOError, OSError):
-        return False
+        return b""
 
 
 def _setup_message(stderr_tail: str) -> str:

@@ -28,14 +28,17 @@ from sandboxes._prepared import OneRun, Stage
 from sandboxes._priming import PrimingPipe
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable
+from sandboxes.events import StderrSplitter
 from sandboxes.subprocess._attach import attach
 from sandboxes.subprocess._cgroup import CallCgroup
 from sandboxes.subprocess._command import SandboxCommand
+from sandboxes.subprocess._launch import PIDS_CAPPED
 from sandboxes.subprocess._network import SandboxNetwork
-from sandboxes.subprocess._outcome import outcome, shim_started
+from sandboxes.subprocess._outcome import outcome, shim_marks
 from sandboxes.subprocess._prime import FdPipe
 from sandboxes.subprocess._process import EXIT_GRACE_S, Driven, Ending, drive
 from sandboxes.subprocess._staged_folders import FolderId, NoNamespace, StagedFolders
+from sandboxes.subprocess._tree import ProcessTree
 
 if TYPE_CHECKING:
     from sandboxes.subprocess.sandbox import SubprocessSandbox
@@ -92,6 +95,7 @@ class PreparedSubprocess(OneRun):
         self._popen: subprocess.Popen[bytes] | None = None
         self._token = ""
         self._cpu_look_at = 0.0  # when ``_breached`` next reads the CPU time
+        self._tree: ProcessTree | None = None
 
     @property
     def uid(self) -> int:
@@ -138,6 +142,9 @@ class PreparedSubprocess(OneRun):
         # its next sandbox is not begun while this one still takes the CPU to set up.
         assert self._started_read is not None
         select.select([self._started_read], [], [], STARTED_WAIT_S)
+        tree = self._process_tree()
+        if tree is not None:
+            tree.look()  # its processes, while the launcher still holds them
 
     async def _astart(self) -> None:
         """Start the tool for a cold run (the launch thread awaited, not blocked on)."""
@@ -253,10 +260,10 @@ class PreparedSubprocess(OneRun):
                 b"",  # the token line is in already (``_start``)
                 self._limits.timeout_ms / 1000,
                 self._kill_now,
-                self._breached if self._cgroup else None,
+                self._breached_limit(exchange.stderr),
             )
         finally:
-            tool_started = self._started_read is not None and shim_started(self._started_read)
+            marks = shim_marks(self._started_read) if self._started_read is not None else b""
             self._close_fds()
         duration_ms = (time.monotonic() - started) * 1000
         if result.ending is Ending.FINISHED:
@@ -272,14 +279,29 @@ class PreparedSubprocess(OneRun):
             )
         return outcome(
             result,
-            tool_started,
+            marks.startswith(b"s"),
             token,
             duration_ms,
             not exchange.ends_by_exit,
             missing=self._missing,
             cgroup=self._cgroup,
             limits=self._limits,
+            pids_capped=PIDS_CAPPED in marks,
         )
+
+    def _breached_limit(self, stderr: StderrSplitter) -> Callable[[], Ending | None] | None:
+        """What polls the tool's limits as a whole: its cgroup's counters, or rootless
+        without one, the sums over its processes and what its stderr says (``_tree``)."""
+        if self._cgroup is not None:
+            return self._breached
+        tree = self._process_tree()
+        return tree.watch(stderr) if tree is not None else None
+
+    def _process_tree(self) -> ProcessTree | None:
+        """Rootless without a cgroup: the processes under the launcher, which stand for it."""
+        if self._tree is None and self._owner.rlimits_only and self._popen is not None:
+            self._tree = ProcessTree(self._popen.pid, self._limits)
+        return self._tree
 
     def _breached(self) -> Ending | None:
         """A limit of the tool as a whole that is already broken (polled while it runs).
@@ -329,7 +351,10 @@ class PreparedSubprocess(OneRun):
         return process_ended(self._popen.pid, not self._missing)
 
     def used_cpu_seconds(self) -> float | None:
-        return self._cgroup.cpu_seconds() if self._cgroup is not None else None
+        if self._cgroup is not None:
+            return self._cgroup.cpu_seconds()
+        tree = self._process_tree()
+        return tree.cpu_seconds() if tree is not None else None
 
     async def close(self) -> None:
         self._stage = Stage.CLOSED
@@ -370,6 +395,9 @@ class PreparedSubprocess(OneRun):
         # Each step runs whatever the one before it raised: a failed apply must neither
         # keep the uid leased nor leave the cgroup behind.
         try:
+            tree = self._process_tree()
+            if tree is not None:  # what a cgroup's removal does: kill, and wait till gone
+                tree.kill_all(EXIT_GRACE_S)
             if self._cgroup is not None:
                 self._cgroup.remove()  # kills until empty, then removes
                 self._cgroup = None

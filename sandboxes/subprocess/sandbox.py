@@ -6,7 +6,12 @@ init dies and the kernel kills everything left in the namespace; the runner then
 whatever is still listed in the cgroup and removes it. If the runner itself is killed,
 ``--die-with-parent`` takes the namespace down with it.
 
-Less isolation than that (no bubblewrap, no cgroups) is refused with
+Without root (``rootless``) bubblewrap runs as the runner's own user. Limits then come
+from a delegated cgroup v2 subtree where the user has one, else from rlimits set by the
+launcher and, for processes, inside the sandbox's user namespace (``_launch``): that is
+the rootless level, not a degraded one.
+
+Less isolation than that (no bubblewrap, no cgroups as root) is refused with
 ``SandboxUnavailable`` unless the policy sets ``sandbox.allow_degraded``; degraded runs
 are marked as such in every outcome.
 """
@@ -50,8 +55,13 @@ __all__ = ["PreparedSubprocess", "SubprocessConfig", "SubprocessSandbox", "creat
 
 
 def default_state_dir() -> Path:
+    """``/run/runner`` as root; else ``$XDG_RUNTIME_DIR/runner`` (a relative value is
+    ignored, as the XDG rule says), else a folder of the user's own under the temp dir."""
     if os.geteuid() == 0:
         return Path("/run/runner")
+    runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or "relative")
+    if runtime.is_absolute():
+        return runtime / "runner"
     return Path(tempfile.gettempdir()) / f"runner-{os.geteuid()}"
 
 
@@ -132,6 +142,8 @@ class SubprocessSandbox:
             self.cgroups.remove_stale()
         except (CgroupUnavailable, OSError) as exc:
             self.cgroup_problem = str(exc)
+        # Without root and without a delegated cgroup: limits by rlimits (``rootless``).
+        self.rlimits_only = not is_root and self.cgroups is None
         self.etc = self._write_etc()
         self.library_dir = publish_library(self.state_dir / "python")
         self.stage_dir = self._make_stage()
@@ -146,6 +158,8 @@ class SubprocessSandbox:
                 for parent in self.cgroups.parents:
                     watch("cgroups", f"{self.cgroups.version}:{parent}")
             watch("scratch", str(self.scratch_root))
+            if self.rlimits_only:
+                watch("marked")
             if os.geteuid() == 0:
                 watch("staging", str(STAGING_ROOT))
                 remove_stale_staging(STAGING_ROOT, lambda name: not owner_alive(name))
@@ -173,7 +187,7 @@ class SubprocessSandbox:
             missing.append("bubblewrap is not installed (apt-get install bubblewrap)")
         if os.geteuid() == 0 and (self.setpriv is None or self.unshare is None):
             missing.append("setpriv or unshare is not installed (apt-get install util-linux)")
-        if self.cgroups is None:
+        if self.cgroups is None and not self.rlimits_only:
             missing.append(f"cgroups unavailable: {self.cgroup_problem}")
         return missing
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from conftest import TRACING_TOOL, ToolBench, our_cgroups, wait_for
+from conftest import TRACING_TOOL, ToolBench, call_cgroups, our_cgroups, wait_for
 
 from runner import Runner
 from runner.call.policy import Policy
@@ -30,8 +30,6 @@ from runner.call.pools import REFILL_DEFER_S, Ready, WarmPools, _Pool
 from sandboxes import LaunchSpec, Limits, PreStarts, WarmSandbox
 from sandboxes.subprocess.sandbox import default_state_dir
 from sandboxes.testing import processes_with_env
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the hardened sandbox runs as root here")
 
 
 def _marker() -> tuple[str, str]:
@@ -81,12 +79,13 @@ def test_fifty_pooled_calls_each_see_a_fresh_sandbox_and_none_of_the_others(
     # fresh sandbox per call is taken on the host: the process each call took, and the
     # cgroup of every warm sandbox (cgroup names are never reused).
     taken: list[int] = []
+    cgroups = call_cgroups()  # rootless on cgroup v1 there are none: the pids prove it alone
     host_cgroups: dict[str, int] = {}  # each host cgroup seen, with the one process it held
     with bench.runner() as runner:
         for n in range(50):
             wait_for(lambda: _idle(runner)["trace"] == 2 and len(_warm_pids(mark)) == 2)
             waiting = set(_warm_pids(mark))
-            for pid in waiting:
+            for pid in waiting if cgroups else ():
                 cgroup = _host_cgroup(pid)
                 assert host_cgroups.setdefault(cgroup, pid) == pid, "two sandboxes shared a cgroup"
             answer = runner.handle({"toolName": "trace", "params": {"n": n}})
@@ -95,11 +94,13 @@ def test_fifty_pooled_calls_each_see_a_fresh_sandbox_and_none_of_the_others(
             taken.append(gone)
             seen = answer["result"]
             assert seen["tmp_before"] == [], f"call {n} saw {seen['tmp_before']}"
-            assert set(seen["pids"]) <= {1, seen["me"]}, f"call {n} saw other processes: {seen['pids']}"
+            # Rootless without cgroups the shim waits beside the tool as pid 2 (``ROOTLESS_SHIM``).
+            own = {1, seen["me"]} if cgroups else {1, 2, seen["me"]}
+            assert set(seen["pids"]) <= own, f"call {n} saw other processes: {seen['pids']}"
             assert seen["own_file_ok"]
             assert "REQUEST_ID" not in seen["env"]
     assert len(set(taken)) == 50
-    assert len(host_cgroups) >= 50
+    assert len(host_cgroups) >= 50 or not cgroups
     attempts = _attempts(bench)
     assert [event["warm"] for event in attempts] == [True] * 50
     assert our_cgroups(os.getpid()) == []
@@ -185,8 +186,10 @@ def test_a_sandbox_idle_past_max_idle_ms_is_replaced(pooled: tuple[ToolBench, st
     with bench.runner() as runner:
         wait_for(lambda: len(_warm_pids(mark)) == 2)
         first = set(_warm_pids(mark))
-        wait_for(lambda: not first & set(_warm_pids(mark)) and len(_warm_pids(mark)) == 2)
-        assert _idle(runner)["trace"] == 2
+        # A replacement's tool runs a moment before its pool counts it ready: both, together.
+        wait_for(
+            lambda: not first & set(_warm_pids(mark)) and len(_warm_pids(mark)) == 2 and _idle(runner)["trace"] == 2
+        )
 
 
 def test_max_total_bounds_warm_sandboxes_over_all_tools(bench: ToolBench) -> None:
@@ -207,7 +210,7 @@ def test_closing_the_runner_leaves_no_warm_sandbox(pooled: tuple[ToolBench, str]
     bench, mark = pooled
     runner = bench.runner()
     wait_for(lambda: _idle(runner)["trace"] == 2)
-    assert our_cgroups(os.getpid()) != []
+    assert our_cgroups(os.getpid()) != [] or not call_cgroups()
     runner.close()
     assert _warm_pids(mark) == []
     assert our_cgroups(os.getpid()) == []
@@ -251,7 +254,7 @@ def test_sigkill_of_a_runner_holding_a_pool_leaves_no_process_cgroup_or_scratch(
         assert holder.stdout is not None
         assert holder.stdout.readline() == "ready\n"
         wait_for(lambda: len(_warm_pids(mark)) == 3)
-        assert len(our_cgroups(holder.pid)) >= 3
+        assert len(our_cgroups(holder.pid)) >= 3 or not call_cgroups()
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()

@@ -163,7 +163,10 @@ def test_filling_the_scratch_space_stops_at_disk_mb(bench: ToolBench, mode: str)
         result["written_mb"] = written // (1024 * 1024)
     """,
     )
-    assert result["error"] == 28  # ENOSPC
+    # Rootless without a cgroup the file-size rlimit (disk_mb, for the workspace) is met
+    # at the same point: EFBIG.
+    rootless = os.geteuid() != 0 and mode == "hardened"
+    assert result["error"] in ({27, 28} if rootless else {28})  # EFBIG, ENOSPC
     assert result["written_mb"] <= 8
 
 
@@ -352,10 +355,13 @@ def test_degraded_runs_need_the_policy_to_say_so_and_are_marked(
 
 def test_leftovers_of_a_killed_runner_are_removed_on_start(tmp_path: Path) -> None:
     from sandboxes.subprocess import SubprocessConfig, SubprocessSandbox
-    from sandboxes.subprocess._cgroup import CgroupFactory
+    from sandboxes.subprocess._cgroup import CgroupFactory, CgroupUnavailable
 
     dead_pid = 4_000_000  # above pid_max: never alive
-    factory = CgroupFactory()
+    try:
+        factory = CgroupFactory()
+    except CgroupUnavailable as exc:  # rootless on cgroup v1: no call cgroups to leave
+        pytest.skip(str(exc))
     stale = [parent / f"{dead_pid}-1-1" for parent in factory.parents]
     for d in stale:
         d.mkdir()
