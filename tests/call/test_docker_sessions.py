@@ -1,0 +1,186 @@
+"""Session sandboxes on the docker backend, with a real daemon: one container per
+(session, tool) kept between the session's calls and never beyond it, a hung call, a
+memory limit broken, expiry, and closing the runner."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any
+
+import pytest
+from conftest import ToolBench
+from docker import APIClient
+
+pytestmark = pytest.mark.docker
+
+# A notebook of one variable kept in the container's /tmp; its hostname is its container.
+# ``hang`` leaves a child behind and ignores its timeout; ``hog`` breaks the memory limit.
+COUNTER = """
+import json, os, signal, socket, sys, time
+params = json.load(sys.stdin)["params"]
+path = "/tmp/count"
+count = int(open(path).read()) if os.path.exists(path) else 0
+count += 1
+open(path, "w").write(str(count))
+if params.get("hang"):
+    if os.fork() == 0:
+        time.sleep(600)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(600)
+if params.get("hog"):
+    hoard = bytearray(400 * 1024 * 1024)
+    hoard[::4096] = b"x" * len(hoard[::4096])
+home = os.environ.get("HOME", "")
+print(json.dumps({"count": count, "host": socket.gethostname(), "home": home}))
+"""
+PARAMS = {
+    "type": "object",
+    "properties": {"hang": {"type": "boolean"}, "hog": {"type": "boolean"}},
+    "additionalProperties": False,
+}
+IMAGE = "runner/python-tools:latest"
+TIMEOUT_MS = 30000  # a container's start on a loaded machine
+
+
+@pytest.fixture
+def bench_tools(bench: ToolBench, docker_client: APIClient) -> ToolBench:
+    bench.tool("dcount", COUNTER, parameters=PARAMS, session=True, sandbox="docker", image=IMAGE)
+    bench.tool("dplain", COUNTER, parameters=PARAMS, sandbox="docker", image=IMAGE)
+    bench.policy["limits"]["memory_mb"] = 128
+    return bench
+
+
+def _events(bench: ToolBench, name: str) -> list[dict[str, Any]]:
+    lines = bench.audit_log.read_text().splitlines() if bench.audit_log.exists() else []
+    return [event for event in map(json.loads, lines) if event["event"] == name]
+
+
+def _answer(answer: Any) -> dict[str, Any]:
+    assert answer.success, answer.error
+    result: dict[str, Any] = answer.result
+    return result
+
+
+def _ours(client: APIClient) -> list[str]:
+    """Containers of this process, running or not."""
+    from sandboxes.docker._client import LABEL_OWNER
+
+    return [c["Id"] for c in client.containers(all=True, filters={"label": f"{LABEL_OWNER}={os.getpid()}"})]
+
+
+def test_state_persists_in_one_container_per_session_and_never_reaches_another_or_a_call_outside(
+    bench_tools: ToolBench, docker_client: APIClient
+) -> None:
+    bench = bench_tools
+
+    async def scenario() -> list[str]:
+        async with bench.runner() as runner:
+            async with runner.session() as first, runner.session() as second:
+                one = [_answer(await first.acall("dcount", timeout=TIMEOUT_MS)) for _ in range(3)]
+                assert [a["count"] for a in one] == [1, 2, 3]
+                assert len({a["host"] for a in one}) == 1  # the same container each call
+                other = _answer(await second.acall("dcount", timeout=TIMEOUT_MS))
+                assert other["count"] == 1 and other["host"] != one[0]["host"]
+                outside = _answer(await runner.acall("dcount", timeout=TIMEOUT_MS))
+                assert outside["count"] == 1 and outside["host"] not in (one[0]["host"], other["host"])
+                plain = [_answer(await first.acall("dplain", timeout=TIMEOUT_MS))["count"] for _ in range(2)]
+                assert plain == [1, 1]  # not a session tool: fresh each call
+                assert _answer(await first.acall("dcount", timeout=TIMEOUT_MS))["count"] == 4
+                assert len(_ours(docker_client)) == 2  # the two sessions' containers
+                ids = [first.id, second.id]
+            assert _ours(docker_client) == []  # the sessions' end removed them
+        return ids
+
+    ids = asyncio.run(scenario())
+    opened = _events(bench, "session.opened")
+    assert sorted(e["sessionId"] for e in opened) == sorted(ids)
+    assert {e["sandbox"] for e in opened} == {"docker"}
+    closed = _events(bench, "session.closed")
+    assert {(e["sessionId"], e["reason"]) for e in closed} == {(i, "ended") for i in ids}
+    assert next(e for e in closed if e["sessionId"] == ids[0])["calls"] == 4
+
+
+def test_a_hung_call_kills_its_container_and_the_next_call_starts_anew(
+    bench_tools: ToolBench, docker_client: APIClient
+) -> None:
+    bench = bench_tools
+
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            first = _answer(await session.acall("dcount", timeout=TIMEOUT_MS))
+            assert first["count"] == 1
+            started = time.monotonic()
+            hung = await session.acall("dcount", {"hang": True}, timeout=1500)
+            assert time.monotonic() - started < 10
+            assert not hung.success and hung.error is not None
+            assert hung.error.code.value == "TIMEOUT"
+            assert _ours(docker_client) == []  # the container, the call's child with it
+            answer = await session.acall("dcount", timeout=TIMEOUT_MS)
+            assert _answer(answer)["count"] == 1
+            assert _answer(answer)["host"] != first["host"]
+            assert answer.metadata.extra["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [e["reason"] for e in _events(bench, "session.closed")] == ["limit", "ended"]
+
+
+def test_a_memory_limit_broken_in_a_session_ends_it(bench_tools: ToolBench, docker_client: APIClient) -> None:
+    bench = bench_tools
+
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            assert _answer(await session.acall("dcount", timeout=TIMEOUT_MS))["count"] == 1
+            hog = await session.acall("dcount", {"hog": True}, timeout=TIMEOUT_MS)
+            assert not hog.success and hog.error is not None
+            assert hog.error.details["reason"] == "memory_limit"
+            assert "sessionRestarted" not in hog.error.details
+            answer = await session.acall("dcount", timeout=TIMEOUT_MS)
+            assert _answer(answer)["count"] == 1
+            assert answer.metadata.extra["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [e["reason"] for e in _events(bench, "session.closed")] == ["limit", "ended"]
+    assert _ours(docker_client) == []
+
+
+def test_an_idle_session_container_is_removed(bench_tools: ToolBench, docker_client: APIClient) -> None:
+    bench = bench_tools
+    bench.policy["session"] = {"idle_ms": 1000}
+
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            assert _answer(await session.acall("dcount", timeout=TIMEOUT_MS))["count"] == 1
+            assert len(_ours(docker_client)) == 1
+            deadline = time.monotonic() + 15
+            while not _events(bench, "session.closed") and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert _ours(docker_client) == []
+            answer = await session.acall("dcount", timeout=TIMEOUT_MS)
+            assert _answer(answer)["count"] == 1
+            assert answer.metadata.extra["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [e["reason"] for e in _events(bench, "session.closed")] == ["idle", "ended"]
+
+
+def test_closing_the_runner_removes_its_sessions_containers(
+    bench_tools: ToolBench, docker_client: APIClient
+) -> None:
+    bench = bench_tools
+
+    async def scenario() -> None:
+        runner = bench.runner()
+        session = runner.session()
+        await session.__aenter__()
+        assert _answer(await session.acall("dcount", timeout=TIMEOUT_MS))["count"] == 1
+        assert len(_ours(docker_client)) == 1
+        await runner.aclose()
+        with pytest.raises(RuntimeError):
+            await session.acall("dcount", timeout=TIMEOUT_MS)
+
+    asyncio.run(scenario())
+    assert [e["reason"] for e in _events(bench, "session.closed")] == ["runner_closed"]
+    assert _ours(docker_client) == []
