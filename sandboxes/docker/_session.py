@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # The container's own program while the session lasts: reads its stdin (the attach
 # socket, which the runner writes nothing more to) until it closes, so the container
 # ends with the runner's end of that socket.
-HOLDER = ["/bin/sh", "-c", "while read -r _; do :; done"]
+HOLDER = ("/bin/sh", "-c", "while read -r _; do :; done")
 # Outcomes that mean the runner cut the call short, or a limit of the whole session broke.
 _ENDS_SESSION = frozenset(
     {
@@ -118,7 +118,9 @@ class DockerSession:
                 ending = await prepared._attend(attached, exchange, preamble, stderr)
             except OSError as exc:
                 await asyncio.to_thread(self.kill, SessionEnd.DIED)
-                raise SandboxUnavailable(f"lost the connection to the Docker daemon: {type(exc).__name__}") from exc
+                raise SandboxUnavailable(
+                    f"lost the connection to the Docker daemon: {type(exc).__name__}"
+                ) from exc
             except BaseException:
                 self.kill(SessionEnd.LIMIT)  # cancelled: the call's processes may still run
                 raise
@@ -130,7 +132,8 @@ class DockerSession:
         if reason is None and attached.said is None:  # no trailer (another runtime): the daemon says
             state = await asyncio.to_thread(self._exec_state, exec_id)
         duration_ms = (time.monotonic() - started) * 1000
-        told = prepared._blame_limits(outcome(state, reason, exchange.output(), stderr, attached.token, duration_ms))
+        told = outcome(state, reason, exchange.output(), stderr, attached.token, duration_ms)
+        told = prepared._blame_limits(told)
         if told.reason in _ENDS_SESSION:
             await asyncio.to_thread(self.kill, SessionEnd.LIMIT)
         return told
