@@ -18,6 +18,7 @@ is killed, every process of it with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
@@ -66,6 +67,7 @@ async def open_session(owner: DockerSandbox, spec: LaunchSpec, limits: Limits) -
     session = DockerSession(prepared, spec, limits, plain=bool(spec.runtime or owner.config.runtime))
     try:
         await finish_shielded(asyncio.to_thread(prepared.start_waiting))
+        session.start_ahead()
     except BaseException:
         await finish_shielded(session.close())
         raise
@@ -81,6 +83,12 @@ class DockerSession:
         self._limits = limits
         self._end: SessionEnd | None = None
         self._busy = False
+        self._ahead: asyncio.Task[tuple[str, Attached]] | None = None  # the next call's exec
+
+    def start_ahead(self) -> None:
+        """Start the next call's exec now, off the call's path: its gate released, the
+        tool starts up and waits on its stdin for the payload."""
+        self._ahead = asyncio.get_running_loop().create_task(asyncio.to_thread(self._exec))
 
     def ended(self) -> SessionEnd | None:
         if self._end is None and self._prepared.ended() is not None:
@@ -103,19 +111,24 @@ class DockerSession:
         prepared.set_timeout(timeout_ms)  # the rest of the limits hold for the whole session
         exchange = PayloadExchange(payload, self._limits.max_output_bytes)
         stderr = exchange.stderr
-        started = time.monotonic()
+        if self._ahead is None:
+            self.start_ahead()
+        assert self._ahead is not None
         try:
             with daemon_call("exec in the session's container"):
-                exec_id, attached = await asyncio.to_thread(self._exec)
+                # Shielded: a call cancelled here leaves the exec to the next call (or ``close``).
+                exec_id, attached = await asyncio.shield(self._ahead)
+            self._ahead = None
         except SandboxUnavailable:
+            self._ahead = None
             await asyncio.to_thread(self.kill, SessionEnd.DIED)
             raise
+        started = time.monotonic()  # the timeout counts from the payload, as for a warm call
         try:
             holder = prepared._waiting
             attached.cgroup = holder.cgroup if holder is not None else None
-            preamble = attached.release(prepared._release)
             try:
-                ending = await prepared._attend(attached, exchange, preamble, stderr)
+                ending = await prepared._attend(attached, exchange, b"", stderr)
             except OSError as exc:
                 await asyncio.to_thread(self.kill, SessionEnd.DIED)
                 raise SandboxUnavailable(
@@ -136,10 +149,13 @@ class DockerSession:
         told = prepared._blame_limits(told)
         if told.reason in _ENDS_SESSION:
             await asyncio.to_thread(self.kill, SessionEnd.LIMIT)
+        else:
+            self.start_ahead()
         return told
 
     def _exec(self) -> tuple[str, Attached]:
-        """Start the gate once more inside the container, attached (blocking)."""
+        """Start the gate once more inside the container, attached, and write its release
+        (blocking)."""
         prepared = self._prepared
         client = prepared._client
         lease = prepared._lease
@@ -155,8 +171,13 @@ class DockerSession:
             user=f"{lease.uid}:{lease.gid}",  # the container's own uid
             workdir=TOOL_MOUNT,
         )
-        sock = client.exec_start(created["Id"], socket=True)
-        return str(created["Id"]), Attached(sock, new_token())
+        attached = Attached(client.exec_start(created["Id"], socket=True), new_token())
+        try:
+            attached.raw.sendall(attached.release(prepared._release))
+        except BaseException:
+            attached.close()
+            raise
+        return str(created["Id"]), attached
 
     def _exec_state(self, exec_id: str) -> dict[str, Any]:
         """How the exec ended, as the daemon tells it; empty when it cannot (then the
@@ -177,4 +198,9 @@ class DockerSession:
     async def close(self) -> None:
         if self._end is None:
             self._end = SessionEnd.DIED
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:  # its thread cannot be stopped: its socket is closed once it is done
+            with contextlib.suppress(Exception):
+                _, attached = await finish_shielded(ahead)
+                attached.close()
         await self._prepared.close()

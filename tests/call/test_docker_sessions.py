@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import ToolBench
+from conftest import ToolBench, wait_for
 from docker import APIClient
 
 pytestmark = pytest.mark.docker
@@ -64,11 +64,12 @@ def _answer(answer: Any) -> dict[str, Any]:
     return result
 
 
-def _ours(client: APIClient) -> list[str]:
-    """Containers of this process, running or not."""
+def _ours(client: APIClient, running: bool = False) -> list[str]:
+    """Containers of this process: running, or all."""
     from sandboxes.docker._client import LABEL_OWNER
 
-    return [c["Id"] for c in client.containers(all=True, filters={"label": f"{LABEL_OWNER}={os.getpid()}"})]
+    found = client.containers(all=not running, filters={"label": f"{LABEL_OWNER}={os.getpid()}"})
+    return [c["Id"] for c in found]
 
 
 def test_state_persists_in_one_container_per_session_and_never_reaches_another_or_a_call_outside(
@@ -89,7 +90,8 @@ def test_state_persists_in_one_container_per_session_and_never_reaches_another_o
                 plain = [_answer(await first.acall("dplain", timeout=TIMEOUT_MS))["count"] for _ in range(2)]
                 assert plain == [1, 1]  # not a session tool: fresh each call
                 assert _answer(await first.acall("dcount", timeout=TIMEOUT_MS))["count"] == 4
-                assert len(_ours(docker_client)) == 2  # the two sessions' containers
+                # The two sessions' containers (a finished call's stops just after it).
+                wait_for(lambda: len(_ours(docker_client, running=True)) == 2, 10)
                 ids = [first.id, second.id]
             assert _ours(docker_client) == []  # the sessions' end removed them
         return ids
