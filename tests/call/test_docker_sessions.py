@@ -186,3 +186,23 @@ def test_closing_the_runner_removes_its_sessions_containers(
     asyncio.run(scenario())
     assert [e["reason"] for e in _events(bench, "session.closed")] == ["runner_closed"]
     assert _ours(docker_client) == []
+
+
+def test_a_cancelled_call_kills_its_session_container(bench_tools: ToolBench, docker_client: APIClient) -> None:
+    bench = bench_tools
+
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            assert _answer(await session.acall("dcount", timeout=TIMEOUT_MS))["count"] == 1
+            hung = asyncio.ensure_future(session.acall("dcount", {"hang": True}, timeout=TIMEOUT_MS))
+            await asyncio.sleep(1.5)
+            hung.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await hung
+            assert _ours(docker_client, running=True) == []  # its child and sleeper with it
+            answer = await session.acall("dcount", timeout=TIMEOUT_MS)
+            assert _answer(answer)["count"] == 1
+            assert answer.metadata.extra["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [e["reason"] for e in _events(bench, "session.closed")] == ["limit", "ended"]
