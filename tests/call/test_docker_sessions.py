@@ -5,6 +5,7 @@ memory limit broken, expiry, and closing the runner."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import time
@@ -188,7 +189,9 @@ def test_closing_the_runner_removes_its_sessions_containers(
     assert _ours(docker_client) == []
 
 
-def test_a_cancelled_call_kills_its_session_container(bench_tools: ToolBench, docker_client: APIClient) -> None:
+def test_a_cancelled_call_kills_its_session_container(
+    bench_tools: ToolBench, docker_client: APIClient
+) -> None:
     bench = bench_tools
 
     async def scenario() -> None:
@@ -206,3 +209,34 @@ def test_a_cancelled_call_kills_its_session_container(bench_tools: ToolBench, do
 
     asyncio.run(scenario())
     assert [e["reason"] for e in _events(bench, "session.closed")] == ["limit", "ended"]
+
+
+SHOW_SECRET = """
+import hashlib, json, os, sys
+sys.stdin.read()
+print(json.dumps({"sha256": hashlib.sha256(os.environ.get("API_TOKEN", "").encode()).hexdigest()}))
+"""
+
+
+def test_each_call_in_a_session_gets_its_secret_kept_out_of_the_containers_config(
+    bench_tools: ToolBench, docker_client: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bench = bench_tools
+    secret = "s3cr3t-" + os.urandom(8).hex()
+    monkeypatch.setenv("RUNNER_TEST_SESSION_SECRET", secret)
+    bench.tool("dshow", SHOW_SECRET, session=True, sandbox="docker", image=IMAGE, secrets=["API_TOKEN"])
+    bench.policy["secrets"] = {"API_TOKEN": {"env": "RUNNER_TEST_SESSION_SECRET"}}
+    bench.policy["tools"] = {"dshow": {"secrets": ["API_TOKEN"]}}
+
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            for _ in range(2):
+                answer = _answer(await session.acall("dshow", timeout=TIMEOUT_MS))
+                assert answer["sha256"] == hashlib.sha256(secret.encode()).hexdigest()  # answers redact it
+            (container,) = _ours(docker_client, running=True)
+            inspected = docker_client.inspect_container(container)
+            assert secret not in json.dumps(inspected)
+            for exec_id in inspected.get("ExecIDs") or []:
+                assert secret not in json.dumps(docker_client.exec_inspect(exec_id))
+
+    asyncio.run(scenario())
