@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -238,5 +239,36 @@ def test_each_call_in_a_session_gets_its_secret_kept_out_of_the_containers_confi
             assert secret not in json.dumps(inspected)
             for exec_id in inspected.get("ExecIDs") or []:
                 assert secret not in json.dumps(docker_client.exec_inspect(exec_id))
+
+    asyncio.run(scenario())
+
+
+APPEND = """
+import json, os, sys
+sys.stdin.read()
+path = os.path.join(os.environ["WORKSPACE"], "log.txt")
+before = open(path).read() if os.path.exists(path) else ""
+open(path, "a").write("call\\n")
+print(json.dumps({"before": before}))
+"""
+
+
+def test_workspace_writes_are_kept_between_a_sessions_calls_and_applied_at_its_end(
+    bench_tools: ToolBench, docker_client: APIClient, tmp_path: Path
+) -> None:
+    bench = bench_tools
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    bench.policy["workspace"] = str(workspace)
+    bench.tool("dappend", APPEND, session=True, sandbox="docker", image=IMAGE, workspace="write")
+
+    async def scenario() -> None:
+        async with bench.runner() as runner:
+            async with runner.session() as session:
+                seen = [
+                    _answer(await session.acall("dappend", timeout=TIMEOUT_MS))["before"] for _ in range(3)
+                ]
+                assert seen == ["", "call\n", "call\ncall\n"]
+            assert (workspace / "log.txt").read_text() == "call\n" * 3
 
     asyncio.run(scenario())
