@@ -134,8 +134,8 @@ class DockerSession:
                 raise SandboxUnavailable(
                     f"lost the connection to the Docker daemon: {type(exc).__name__}"
                 ) from exc
-            except BaseException:
-                self.kill(SessionEnd.LIMIT)  # cancelled: the call's processes may still run
+            except BaseException:  # cancelled: the call's processes may still run
+                await finish_shielded(asyncio.to_thread(self.kill, SessionEnd.LIMIT))
                 raise
         finally:
             attached.close()
