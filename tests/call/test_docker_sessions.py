@@ -1,6 +1,7 @@
 """Session sandboxes on the docker backend, with a real daemon: one container per
 (session, tool) kept between the session's calls and never beyond it, a hung call, a
-memory limit broken, expiry, and closing the runner."""
+cancelled one, the memory and CPU limits of the whole session, expiry, closing the
+runner, secrets and staged workspace writes."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ if params.get("hang"):
         time.sleep(600)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(600)
+if params.get("burn"):  # CPU time, in this call alone under the limit
+    until = time.process_time() + params["burn"]
+    while time.process_time() < until:
+        pass
 if params.get("hog"):
     hoard = bytearray(400 * 1024 * 1024)
     hoard[::4096] = b"x" * len(hoard[::4096])
@@ -40,7 +45,7 @@ print(json.dumps({"count": count, "host": socket.gethostname(), "home": home}))
 """
 PARAMS = {
     "type": "object",
-    "properties": {"hang": {"type": "boolean"}, "hog": {"type": "boolean"}},
+    "properties": {"hang": {"type": "boolean"}, "hog": {"type": "boolean"}, "burn": {"type": "number"}},
     "additionalProperties": False,
 }
 IMAGE = "runner/python-tools:latest"
@@ -148,6 +153,29 @@ def test_a_memory_limit_broken_in_a_session_ends_it(bench_tools: ToolBench, dock
     asyncio.run(scenario())
     assert [e["reason"] for e in _events(bench, "session.closed")] == ["limit", "ended"]
     assert _ours(docker_client) == []
+
+
+def test_cpu_time_adds_up_over_the_session_and_its_breach_ends_it(
+    bench_tools: ToolBench, docker_client: APIClient
+) -> None:
+    bench = bench_tools
+    bench.policy["limits"]["cpu_seconds"] = 2
+
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            first = await session.acall("dcount", {"burn": 1.2}, timeout=TIMEOUT_MS)
+            assert _answer(first)["count"] == 1
+            second = await session.acall("dcount", {"burn": 1.2}, timeout=TIMEOUT_MS)
+            assert not second.success and second.error is not None
+            assert second.error.details["reason"] == "cpu_limit"
+            alone = await runner.acall("dcount", {"burn": 1.2}, timeout=TIMEOUT_MS)
+            assert _answer(alone)["count"] == 1  # outside the session: its own budget
+            answer = await session.acall("dcount", timeout=TIMEOUT_MS)
+            assert _answer(answer)["count"] == 1
+            assert answer.metadata.extra["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [e["reason"] for e in _events(bench, "session.closed")] == ["limit", "ended"]
 
 
 def test_an_idle_session_container_is_removed(bench_tools: ToolBench, docker_client: APIClient) -> None:
