@@ -11,8 +11,9 @@ is ``SandboxUnavailable``.
 
 The modules beside this one: ``_container`` (the container's configuration and the gate
 its tool waits behind), ``_prepared`` (one attempt's container, cold or warm, and its
-run), ``_attach`` (its attach socket), ``_outcome`` (how its run ended), ``_probe``
-(questions about images, for ``runner validate``).
+run), ``_attach`` (its attach socket), ``_outcome`` (how its run ended), ``_session`` (a
+container kept for the calls of a session), ``_probe`` (questions about images, for
+``runner validate``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from sandboxes.docker._client import (
 from sandboxes.docker._container import create_container, gate_release
 from sandboxes.docker._egress import egress_problem
 from sandboxes.docker._prepared import PreparedContainer
+from sandboxes.session import SessionSandbox
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -138,6 +140,12 @@ class DockerSandbox:
         """A container already started, its cgroup complete and its tool released from the
         gate, waiting on stdin for its payload (blocking: the pool's thread)."""
         return start_ahead(spec, lambda: self._prepare(spec, limits))
+
+    async def open_session(self, spec: LaunchSpec, limits: Limits) -> SessionSandbox:
+        """A container kept for the calls of one session (``HoldsSessions``)."""
+        from sandboxes.docker._session import open_session
+
+        return await open_session(self, spec, limits)
 
     def _prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedContainer:
         """A created container, not yet started (blocking)."""

@@ -252,25 +252,6 @@ def test_cpu_time_adds_up_over_the_session_and_its_breach_ends_the_session(
     assert [event["reason"] for event in _events(bench, "session.closed")] == ["limit", "ended"]
 
 
-@pytest.mark.docker
-def test_a_session_tool_of_the_docker_backend_is_refused_in_a_session_and_runs_outside(
-    bench: ToolBench, mark: str
-) -> None:
-    bench.tool(
-        "dcount", COUNTER, parameters=PARAMS, session=True, sandbox="docker", image="runner/base:latest"
-    )
-
-    async def scenario() -> None:
-        async with bench.runner() as runner, runner.session() as session:
-            refused = await session.acall("dcount", timeout=20000)
-            assert not refused.success and refused.error is not None
-            assert refused.error.details["reason"] == "sandbox_unavailable"
-            assert "docker" in refused.error.message
-            assert _count(await runner.acall("dcount", timeout=20000)) == 1
-
-    asyncio.run(scenario())
-
-
 def test_session_bounds_refuse_one_sandbox_too_many_until_one_closes(bench: ToolBench, mark: str) -> None:
     bench.policy["session"] = {"max_total": 1}
 

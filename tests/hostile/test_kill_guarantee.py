@@ -129,8 +129,9 @@ def test_two_hundred_runners_killed_at_random_points_leave_no_process_behind(
 
 @pytest.mark.docker
 @pytest.mark.slow
+@pytest.mark.parametrize("sessions", [False, True], ids=["calls", "open-sessions"])
 def test_containers_of_killed_runners_are_gone_within_a_second(
-    bench: ToolBench, docker_client: APIClient
+    bench: ToolBench, docker_client: APIClient, sessions: bool
 ) -> None:
     from sandboxes.docker._client import LABEL_OWNER
 
@@ -140,7 +141,11 @@ def test_containers_of_killed_runners_are_gone_within_a_second(
         sandbox="docker",
         image="runner/base:latest",
     )
-    harness = _harness(bench, "dsleep", rounds=3, runners=4, max_delay_ms=1500)
+    delay_ms = 1500
+    if sessions:  # each runner holds two session containers besides its calls' own
+        bench.policy["tools"] = {"dsleep": {"session": True}}
+        delay_ms = 3000
+    harness = _harness(bench, "dsleep", rounds=3, runners=4, max_delay_ms=delay_ms, sessions=sessions)
     running: list[str] = []
     assert harness.stdout is not None
     for line in harness.stdout:
