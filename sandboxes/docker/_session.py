@@ -31,6 +31,7 @@ from sandboxes.docker._attach import Attached
 from sandboxes.docker._client import daemon_call, daemon_failures
 from sandboxes.docker._container import GATE, PLAIN_GATE
 from sandboxes.docker._outcome import outcome
+from sandboxes.events import EventSink
 from sandboxes.session import SessionEnd
 from sandboxes.view import TOOL_MOUNT
 
@@ -95,21 +96,21 @@ class DockerSession:
             self._end = SessionEnd.DIED
         return self._end
 
-    async def run(self, payload: bytes, timeout_ms: int) -> SandboxOutcome:
+    async def run(self, payload: bytes, timeout_ms: int, events: EventSink | None = None) -> SandboxOutcome:
         if self.ended() is not None:
             raise SandboxUnavailable(f"the session sandbox has ended ({self._end})")
         if self._busy:
             raise SandboxUnavailable("a session sandbox serves one call at a time")
         self._busy = True
         try:
-            return await self._call(payload, timeout_ms)
+            return await self._call(payload, timeout_ms, events)
         finally:
             self._busy = False
 
-    async def _call(self, payload: bytes, timeout_ms: int) -> SandboxOutcome:
+    async def _call(self, payload: bytes, timeout_ms: int, events: EventSink | None) -> SandboxOutcome:
         prepared = self._prepared
         prepared.set_timeout(timeout_ms)  # the rest of the limits hold for the whole session
-        exchange = PayloadExchange(payload, self._limits.max_output_bytes)
+        exchange = PayloadExchange(payload, self._limits.max_output_bytes, events)
         stderr = exchange.stderr
         if self._ahead is None:
             self.start_ahead()

@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 import pytest
-from conftest import ToolBench, our_cgroups, wait_for
+from conftest import ToolBench, docker_ready, our_cgroups, wait_for
 
 from sandboxes.testing import processes_with_env
 
@@ -296,8 +296,15 @@ print(json.dumps({"ok": True}))
 """
 
 
-def test_a_session_tools_events_stream_as_a_fresh_sandboxs_do(bench: ToolBench) -> None:
-    bench.tool("eventful", EVENTFUL, session=True)
+@pytest.mark.parametrize("backend", ["subprocess", "docker"])
+def test_a_session_tools_events_stream_as_a_fresh_sandboxs_do(bench: ToolBench, backend: str) -> None:
+    if backend == "docker":
+        why = docker_ready()
+        if why is not None:
+            pytest.skip(why)
+        bench.tool("eventful", EVENTFUL, session=True, sandbox="docker", image="runner/python-tools:latest")
+    else:
+        bench.tool("eventful", EVENTFUL, session=True)
     heard: list[dict[str, Any]] = []
 
     async def scenario() -> list[Any]:
