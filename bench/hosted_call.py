@@ -181,7 +181,7 @@ def main() -> None:
             ("fresh server, no sandbox", fresh),
             ("Runner.call cold", cold),
             ("Runner.call warm", warm),
-            ("Session.acall, session server", in_session),
+            ("Session.acall", in_session),
         ],
         "long-lived",
     )
