@@ -187,7 +187,7 @@ class CallSession:
         await lock.acquire()
         try:
             held = self._held.get(tool_name)
-            if held is not None and (why := self._expired(held)) is not None:
+            if held is not None and (why := self._expired(held) or _end_reason(held)) is not None:
                 await self._drop(tool_name, why)
                 held = None
             if held is None:
@@ -224,10 +224,9 @@ class CallSession:
         """After a call in ``held``: close it if the call ended it."""
         held.calls += 1
         held.used = self.clock.monotonic()
-        ended = held.sandbox.ended()
-        if ended is not None and self._held.get(tool_name) is held:
-            hosted = isinstance(held.sandbox, HostedServer)
-            await self._drop(tool_name, "server_died" if hosted and ended is SessionEnd.DIED else "limit")
+        why = _end_reason(held)
+        if why is not None and self._held.get(tool_name) is held:
+            await self._drop(tool_name, why)
 
     async def _drop(self, tool_name: str, reason: str) -> None:
         held = self._held.pop(tool_name, None)
@@ -257,14 +256,16 @@ class CallSession:
         return None
 
     async def _sweep(self) -> None:
-        """Close the sandboxes that expired while no call came (a call finds them too)."""
+        """Close the sandboxes that expired, or ended by themselves, while no call came (a
+        call finds them too)."""
         while True:
             settings = self.settings()
             every = min(settings.idle_ms, settings.max_ms) / 1000 * SWEEP_SHARE
             await asyncio.sleep(max(SWEEP_MIN_S, min(SWEEP_MAX_S, every)))
             for tool_name, held in list(self._held.items()):
                 lock = self._locks.get(tool_name)
-                if lock is None or lock.locked() or (why := self._expired(held)) is None:
+                why = self._expired(held) or _end_reason(held)
+                if lock is None or lock.locked() or why is None:
                     continue
                 try:
                     async with lock:
@@ -272,6 +273,14 @@ class CallSession:
                             await self._drop(tool_name, why)
                 except Exception as exc:  # a fault of the runner: told, and the sweep goes on
                     self.audit.operator.fault(exc, sessionId=self.id, toolName=tool_name)
+
+
+def _end_reason(held: _Held) -> str | None:
+    """Why ``held`` ended unasked, as ``session.closed`` says it; None while it serves."""
+    ended = held.sandbox.ended()
+    if ended is None:
+        return None
+    return "server_died" if ended is SessionEnd.DIED and isinstance(held.sandbox, HostedServer) else "limit"
 
 
 class _SessionBackend:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import uuid
 from typing import Any
 
@@ -127,6 +128,22 @@ def test_a_server_that_dies_ends_its_session_and_the_next_call_starts_a_new_one(
     reasons = [event["reason"] for event in _events(bench, "session.closed")]
     assert reasons == ["server_died", "ended"]
     assert [event["restarted"] for event in _events(bench, "session.opened")] == [False, True]
+    _nothing_left(mark)
+
+
+def test_a_server_killed_between_calls_is_replaced_by_the_next_call(bench: ToolBench, mark: str) -> None:
+    async def scenario() -> None:
+        async with bench.runner(warm_pools=False) as runner, runner.session() as session:
+            assert _seen(await session.acall("st_count"))["count"] == 1
+            for pid in processes_with_env(f"SESSION_MARK={mark}"):
+                os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: processes_with_env(f"SESSION_MARK={mark}") == [], 5)
+            again = await session.acall("st_count")
+            assert _seen(again)["count"] == 1
+            assert again.to_wire()["metadata"]["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [event["reason"] for event in _events(bench, "session.closed")] == ["server_died", "ended"]
     _nothing_left(mark)
 
 
