@@ -29,6 +29,7 @@ class PoolPlan:
     hosted: bool = False  # an MCP server's: initialized ahead when the backend ``Primes``
 
 
+
 def not_pooled_because(tool: Tool, policy: Policy) -> str | None:
     """Why ``tool`` runs cold whatever its pool size; None when it can be pooled."""
     manifest = tool.manifest

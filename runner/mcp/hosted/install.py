@@ -61,7 +61,6 @@ _LIMITS = {
     "npm": {"timeout_ms": 10000, "deadline_ms": 20000, "memory_mb": 256, "max_pids": 32},
 }
 
-
 @dataclass(frozen=True)
 class PipSource:
     """A PyPI requirement, run as ``python3 -m module``."""
@@ -270,3 +269,5 @@ def _move_into_place(staging: Path, folder: Path) -> None:
         old.unlink()
     else:
         shutil.rmtree(old)
+
+
