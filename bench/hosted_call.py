@@ -17,11 +17,16 @@ install itself is not timed). The call is ``get_current_time`` for UTC. Rows:
   server started and initialized ahead (a pooled sandbox counts as ready only once its
   server answered ``initialize``); each call waits, untimed, until the pool is full
   again, and says only ``tools/call``.
+- ``Session.acall``: ``tools.time_get_current_time.session: true``: in a session of the
+  Python API, the server is started and initialized in its sandbox by a first, untimed
+  call; each call is one ``tools/call`` in that server's conversation. The target: at
+  most twice the long-lived row.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -65,12 +70,14 @@ def install(root: Path) -> Path:
     return folder
 
 
-def policy(root: Path, pool: int) -> Path:
+def policy(root: Path, pool: int, session: bool = False) -> Path:
     document = yaml.safe_load((root / "policies.yaml").read_text())
     document["whitelist"] = ["*"]
     document.setdefault("roles", {}).setdefault(document["default_role"], {})["allow"] = ["*"]
     document["tools"] = {TOOL: {"pool": pool}} if pool else {}
-    path = root / f"policies-hosted-{pool}.yaml"
+    if session:
+        document["tools"][TOOL] = {"session": True}
+    path = root / f"policies-hosted-{pool}{'-session' if session else ''}.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
 
@@ -126,6 +133,22 @@ def runner_rows(root: Path, n: int) -> tuple[list[float], list[float], int]:
     return cold_samples, warm_samples[1:], warm_used
 
 
+def session_rows(root: Path, n: int) -> list[float]:
+    audit = root / "audit.log"
+    runner = Runner.load(
+        tools=root / "tools", policies=policy(root, 0, session=True), audit_log=audit, warm_pools=False
+    )
+    loop = asyncio.new_event_loop()
+    session = runner.session().start()
+    try:
+        samples = timed(lambda: _ok(loop.run_until_complete(session.acall(TOOL, ARGS))), n)
+    finally:
+        loop.run_until_complete(session.aclose())
+        loop.run_until_complete(runner.aclose())
+        loop.close()
+    return samples
+
+
 def _wait_full(r: Runner) -> None:
     deadline = time.monotonic() + 30
     while r.warm_sandboxes().get(TOOL, 0) < 1:
@@ -151,12 +174,14 @@ def main() -> None:
     print(f"mcp-server-time in {folder}; {args.n} calls per row, {os.cpu_count()} cores")
     long_lived, fresh = direct_rows(folder, args.n)
     cold, warm, warm_used = runner_rows(root, args.n)
+    in_session = session_rows(root, args.n)
     print_table(
         [
             ("long-lived server", long_lived),
             ("fresh server, no sandbox", fresh),
             ("Runner.call cold", cold),
             ("Runner.call warm", warm),
+            ("Session.acall", in_session),
         ],
         "long-lived",
     )

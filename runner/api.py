@@ -444,7 +444,7 @@ class Runner:
         self._follow_pools()
         session = CURRENT.get()
         if session is not None and is_session_tool(tool, policy):
-            return session.backend(tool.name, self._sandbox_factory(plan.sandbox))
+            return session.backend(tool, self._sandbox_factory(plan.sandbox), MCP_WORK)
         return dispatched_sandbox(policy, tool, plan.sandbox) or self._pools.sandbox_for(
             tool.name, self._sandbox_factory(plan.sandbox)
         )

@@ -2,8 +2,10 @@
 
 A hosted tool is spoken with rather than fed a payload: each attempt gets a fresh
 ``HostedDialogue``, and a warm pool may say the server's opening ahead (``HeldOpening``)
-so that its call starts past it. The MCP side supplies both (``runner.mcp.hosted.work``)
-and the ``Runner`` plugs it in; the core never imports the MCP SDK or ``runner.mcp``.
+so that its call starts past it; a session holds one conversation with a server
+(``HeldDialogue``) in which each of its calls' dialogues speaks. The MCP side supplies
+them (``runner.mcp.hosted.work``) and the ``Runner`` plugs it in; the core never imports
+the MCP SDK or ``runner.mcp``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,19 @@ class HostedDialogue(Dialogue, Protocol):
 
     def protocol_error(self, tool_name: str, secrets: Scrubber) -> CallError | None:
         """The error when the server broke the protocol; None when it kept it."""
+        ...
+
+
+class HeldDialogue(Dialogue, Protocol):
+    """A session's one conversation with a hosted server, in which each call speaks."""
+
+    async def serve(self, call: HostedDialogue) -> None:
+        """Speak ``call``'s request in the held conversation; return once it is answered.
+
+        Raises:
+            Exception: the conversation ended first (``call`` says so if the server
+                broke the protocol).
+        """
         ...
 
 
@@ -56,6 +71,10 @@ class HostedWork(Protocol):
         """A new opening for a warm sandbox of a hosted server."""
         ...
 
+    def held(self) -> HeldDialogue:
+        """A new conversation to hold with a hosted server for a whole session."""
+        ...
+
 
 class NoHostedWork:
     """The call path without the MCP side: a hosted tool's call is a fault of the runner."""
@@ -67,6 +86,9 @@ class NoHostedWork:
 
     def opening(self) -> HeldOpening:
         raise RuntimeError("no hosted work plugged in: cannot prime a hosted server")
+
+    def held(self) -> HeldDialogue:
+        raise RuntimeError("no hosted work plugged in: cannot hold a hosted server")
 
 
 NO_HOSTED_WORK: HostedWork = NoHostedWork()

@@ -7,8 +7,10 @@ tool, opened by its first call; a call outside a session runs as any other. A sa
 ends when its session ends (``ended``), after ``session.idle_ms`` without a call
 (``idle``), ``session.max_ms`` after it opened (``max_ms``), when a call broke a limit,
 timed out or was cut short (``limit``: the backend killed it whole), or when the runner
-closes (``runner_closed``). The session's next call of that tool opens a new one and says
-so (``sessionRestarted``). ``SessionCounts`` bounds the open sandboxes, in all
+closes (``runner_closed``). A hosted MCP server's tools marked so share one run of the
+server per session (``runner.call.hosted_sessions``), keyed by the server's name; a
+server that ends by itself closes with ``server_died``. The session's next call of that
+tool opens a new one and says so (``sessionRestarted``). ``SessionCounts`` bounds the open sandboxes, in all
 (``session.max_total``) and per client (``session.max_per_token``).
 """
 
@@ -17,15 +19,19 @@ from __future__ import annotations
 import asyncio
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Protocol, cast
 
 from runner.audit.log import AuditLog
+from runner.call.hosted_sessions import HostedServer
+from runner.call.hosting import HostedDialogue, HostedWork
 from runner.call.policy import Policy, SessionModel
 from runner.clock import Clock
 from runner.tools.manifest import Tool
 from sandboxes import (
+    Dialogue,
     HoldsSessions,
     LaunchSpec,
     Limits,
@@ -33,6 +39,7 @@ from sandboxes import (
     Sandbox,
     SandboxOutcome,
     SandboxUnavailable,
+    SessionEnd,
     SessionSandbox,
 )
 from sandboxes.cancellation import finish_shielded
@@ -47,9 +54,7 @@ SWEEP_MAX_S = 5.0
 
 def is_session_tool(tool: Tool, policy: Policy) -> bool:
     """Whether calls of ``tool`` made in a session run in that session's sandbox (a
-    hosted MCP server's tools never do, for now)."""
-    if tool.hosted is not None:
-        return False
+    hosted server's tool: in the session's one run of its server)."""
     override = policy.model.tools.get(tool.name)
     if override is not None and override.session is not None:
         return override.session
@@ -96,15 +101,26 @@ class SessionCounts:
             return self._total
 
 
+class _Kept(Protocol):
+    """What a session keeps open: a session sandbox, or a hosted server's run."""
+
+    def ended(self) -> SessionEnd | None: ...
+
+    async def close(self) -> None: ...
+
+
 @dataclass(eq=False)
 class _Held:
-    """One open session sandbox of a tool."""
+    """One open session sandbox of a tool (or run of a hosted server)."""
 
-    sandbox: SessionSandbox
+    sandbox: _Kept
     backend: str
     opened: float
     used: float
     calls: int = 0
+
+
+Opener = Callable[[], Awaitable[_Kept]]
 
 
 @dataclass
@@ -141,9 +157,12 @@ class CallSession:
         """Register with the runner, which closes the session should it close first."""
         self.counts.sessions.add(self)
 
-    def backend(self, tool_name: str, backend: Sandbox) -> Sandbox:
-        """The backend a call of ``tool_name`` in this session runs on."""
-        return _SessionBackend(self, tool_name, backend)
+    def backend(self, tool: Tool, backend: Sandbox, hosted: HostedWork) -> Sandbox:
+        """The backend a call of ``tool`` in this session runs on: the session's sandbox
+        of the tool, or the session's run of its hosted server (shared by its tools)."""
+        if tool.hosted is not None:
+            return _HostedBackend(self, tool.hosted.server, backend, hosted)
+        return _SessionBackend(self, tool.name, backend)
 
     async def aclose(self, reason: str = "ended") -> None:
         """End the session: every sandbox of it is killed and released. Safe to call twice."""
@@ -156,7 +175,7 @@ class CallSession:
             await self._drop(tool_name, reason)
 
     async def take(
-        self, tool_name: str, backend: Sandbox, spec: LaunchSpec, limits: Limits, note: SessionNote | None
+        self, tool_name: str, backend: Sandbox, open_: Opener, note: SessionNote | None
     ) -> tuple[_Held, asyncio.Lock]:
         """The tool's sandbox in this session, opened if need be, with its lock held (the
         caller releases it when its call is over).
@@ -169,11 +188,11 @@ class CallSession:
         await lock.acquire()
         try:
             held = self._held.get(tool_name)
-            if held is not None and (why := self._expired(held)) is not None:
+            if held is not None and (why := self._expired(held) or _end_reason(held)) is not None:
                 await self._drop(tool_name, why)
                 held = None
             if held is None:
-                held = await self._open(tool_name, backend, spec, limits)
+                held = await self._open(tool_name, backend, open_)
                 if note is not None and tool_name in self._lost:
                     note.restarted = True
                 self._lost.discard(tool_name)
@@ -182,14 +201,12 @@ class CallSession:
             raise
         return held, lock
 
-    async def _open(self, tool_name: str, backend: Sandbox, spec: LaunchSpec, limits: Limits) -> _Held:
+    async def _open(self, tool_name: str, backend: Sandbox, open_: Opener) -> _Held:
         if self.closed:
             raise SandboxUnavailable("the session has ended")
-        if not isinstance(backend, HoldsSessions):
-            raise SandboxUnavailable(f"the {backend.name} backend cannot keep a sandbox for a session")
         self.counts.reserve(self.owner, self.settings())
         try:
-            sandbox = await backend.open_session(spec, limits)
+            sandbox = await open_()
         except BaseException:
             self.counts.release(self.owner)
             raise
@@ -208,8 +225,9 @@ class CallSession:
         """After a call in ``held``: close it if the call ended it."""
         held.calls += 1
         held.used = self.clock.monotonic()
-        if held.sandbox.ended() is not None and self._held.get(tool_name) is held:
-            await self._drop(tool_name, "limit")
+        why = _end_reason(held)
+        if why is not None and self._held.get(tool_name) is held:
+            await self._drop(tool_name, why)
 
     async def _drop(self, tool_name: str, reason: str) -> None:
         held = self._held.pop(tool_name, None)
@@ -239,14 +257,16 @@ class CallSession:
         return None
 
     async def _sweep(self) -> None:
-        """Close the sandboxes that expired while no call came (a call finds them too)."""
+        """Close the sandboxes that expired, or ended by themselves, while no call came (a
+        call finds them too)."""
         while True:
             settings = self.settings()
             every = min(settings.idle_ms, settings.max_ms) / 1000 * SWEEP_SHARE
             await asyncio.sleep(max(SWEEP_MIN_S, min(SWEEP_MAX_S, every)))
             for tool_name, held in list(self._held.items()):
                 lock = self._locks.get(tool_name)
-                if lock is None or lock.locked() or (why := self._expired(held)) is None:
+                why = self._expired(held) or _end_reason(held)
+                if lock is None or lock.locked() or why is None:
                     continue
                 try:
                     async with lock:
@@ -254,6 +274,14 @@ class CallSession:
                             await self._drop(tool_name, why)
                 except Exception as exc:  # a fault of the runner: told, and the sweep goes on
                     self.audit.operator.fault(exc, sessionId=self.id, toolName=tool_name)
+
+
+def _end_reason(held: _Held) -> str | None:
+    """Why ``held`` ended unasked, as ``session.closed`` says it; None while it serves."""
+    ended = held.sandbox.ended()
+    if ended is None:
+        return None
+    return "server_died" if ended is SessionEnd.DIED and isinstance(held.sandbox, HostedServer) else "limit"
 
 
 class _SessionBackend:
@@ -266,8 +294,55 @@ class _SessionBackend:
         self._backend = backend
 
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSandbox:
-        held, lock = await self._session.take(self._tool_name, self._backend, spec, limits, NOTE.get())
+        backend = self._backend
+
+        async def open_() -> _Kept:
+            if not isinstance(backend, HoldsSessions):
+                raise SandboxUnavailable(f"the {backend.name} backend cannot keep a sandbox for a session")
+            return await backend.open_session(spec, limits)
+
+        held, lock = await self._session.take(self._tool_name, backend, open_, NOTE.get())
         return _SessionRun(self._session, self._tool_name, held, lock, limits)
+
+
+class _HostedBackend:
+    """A call's backend in a session, for a hosted server's tool: its "prepared sandbox"
+    is the session's run of the server."""
+
+    def __init__(self, session: CallSession, server: str, backend: Sandbox, hosted: HostedWork) -> None:
+        self.name = backend.name
+        self._session = session
+        self._server = server
+        self._backend = backend
+        self._hosted = hosted
+
+    async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSandbox:
+        backend, held_dialogue = self._backend, self._hosted.held
+        max_ms = self._session.settings().max_ms
+
+        async def open_() -> _Kept:
+            return await HostedServer.open(backend, spec, limits, held_dialogue(), max_ms)
+
+        held, lock = await self._session.take(self._server, backend, open_, NOTE.get())
+        return _HostedRun(_SessionRun(self._session, self._server, held, lock, limits))
+
+
+class _HostedRun:
+    """One call of a hosted server's tool in the session's run of the server."""
+
+    def __init__(self, run: _SessionRun) -> None:
+        self._run = run
+
+    async def run(self, payload: bytes) -> SandboxOutcome:
+        raise SandboxUnavailable("a hosted server is spoken with, not fed a payload")
+
+    async def converse(self, dialogue: Dialogue) -> SandboxOutcome:
+        server = self._run.held.sandbox
+        assert isinstance(server, HostedServer)
+        return await server.call(cast(HostedDialogue, dialogue), self._run.limits.timeout_ms)
+
+    async def close(self) -> None:
+        await self._run.close()
 
 
 class _SessionRun:
@@ -279,9 +354,9 @@ class _SessionRun:
     ) -> None:
         self._session = session
         self._tool_name = tool_name
-        self._held = held
+        self.held = held
         self._lock: asyncio.Lock | None = lock
-        self._limits = limits
+        self.limits = limits
         self._events: EventSink | None = None
 
     def stream_events(self, sink: EventSink) -> None:
@@ -289,13 +364,14 @@ class _SessionRun:
         self._events = sink
 
     async def run(self, payload: bytes) -> SandboxOutcome:
-        return await self._held.sandbox.run(payload, self._limits.timeout_ms, self._events)
+        sandbox = cast(SessionSandbox, self.held.sandbox)  # a plain tool's: ``_SessionBackend``
+        return await sandbox.run(payload, self.limits.timeout_ms, self._events)
 
     async def close(self) -> None:
         lock, self._lock = self._lock, None
         if lock is None:
             return
         try:
-            await self._session.ended_call(self._tool_name, self._held)
+            await self._session.ended_call(self._tool_name, self.held)
         finally:
             lock.release()

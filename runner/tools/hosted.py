@@ -49,7 +49,7 @@ def server_as_tool(entry: ServerEntry) -> Tool:
     server = entry.manifest
     description = server.description or f"MCP server {server.name}"
     return Tool(
-        _manifest(server, server.name, description, {"type": "object"}, None, server.annotations),
+        _manifest(server, server.name, description, {"type": "object"}, None, server.annotations, False),
         entry.directory,
     )
 
@@ -90,7 +90,8 @@ def expand(entry: ServerEntry, listed: list[dict[str, Any]]) -> Expansion:
             continue
         description = str(item.get("description") or f"{own_name} (MCP server {server.name})")
         annotations = _annotations(server.annotations, item.get("annotations"))
-        manifest = _manifest(server, name, description[:MAX_DESCRIPTION], parameters, output, annotations)
+        described = description[:MAX_DESCRIPTION]
+        manifest = _manifest(server, name, described, parameters, output, annotations, server.session)
         tools.append(Tool(manifest, entry.directory, HostedTool(server=server.name, tool=own_name)))
     return Expansion(tools, problems)
 
@@ -102,6 +103,7 @@ def _manifest(
     parameters: dict[str, Any],
     output_schema: dict[str, Any] | None,
     annotations: AnnotationsModel,
+    session: bool,
 ) -> ManifestModel:
     # Every value is checked already (the server's manifest) or here: no second validation.
     launch = {field: getattr(server, field) for field in LaunchModel.model_fields}
@@ -114,6 +116,7 @@ def _manifest(
             "parameters": parameters,
             "output_schema": output_schema,
             "annotations": annotations,
+            "session": session,
         }
     )
 

@@ -208,6 +208,7 @@ class ServerManifestModel(LaunchModel):
     description: str | None = Field(default=None, min_length=1, max_length=1000)
     tools: list[str] | None = None  # expose only these of the server's tools
     prefix: str | None = None  # before each tool's name; default NAME_, "" keeps the server's
+    session: bool = False  # one server per session, shared by its tools, kept between calls
 
     @field_validator("tools")
     @classmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import ToolBench
 from docker import APIClient
 
@@ -118,6 +120,36 @@ def test_two_hundred_runners_killed_at_random_points_leave_no_process_behind(
         left = _alive_with(token)
         if left:
             survivors.append((killed["pids"], [_describe(pid) for pid in left]))
+            subprocess.run(["kill", "-9", *map(str, left)], check=False)
+        _next_round(harness)
+    harness.stdout.close()
+    assert harness.stdin is not None
+    harness.stdin.close()
+    assert harness.wait() == 0
+    assert survivors == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="the hostile case needs a root runner's sandbox")
+def test_runners_killed_with_hosted_servers_open_in_sessions_leave_no_process_behind(
+    bench: ToolBench,
+) -> None:
+    token = f"hosted-{uuid.uuid4().hex}"
+    folder = bench.tools / "st"
+    folder.mkdir()
+    shutil.copy(HERE / "servers" / "stateful_mcp.py", folder / "server.py")
+    manifest = {"name": "st", "kind": "mcp", "command": ["python3", "server.py", token], "session": True}
+    (folder / "tool.yaml").write_text(yaml.safe_dump(manifest))
+    # Each runner holds two sessions' servers, and calls outside them start their own.
+    harness = _harness(bench, "st_count", rounds=15, runners=5, max_delay_ms=1500, sessions=True)
+    survivors: list[list[str]] = []
+    assert harness.stdout is not None
+    for line in harness.stdout:
+        killed = json.loads(line)
+        time.sleep(max(0.0, killed["last_death"] + GRACE_S - time.monotonic()))
+        left = _alive_with(token)
+        if left:
+            survivors.append([_describe(pid) for pid in left])
             subprocess.run(["kill", "-9", *map(str, left)], check=False)
         _next_round(harness)
     harness.stdout.close()

@@ -59,6 +59,9 @@ class Spoken:
     def break_(self, how: str, evidence: str = "") -> None:
         self.broken, self.evidence = how, evidence[:EVIDENCE_CHARS]
 
+    def refuse(self, exc: MCPError) -> None:
+        self.refused = exc.error.message or f"error {exc.error.code}"
+
 
 class _Conversation:
     """The part both dialogues share: the session over the pipe, the verdict kept."""
@@ -67,6 +70,11 @@ class _Conversation:
         self.spoken = Spoken()
         self._adopted: types.InitializeResult | None = None
         self._logging = logging
+
+    async def log(self, params: types.LoggingMessageNotificationParams) -> None:
+        """A log message of the server's, while this conversation's request is served."""
+        if self._logging is not None:
+            await self._logging(params)
 
     def adopt(self, result: types.InitializeResult) -> None:
         """Speak with a server a ``Handshake`` already initialized: no ``initialize`` again."""
@@ -90,7 +98,7 @@ class _Conversation:
                             await session.initialize()
                         await self.exchange(session)
                     except MCPError as exc:
-                        self.spoken.refused = exc.error.message or f"error {exc.error.code}"
+                        self.spoken.refuse(exc)
             except Exception as exc:  # the SDK's word that the answer broke the protocol
                 self.spoken.break_(*_complaint(exc))
             group.cancel_scope.cancel()  # the conversation is over; the pipe tasks with it

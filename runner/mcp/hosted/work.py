@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from runner.call.hosting import HeldOpening, HostedDialogue
+from runner.call.hosting import HeldDialogue, HeldOpening, HostedDialogue
 
 if TYPE_CHECKING:
     from runner.schema.redaction import Scrubber
@@ -24,6 +24,11 @@ class McpWork:
         from runner.mcp.hosted.session import Handshake
 
         return Handshake()
+
+    def held(self) -> HeldDialogue:
+        from runner.mcp.hosted.held import HeldServer
+
+        return HeldServer()
 
 
 MCP_WORK = McpWork()

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from conftest import ToolBench, wait_for
 from mcp import Client
 from mcp_types import TextContent
@@ -27,6 +30,8 @@ count = int(open(path).read()) if os.path.exists(path) else 0
 open(path, "w").write(str(count + 1))
 print(json.dumps({"count": count + 1}))
 """
+
+STATEFUL_SERVER = Path(__file__).resolve().parents[2] / "support" / "servers" / "stateful_mcp.py"
 
 
 @pytest.fixture
@@ -119,3 +124,35 @@ async def test_the_stdio_connection_is_one_session_ended_with_it(counter: ToolBe
         assert [_count(await client.call_tool("counter", {})) for _ in range(2)] == [1, 2]
     closed = audit_events(counter, event="session.closed")
     assert [(event["reason"], event["calls"]) for event in closed] == [("ended", 2)]
+
+
+async def test_a_hosted_session_server_is_one_per_client_session_over_http(bench: ToolBench) -> None:
+    server_folder = bench.tools / "st"
+    server_folder.mkdir()
+    shutil.copy(STATEFUL_SERVER, server_folder / "server.py")
+    manifest = {"name": "st", "kind": "mcp", "command": ["python3", "server.py"], "session": True}
+    (server_folder / "tool.yaml").write_text(yaml.safe_dump(manifest))
+    bench.policy["roles"] = {"user": {"allow": ["st_count"]}}
+    tokens = {name: add_token(bench, name, "user") for name in ("alice", "bob")}
+    server = HttpServer(bench)
+
+    def seen(answer: Any) -> int:
+        assert not answer.is_error, answer.content
+        return int(json.loads(json.loads(_text(answer)))["count"])  # the server's text, as JSON
+
+    try:
+        async with (
+            server.client(tokens["alice"], mode="legacy") as alice,
+            server.client(tokens["bob"], mode="legacy") as bob,
+        ):
+            assert [seen(await alice.call_tool("st_count", {})) for _ in range(3)] == [1, 2, 3]
+            assert [seen(await bob.call_tool("st_count", {})) for _ in range(2)] == [1, 2]
+            assert seen(await alice.call_tool("st_count", {})) == 4
+        wait_for(lambda: len(audit_events(bench, event="session.closed")) == 2, 10)
+    finally:
+        assert server.stop() == 0
+    opened = audit_events(bench, event="session.opened")
+    assert sorted((event["client"], event["toolName"]) for event in opened) == [
+        ("alice", "st"),
+        ("bob", "st"),
+    ]

@@ -1,0 +1,213 @@
+"""Hosted MCP servers in sessions, with real sandboxes and the tests' own server
+(``support/servers/stateful_mcp.py``, whose ``count`` keeps a global counter): one server
+per (session, server), initialized once and shared by its tools; never shared between
+sessions or with calls outside them; a server that dies, a hung call, and closing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import uuid
+from typing import Any
+
+import pytest
+from conftest import ToolBench, our_cgroups, wait_for
+from test_hosted import add_server, docker_manifest
+
+from runner.call.answers import CallResult
+from sandboxes.testing import processes_with_env
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the hardened sandbox runs as root here")
+
+
+def session_server(bench: ToolBench, **backend: Any) -> str:
+    """A session server ``st`` (its calls time out after 1.5 s); its marker."""
+    value = uuid.uuid4().hex
+    add_server(bench, session=True, env={"SESSION_MARK": value}, limits={"timeout_ms": 1500}, **backend)
+    return value
+
+
+@pytest.fixture
+def mark(bench: ToolBench) -> str:
+    return session_server(bench)
+
+
+def _seen(answer: CallResult) -> dict[str, Any]:
+    assert answer.success, answer.error
+    found: dict[str, Any] = json.loads(answer.result)
+    return found
+
+
+def _events(bench: ToolBench, name: str) -> list[dict[str, Any]]:
+    lines = bench.audit_log.read_text().splitlines() if bench.audit_log.exists() else []
+    return [event for event in map(json.loads, lines) if event["event"] == name]
+
+
+def _nothing_left(mark: str) -> None:
+    wait_for(lambda: processes_with_env(f"SESSION_MARK={mark}") == [], 5)
+    assert our_cgroups(os.getpid()) == []
+
+
+@pytest.mark.parametrize("sandbox", ["subprocess", "docker"])
+def test_one_server_per_session_initialized_once_shared_by_its_tools_never_beyond(
+    bench: ToolBench, sandbox: str
+) -> None:
+    mark = session_server(bench, **({} if sandbox == "subprocess" else docker_manifest()))
+
+    async def scenario() -> tuple[str, str]:
+        runner = bench.runner(warm_pools=False)
+        async with runner, runner.session() as first, runner.session() as second:
+            seen = [_seen(await first.acall("st_count")) for _ in range(3)]
+            assert [s["count"] for s in seen] == [1, 2, 3]
+            assert [s["markerSeen"] for s in seen] == [False, True, True]
+            assert {(s["pid"], s["initializes"]) for s in seen} == {(seen[0]["pid"], 1)}
+            # Another tool of the same server, in the same server.
+            structured = await first.acall("st_structured", {"n": 21})
+            assert structured.success and structured.result == {"double": 42}
+            other = _seen(await second.acall("st_count"))
+            assert (other["count"], other["markerSeen"]) == (1, False)
+            outside = [_seen(await runner.acall("st_count")) for _ in range(2)]
+            assert [s["count"] for s in outside] == [1, 1]
+            last = await first.acall("st_count")
+            assert _seen(last)["count"] == 4
+            assert "sessionRestarted" not in last.to_wire()["metadata"]
+            return first.id, second.id
+
+    ids = asyncio.run(scenario())
+    opened = _events(bench, "session.opened")
+    assert sorted(event["sessionId"] for event in opened) == sorted(ids)
+    assert {event["toolName"] for event in opened} == {"st"}
+    closed = {event["sessionId"]: event for event in _events(bench, "session.closed")}
+    assert (closed[ids[0]]["reason"], closed[ids[0]]["calls"]) == ("ended", 5)
+    assert (closed[ids[1]]["reason"], closed[ids[1]]["calls"]) == ("ended", 1)
+    _nothing_left(mark)
+
+
+def test_a_server_without_session_runs_per_call_in_a_session(bench: ToolBench) -> None:
+    add_server(bench)
+
+    async def scenario() -> list[int]:
+        async with bench.runner(warm_pools=False) as runner, runner.session() as session:
+            return [_seen(await session.acall("st_count"))["count"] for _ in range(2)]
+
+    assert asyncio.run(scenario()) == [1, 1]
+    assert _events(bench, "session.opened") == []
+
+
+def test_the_policy_marks_a_servers_tool_for_sessions(bench: ToolBench) -> None:
+    add_server(bench)
+    bench.policy["tools"] = {"st_count": {"session": True}}
+
+    async def scenario() -> list[int]:
+        async with bench.runner(warm_pools=False) as runner, runner.session() as session:
+            return [_seen(await session.acall("st_count"))["count"] for _ in range(3)]
+
+    assert asyncio.run(scenario()) == [1, 2, 3]
+
+
+def test_a_server_that_dies_ends_its_session_and_the_next_call_starts_a_new_one(
+    bench: ToolBench, mark: str
+) -> None:
+    async def scenario() -> None:
+        async with bench.runner(warm_pools=False) as runner, runner.session() as session:
+            assert _seen(await session.acall("st_count"))["count"] == 1
+            died = await session.acall("st_die")
+            assert died.error is not None
+            wire = died.error.to_wire()
+            assert (wire["code"], wire["details"].get("reason")) == ("EXECUTION_ERROR", "exit_code"), wire
+            assert "exited with status 3" in wire["message"]
+            _nothing_left(mark)
+            again = await session.acall("st_count")
+            assert _seen(again)["count"] == 1
+            assert again.to_wire()["metadata"]["sessionRestarted"] is True
+            assert _seen(await session.acall("st_count"))["count"] == 2
+
+    asyncio.run(scenario())
+    reasons = [event["reason"] for event in _events(bench, "session.closed")]
+    assert reasons == ["server_died", "ended"]
+    assert [event["restarted"] for event in _events(bench, "session.opened")] == [False, True]
+    _nothing_left(mark)
+
+
+def test_a_server_killed_between_calls_is_replaced_by_the_next_call(bench: ToolBench, mark: str) -> None:
+    async def scenario() -> None:
+        async with bench.runner(warm_pools=False) as runner, runner.session() as session:
+            assert _seen(await session.acall("st_count"))["count"] == 1
+            for pid in processes_with_env(f"SESSION_MARK={mark}"):
+                os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: processes_with_env(f"SESSION_MARK={mark}") == [], 5)
+            again = await session.acall("st_count")
+            assert _seen(again)["count"] == 1
+            assert again.to_wire()["metadata"]["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [event["reason"] for event in _events(bench, "session.closed")] == ["server_died", "ended"]
+    _nothing_left(mark)
+
+
+def test_a_hung_call_times_out_ends_the_server_and_the_next_call_restarts(
+    bench: ToolBench, mark: str
+) -> None:
+    async def scenario() -> None:
+        async with bench.runner(warm_pools=False) as runner, runner.session() as session:
+            assert _seen(await session.acall("st_count"))["count"] == 1
+            hung = await session.acall("st_hang")
+            assert hung.error is not None and hung.error.code.value == "TIMEOUT", hung.error
+            assert hung.metadata.duration < 6000
+            _nothing_left(mark)  # the hung server is gone, not left to finish
+            again = await session.acall("st_count")
+            assert _seen(again)["count"] == 1
+            assert again.to_wire()["metadata"]["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [event["reason"] for event in _events(bench, "session.closed")] == ["limit", "ended"]
+    _nothing_left(mark)
+
+
+def test_a_server_that_breaks_the_protocol_ends_its_session(bench: ToolBench, mark: str) -> None:
+    async def scenario() -> None:
+        async with bench.runner(warm_pools=False) as runner, runner.session() as session:
+            assert _seen(await session.acall("st_count"))["count"] == 1
+            broken = await session.acall("st_garbage")
+            assert broken.error is not None
+            wire = broken.error.to_wire()
+            assert (wire["code"], wire["details"].get("reason")) == ("PARSE_ERROR", "protocol"), wire
+            again = await session.acall("st_count")
+            assert _seen(again)["count"] == 1
+            assert again.to_wire()["metadata"]["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [event["reason"] for event in _events(bench, "session.closed")] == ["server_died", "ended"]
+    _nothing_left(mark)
+
+
+def test_closing_the_runner_kills_the_servers_of_its_open_sessions(bench: ToolBench, mark: str) -> None:
+    async def scenario() -> None:
+        runner = bench.runner(warm_pools=False)
+        session = runner.session()
+        await session.__aenter__()
+        assert _seen(await session.acall("st_count"))["count"] == 1
+        assert processes_with_env(f"SESSION_MARK={mark}") != []
+        await runner.aclose()
+
+    asyncio.run(scenario())
+    assert [event["reason"] for event in _events(bench, "session.closed")] == ["runner_closed"]
+    _nothing_left(mark)
+
+
+def test_an_idle_session_server_is_closed(bench: ToolBench, mark: str) -> None:
+    bench.policy["session"] = {"idle_ms": 300}
+
+    async def scenario() -> None:
+        async with bench.runner(warm_pools=False) as runner, runner.session() as session:
+            assert _seen(await session.acall("st_count"))["count"] == 1
+            await asyncio.sleep(1.0)
+            _nothing_left(mark)
+            again = await session.acall("st_count")
+            assert _seen(again)["count"] == 1
+            assert again.to_wire()["metadata"]["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert next(event["reason"] for event in _events(bench, "session.closed")) == "idle"
