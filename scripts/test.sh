@@ -7,6 +7,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/runner-test.XXXXXX)
+chmod 755 "$work"  # some tests run a client as another uid (nobody), which imports the package from here
 trap 'rm -rf "$work"' EXIT
 
 log() { echo "test: $*"; }

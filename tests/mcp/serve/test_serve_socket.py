@@ -66,7 +66,10 @@ _RAW_CLIENT = """
 import json, socket, sys
 with socket.socket(socket.AF_UNIX) as conn:
     conn.connect(sys.argv[1])
-    conn.sendall(sys.argv[2].encode() + b"\\n")
+    try:
+        conn.sendall(sys.argv[2].encode() + b"\\n")
+    except BrokenPipeError:  # refused before its request was read: the refusal waits to be read
+        pass
     print(conn.makefile("rb").readline().decode(), end="")
 """
 
@@ -155,14 +158,14 @@ def test_an_admitted_uid_calls_with_its_role_and_is_audited_as_itself(shared: Se
 
 
 def test_the_servers_own_user_calls_with_the_role_it_asks_for(shared: Served) -> None:
-    request = {
-        "toolName": "delete_file",
-        "params": {"path": "nope.txt"},
+    request = {  # write_file: the admin's (tag:write) and needs no approval, unlike delete_file
+        "toolName": "write_file",
+        "params": {"path": "socket-own-admin.txt", "content": "x"},
         "requestId": "own-admin",
         "role": "admin",
     }
     reply = exchange(shared.socket, line(request, shared.folder).encode() + b"\n")
-    assert reply is not None and reply["answer"]["error"]["code"] != "PERMISSION_DENIED"
+    assert reply is not None and reply["answer"]["success"], reply
     assert shared.finished("own-admin")["role"] == "admin"
     denied = exchange(
         shared.socket,
