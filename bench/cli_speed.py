@@ -1,6 +1,6 @@
 """How fast the command line answers, next to a bare interpreter measured in the same run.
 
-    python3 bench/cli_speed.py [--n 21] [--base CHECKOUT]
+    python3 bench/cli_speed.py [--n 21] [--base CHECKOUT] [--exec-only] [--pool N]
 
 Rows, each a fresh process: ``python3 -c pass`` (the floor every command pays),
 ``python3 -m runner --help``, ``runner exec add_numbers`` against the shipped tools (8) and
@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -126,8 +128,16 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=21)
     parser.add_argument("--base", type=Path, default=None, help="another checkout: its direct exec row too")
     parser.add_argument("--exec-only", action="store_true", help="only the rows taken in turns")
+    parser.add_argument("--pool", type=int, default=0, help="warm sandboxes of add_numbers (the server's)")
     args = parser.parse_args()
     starter = starter_folder()  # its audit.log, workspace and tools, removed at exit
+    policy_file = starter / "policies.yaml"
+    policy = yaml.safe_load(policy_file.read_text())
+    if args.pool:  # a one-shot runner exec starts none: only the server's calls use them
+        policy.setdefault("tools", {}).setdefault("add_numbers", {})["pool"] = args.pool
+    if args.base is not None:  # an older runner may not know every section (add_numbers needs none)
+        policy.pop("approval", None)
+    policy_file.write_text(yaml.safe_dump(policy))
     python, runner = [sys.executable, "-c", "pass"], [sys.executable, "-m", "runner", "--help"]
     rows = []
     if not args.exec_only:
