@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from mcp.server.context import ServerRequestContext
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from runner.api import Runner
 from runner.call.session_scope import Session
@@ -27,6 +28,10 @@ def mcp_session_id(ctx: ServerRequestContext[Any, Any]) -> str | None:
     None for an HTTP request of no session."""
     if ctx.request is None:
         return STDIO_SESSION
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        # That protocol has no sessions, and the SDK checks no session header of its
+        # requests: one the client sends is only its word, never a session.
+        return None
     headers = getattr(ctx.request, "headers", None)
     value = headers.get(MCP_SESSION_HEADER) if headers is not None else None
     return value if isinstance(value, str) and value else None

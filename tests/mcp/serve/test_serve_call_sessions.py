@@ -10,10 +10,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 import yaml
 from conftest import ToolBench, wait_for
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from mcp_types import TextContent
 from support.mcp_harness import HttpServer, add_token, audit_events, stdio_server
 
@@ -112,6 +114,23 @@ async def test_a_2026_client_over_http_has_no_session_so_each_call_is_fresh(coun
     server = HttpServer(counter)
     try:
         async with server.client(token) as client:  # the 2026-07-28 protocol: no MCP session
+            assert [_count(await client.call_tool("counter", {})) for _ in range(2)] == [1, 1]
+    finally:
+        assert server.stop() == 0
+    assert audit_events(counter, event="session.opened") == []
+
+
+async def test_a_2026_client_cannot_make_a_session_by_sending_a_session_header(counter: ToolBench) -> None:
+    # The SDK checks no session header of a 2026-07-28 request: one a client sends is not
+    # a session (else any client could open unbounded sessions outside every cap).
+    token = add_token(counter, "alice", "user")
+    server = HttpServer(counter)
+    headers = {"Authorization": f"Bearer {token}", "Mcp-Session-Id": "made-up-by-the-client"}
+    try:
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60.0)) as http,
+            Client(streamable_http_client(server.url, http_client=http)) as client,
+        ):
             assert [_count(await client.call_tool("counter", {})) for _ in range(2)] == [1, 1]
     finally:
         assert server.stop() == 0
