@@ -18,6 +18,7 @@ import base64
 import binascii
 import contextlib
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,8 @@ MAX_EVENTS = 1000
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 AUDIO_TYPES = frozenset({"audio/wav", "audio/mpeg", "audio/ogg", "audio/webm"})
+# A resource's media type: type/subtype of RFC 6838's characters, at most 127 each.
+MEDIA_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}")
 # An event as the caller's ``on_event`` gets it: ``{"progress": ...}``, ``{"log": ...}``
 # or ``{"content": ...}``.
 Event = dict[str, Any]
@@ -112,6 +115,8 @@ class ToolEvents:
         if block["type"] == "resource":
             body = dict(block["resource"])
             body["uri"] = scrub(body["uri"])
+            if "mimeType" in body:
+                body["mimeType"] = scrub(body["mimeType"])
             if "text" in body:
                 body["text"] = scrub(body["text"])
             return {"type": "resource", "resource": body}
@@ -156,7 +161,8 @@ def _resource(body: object) -> dict[str, Any] | None:
     kept: dict[str, Any] = {"uri": body["uri"]}
     mime_type = body.get("mimeType")
     if mime_type is not None:
-        if not isinstance(mime_type, str):
+        # A media type's shape only: free text here would be a channel the scrub misses.
+        if not isinstance(mime_type, str) or MEDIA_TYPE.fullmatch(mime_type) is None:
             return None
         kept["mimeType"] = mime_type
     text, blob = body.get("text"), body.get("blob")

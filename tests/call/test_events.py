@@ -106,12 +106,22 @@ def test_secrets_are_scrubbed_from_every_text_log_and_message() -> None:
         {"progress": 1, "message": f"using {secret}"},
         {"content": {"type": "text", "text": f"the key is {secret}"}},
         {"content": {"type": "resource", "resource": {"uri": f"file:///{secret}", "text": secret}}},
+        {"content": {"type": "resource", "resource": {"uri": "u", "mimeType": f"text/x-{secret}", "text": "a"}}},
         scrubber=scrubber,
     )
-    assert len(heard) == 5
+    assert len(heard) == 6
     assert secret not in json.dumps(heard)
     assert secret not in json.dumps(sink.content)
     assert heard[0] == {"log": "info", "data": {"note": "token=***", "***": ["***"]}}
+
+
+def test_a_resource_whose_media_type_is_not_one_is_dropped_and_counted() -> None:
+    heard, sink = read(
+        {"content": {"type": "resource", "resource": {"uri": "u", "mimeType": "a note, not a type", "text": "a"}}},
+        {"content": {"type": "resource", "resource": {"uri": "u", "mimeType": "text/csv", "text": "a,b"}}},
+    )
+    assert [event["content"]["resource"]["mimeType"] for event in heard] == ["text/csv"]
+    assert sink.ignored_count == 1
 
 
 def test_unknown_keys_of_a_block_are_left_out() -> None:
