@@ -250,12 +250,14 @@ class ToolService:
     def _queued_out(self, request: dict[str, Any], deadline_ms: int) -> dict[str, Any]:
         """The answer of a call whose deadline ran out while it waited for a slot."""
         message = f"{request['toolName']} waited {deadline_ms} ms for a free slot (serve.max_concurrent)"
+        asked = request.get("role")  # none from a socket client that named none: the default
+        caller = self.runner.policy.resolve_role(asked if isinstance(asked, str) else None)
         error = {"code": "TIMEOUT", "message": message, "details": {"reason": "queued"}, "retryable": True}
         self.runner.audit.emit(
             "call.finished",
             toolName=request["toolName"],
             requestId=request.get("requestId"),
-            role=request["role"],
+            role=caller,
             success=False,
             code="TIMEOUT",
             reason="queued",
@@ -264,7 +266,7 @@ class ToolService:
         )
         metrics = self.runner.metrics
         if metrics is not None:  # a registered tool (a slot is waited for only then)
-            role = role_label(request["role"], lambda role: role in self.runner.policy.model.roles)
+            role = role_label(caller, lambda role: role in self.runner.policy.model.roles)
             metrics.count_call(request["toolName"], "TIMEOUT", role, deadline_ms / 1000)
         return {
             "success": False,

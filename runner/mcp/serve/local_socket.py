@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic.alias_generators import to_camel
+
 from runner.config.sockets import MAX_REQUEST_BYTES, SocketPlaceError, prepare_folder
 from runner.mcp.serve.app import ToolService
 from runner.mcp.serve.lifecycle import Transport
@@ -239,6 +241,7 @@ class SocketTransport:
         request, where = document["request"], Where.parse(document["where"])
         if not isinstance(request, dict) or where is None:
             raise _Refused("bad_request", "a request line is an object of request and where")
+        request = _camel_case(request)
         if where != self._where:
             raise _Refused("elsewhere", "this server loads another policy file, tools or audit log")
         if role is not None:
@@ -274,6 +277,18 @@ class SocketTransport:
         if call in done and not call.cancelled() and call.exception() is None:
             return call.result()
         return None
+
+
+def _camel_case(request: dict[str, Any]) -> dict[str, Any]:
+    """``request`` with its keys as this server reads them (``toolName``, not ``tool_name``,
+    which the runner also takes): the slot and approval checks must see the tool it calls."""
+    named: dict[str, Any] = {}
+    for key, value in request.items():
+        camel = to_camel(key) if isinstance(key, str) else key
+        if camel in named:
+            raise _Refused("bad_request", f"{camel} is given twice (camelCase and snake_case)")
+        named[camel] = value
+    return named
 
 
 def _peer_uid(writer: asyncio.StreamWriter) -> int:

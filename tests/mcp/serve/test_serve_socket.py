@@ -315,3 +315,14 @@ def test_beside_http_both_serve_and_sigterm_stops_both(tmp_path: Path) -> None:
         assert server.finished("beside-http")["client"] == f"uid:{os.getuid()}"
     assert server.process.returncode == 0
     assert not server.socket.exists()
+
+
+def test_snake_case_keys_meet_the_same_checks_as_camel_case_ones(shared: Served) -> None:
+    # The runner takes tool_name as well as toolName: the server's own checks (approval,
+    # the slot) must see the tool either way.
+    snake = {"tool_name": "delete_file", "params": {"path": "x.txt"}, "role": "admin"}
+    reply = exchange(shared.socket, line(snake, shared.folder).encode() + b"\n")
+    assert reply is not None and reply["refused"]["reason"] == "approval", reply
+    both = {**snake, "toolName": "add_numbers"}
+    reply = exchange(shared.socket, line(both, shared.folder).encode() + b"\n")
+    assert reply is not None and reply["refused"]["reason"] == "bad_request", reply
