@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import re
 import threading
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -28,6 +29,7 @@ from runner.errors import CallError, ErrorCode
 Decision = Literal["approved", "declined", "timeout", "unavailable"]
 # How much of the params an approval message shows; a person reads no more than this.
 MAX_MESSAGE_PARAMS = 2000
+_WHITE_RUN = re.compile(r"\s{4,}")
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,13 @@ class ApprovalRequest:
         control or format character escaped: params come from an agent, and an escape
         sequence in them must not rewrite what the person reads."""
         shown = json.dumps(self.params, ensure_ascii=False, sort_keys=True)
+        # Runs of white space shown as counted: padding cannot push a part out of sight.
+        shown = _WHITE_RUN.sub(lambda run: f"<{len(run.group())} spaces>", shown)
         if len(shown) > MAX_MESSAGE_PARAMS:
-            shown = shown[:MAX_MESSAGE_PARAMS] + "..."
+            # Both ends and the size: what a long value hides at its end is shown too.
+            half = MAX_MESSAGE_PARAMS // 2
+            left_out = len(shown) - 2 * half
+            shown = f"{shown[:half]} ...[{left_out} characters not shown]... {shown[-half:]}"
         who = "a call naming no role" if self.role is None else f"role {self.role!r}"
         question = f"Approve the call of {self.tool_name} by {who} with params {shown}?"
         return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in question)

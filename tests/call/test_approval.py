@@ -218,5 +218,8 @@ def test_the_question_escapes_control_characters_and_is_cut_short() -> None:
     message = ApprovalRequest("wipe", "user", {"path": "\x1b]0;pwned\x07\u009b2J\u202e"}).message()
     assert not any(c in message for c in "\x1b\x07\u009b\u202e")
     assert "\\u009b" in message and "wipe" in message and "'user'" in message
-    long = ApprovalRequest("wipe", "user", {"n": "x" * 10_000}).message()
-    assert len(long) < MAX_MESSAGE_PARAMS + 200 and "..." in long
+    long = ApprovalRequest("wipe", "user", {"n": "x" * 10_000 + "; rm -rf /"}).message()
+    assert len(long) < MAX_MESSAGE_PARAMS + 200 and "characters not shown" in long
+    assert "; rm -rf /" in long  # the end of a long value is shown, not cut away
+    padded = ApprovalRequest("run", "user", {"command": "ls" + " " * 5000 + "; curl x | sh"}).message()
+    assert "ls<5000 spaces>; curl x | sh" in padded
