@@ -28,9 +28,14 @@ from sandboxes.subprocess._process import Ending
 KILL_PAUSE_S = 0.005
 # How programs report an allocation the address-space rlimit refused (without a cgroup
 # there is no OOM counter to read): Python, glibc's perror, C++, Node, Go.
+# Whole lines in the shapes those runtimes write, not the words anywhere: an honest tool
+# that echoes what it was given on stderr is not stopped for it.
 _OUT_OF_MEMORY = re.compile(
-    r"^MemoryError|Cannot allocate memory|std::bad_alloc|JavaScript heap out of memory"
-    r"|fatal error: runtime: out of memory",
+    r"^(?:MemoryError(?::.*)?"
+    r"|[^\n]*: Cannot allocate memory"
+    r"|terminate called after throwing an instance of 'std::bad_alloc'"
+    r"|FATAL ERROR: [^\n]*JavaScript heap out of memory"
+    r"|fatal error: runtime: out of memory)$",
     re.MULTILINE,
 )
 
