@@ -144,10 +144,11 @@ def _where() -> dict[str, Any] | None:
     if policy is None:
         return None
     audit_log = os.environ.get("RUNNER_AUDIT_LOG") or None
+    # Resolved here: the server compares them with its own resolved paths as they are.
     return {
-        "policies": str(policy.absolute()),
-        "tools": [str(folder.absolute()) for folder in tool_dirs(None, policy)],
-        "auditLog": None if audit_log is None else str(Path(audit_log).absolute()),
+        "policies": os.path.realpath(policy),
+        "tools": [os.path.realpath(folder) for folder in tool_dirs(None, policy)],
+        "auditLog": None if audit_log is None else os.path.realpath(audit_log),
     }
 
 

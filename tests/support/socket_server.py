@@ -99,9 +99,9 @@ def _answers(path: Path) -> bool:
 
 def where_of(folder: Path) -> dict[str, Any]:
     """The ``where`` of a call that loads ``folder``'s policy and tools."""
-    return {
-        "policies": str(folder / "policies.yaml"),
-        "tools": [str(folder / "tools")],
+    return {  # resolved, as a client sends them
+        "policies": os.path.realpath(folder / "policies.yaml"),
+        "tools": [os.path.realpath(folder / "tools")],
         "auditLog": None,
     }
 

@@ -58,7 +58,9 @@ class Where:
 
     @classmethod
     def parse(cls, document: object) -> Where | None:
-        """The ``where`` of a request line; None when it is not well-formed."""
+        """The ``where`` of a request line, its paths as sent (the client resolves them:
+        resolving a peer's path here could block the event loop on a mount it controls);
+        None when it is not well-formed."""
         if not isinstance(document, dict) or set(document) != {"policies", "tools", "auditLog"}:
             return None
         policies, tools, audit_log = document["policies"], document["tools"], document["auditLog"]
@@ -68,7 +70,7 @@ class Where:
             return None
         if audit_log is not None and not isinstance(audit_log, str):
             return None
-        return cls.of(policies, tools, audit_log)
+        return cls(policies, tuple(tools), audit_log)
 
 
 class _Refused(Exception):
