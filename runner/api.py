@@ -316,12 +316,10 @@ class Runner:
 
     def reload(self, tools: Iterable[Path], policies: Path) -> None:
         """Serve later calls with the policy file and tool folders as they are now (``runner
-        serve`` on a change); calls in flight finish with what they started with, and the
-        circuit breakers stay. Backend settings and the audit log are not reloaded.
-
-        Raises:
-            ConfigError: the policy file cannot be used; the runner keeps the old one.
-        """
+        serve`` on a change); calls in flight finish with what they started with, session
+        sandboxes are opened anew, and the circuit breakers stay. Backend settings and the
+        audit log are not reloaded. Raises ``ConfigError`` when the policy file cannot be
+        used (the runner keeps the old one)."""
         policy = Policy.load(policies)
         factory = self._sandbox_factory
         registry = Registry.load(
@@ -331,6 +329,7 @@ class Runner:
         )
         with self._lock:
             self.policy, self.registry = policy, registry
+            self._sessions.generation += 1  # session sandboxes open anew, as they are now
 
     def tool_definitions(self, format: str, role: str | None = None, *, strict: bool = False) -> list[Any]:
         """The tools ``role`` may call as definitions for an agent, in a format and strictness

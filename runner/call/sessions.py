@@ -69,6 +69,9 @@ class SessionCounts:
         self._total = 0
         self._by_owner: dict[str, int] = {}
         self.sessions: set[CallSession] = set()
+        # Moved on by each reload of the policy and tools: a session sandbox opened before
+        # holds the old settings (limits, grants, secrets, code) and is opened anew.
+        self.generation = 0
 
     def reserve(self, owner: str | None, settings: SessionModel) -> None:
         """Count one more open sandbox of ``owner``.
@@ -117,6 +120,7 @@ class _Held:
     backend: str
     opened: float
     used: float
+    generation: int
     calls: int = 0
 
 
@@ -191,6 +195,9 @@ class CallSession:
             if held is not None and (why := self._expired(held) or _end_reason(held)) is not None:
                 await self._drop(tool_name, why)
                 held = None
+            if held is not None and held.generation != self.counts.generation:
+                await self._drop(tool_name, "reloaded")
+                held = None
             if held is None:
                 held = await self._open(tool_name, backend, open_)
                 if note is not None and tool_name in self._lost:
@@ -213,7 +220,7 @@ class CallSession:
         if self._sweeper is None:  # expiry is watched on the loop of the session's calls
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         now = self.clock.monotonic()
-        held = _Held(sandbox, backend.name, now, now)
+        held = _Held(sandbox, backend.name, now, now, self.counts.generation)
         self._held[tool_name] = held
         restarted = tool_name in self._lost
         self.audit.emit(

@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 import pytest
+import yaml
 from conftest import ToolBench, docker_ready, our_cgroups, wait_for
 
 from sandboxes.testing import processes_with_env
@@ -318,3 +319,21 @@ def test_a_session_tools_events_stream_as_a_fresh_sandboxs_do(bench: ToolBench, 
     assert [event.get("progress") for event in heard if "progress" in event] == [1, 1]
     attempts = _events(bench, "call.attempt")
     assert all("\x1e" not in event.get("stderr", "") for event in attempts)
+
+
+def test_a_reload_opens_session_sandboxes_anew_with_the_new_settings(bench: ToolBench, mark: str) -> None:
+    # A session sandbox holds its first call's limits, grants and code: after a reload it
+    # must not go on with the old ones.
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            assert [_count(await session.acall("counter")) for _ in range(2)] == [1, 2]
+            bench.policy["limits"]["memory_mb"] = 96
+            policy_file = bench.root / "policies.yaml"
+            policy_file.write_text(yaml.safe_dump(bench.policy))
+            runner.reload([bench.tools], policy_file)
+            again = await session.acall("counter")
+            assert _count(again) == 1
+            assert again.to_wire()["metadata"]["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [event["reason"] for event in _events(bench, "session.closed")] == ["reloaded", "ended"]
