@@ -35,8 +35,9 @@ DOCKER_DENIED = (
     "io_uring_setup", "io_uring_enter", "io_uring_register",
     "fanotify_init", "lookup_dcookie", "vhangup",
 )  # fmt: skip
-# Beyond Docker's default: a tool has no business tracing anything.
-EXTRA_DENIED = ("ptrace",)
+# Beyond Docker's default: a tool has no business tracing anything, nor taking another
+# process's descriptors (a session's agent's, say).
+EXTRA_DENIED = ("ptrace", "pidfd_getfd")
 # Refused with ENOSYS so that the C library falls back to a call the filter can inspect:
 # clone3 and openat2 pass their flags in memory, where seccomp cannot look.
 FALLBACK = ("clone3", "openat2", "fchmodat2")

@@ -54,6 +54,7 @@ report = {
     "bpf": call(321, 0, 0, 0),
     "perf_event_open": call(298, ctypes.create_string_buffer(128), 0, -1, -1, 0),
     "userfaultfd": call(323, 0),
+    "pidfd_getfd": call(438, -1, 0, 0),  # EBADF unfiltered: another process's descriptors
 }
 print(json.dumps(report))
 """
