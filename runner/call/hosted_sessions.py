@@ -63,6 +63,7 @@ class HostedServer:
         session_limits = dataclasses.replace(
             limits, timeout_ms=max_ms, max_output_bytes=limits.max_output_bytes * SESSION_OUTPUT_CALLS
         )
+        held.cap_calls(limits.max_output_bytes)  # the run's cap is the session's; each call has its own
         prepared = await backend.prepare(spec, session_limits)
         if not isinstance(prepared, Converses):
             await finish_shielded(prepared.close())

@@ -42,6 +42,11 @@ class HeldDialogue(Dialogue, Protocol):
         """
         ...
 
+    def cap_calls(self, max_output_bytes: int) -> None:
+        """End the conversation when the server writes more than ``max_output_bytes`` for
+        one call (the run's own cap is the whole session's)."""
+        ...
+
 
 class HeldOpening(Opening, Protocol):
     """An opening said ahead; ``result`` what the server answered (None until it did)."""

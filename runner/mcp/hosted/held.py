@@ -59,6 +59,7 @@ class HeldServer(_Conversation):
                 if answered.done():  # cancelled while it waited: its caller is gone
                     continue
                 self._serving = call, answered
+                self._bytes_read = 0  # each call's own bytes (``cap_calls``)
                 try:
                     await call.exchange(session)
                 except MCPError as exc:
@@ -71,6 +72,9 @@ class HeldServer(_Conversation):
                     answered.set_result(None)
         finally:
             self._end()
+
+    def cap_calls(self, max_output_bytes: int) -> None:
+        self._read_cap = max_output_bytes
 
     async def talk(self, pipe: Pipe) -> None:
         try:

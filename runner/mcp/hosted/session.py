@@ -70,6 +70,8 @@ class _Conversation:
         self.spoken = Spoken()
         self._adopted: types.InitializeResult | None = None
         self._logging = logging
+        self._read_cap: int | None = None  # bytes of stdout until the conversation is over
+        self._bytes_read = 0
 
     async def log(self, params: types.LoggingMessageNotificationParams) -> None:
         """A log message of the server's, while this conversation's request is served."""
@@ -116,6 +118,11 @@ class _Conversation:
         at the end of stdout this waits: the server's exit or the timeout tells the rest."""
         pending = bytearray()
         while chunk := await pipe.receive():
+            self._bytes_read += len(chunk)
+            if self._read_cap is not None and self._bytes_read > self._read_cap:
+                self.spoken.break_(f"it wrote more than {self._read_cap} bytes for one call")
+                scope.cancel()
+                return
             start = len(pending)  # a newline can only be in what just came
             pending += chunk
             while (end := pending.find(b"\n", start)) != -1:

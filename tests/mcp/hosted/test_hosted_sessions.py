@@ -217,3 +217,21 @@ def test_an_idle_session_server_is_closed(bench: ToolBench, mark: str) -> None:
 
     asyncio.run(scenario())
     assert next(event["reason"] for event in _events(bench, "session.closed")) == "idle"
+
+
+def test_one_call_cannot_read_more_than_max_output_bytes_from_a_held_server(bench: ToolBench, mark: str) -> None:
+    # The held server's run may write the session's worth; one call of it no more than its own cap.
+    bench.policy["limits"]["max_output_bytes"] = 65536
+
+    async def scenario() -> None:
+        async with bench.runner(warm_pools=False) as runner, runner.session() as session:
+            assert _seen(await session.acall("st_count"))["count"] == 1
+            flooded = await session.acall("st_flood")
+            assert flooded.error is not None, flooded.result
+            assert "bytes for one call" in flooded.error.message, flooded.error
+            again = await session.acall("st_count")
+            assert _seen(again)["count"] == 1 and again.to_wire()["metadata"]["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert "server_died" in [event["reason"] for event in _events(bench, "session.closed")]
+    _nothing_left(mark)
