@@ -12,14 +12,16 @@ trap 'rm -rf "$work"' EXIT
 
 log() { echo "test: $*"; }
 
+# The venv first: its pip builds the wheel (a stock Debian's python3 has no pip of its own).
+python3 -m venv --system-site-packages "$work/venv"
+
 log "building the wheel"
 rm -rf "$repo/build"  # setuptools reuses build/lib: a stale module would slip into the wheel
-python3 -m pip wheel -q --disable-pip-version-check --no-deps -w "$work/dist" "$repo"
+"$work/venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$work/dist" "$repo"
 rm -rf "$repo/build"
 wheel=("$work"/dist/*.whl)
 
 log "installing ${wheel[0]##*/} into a fresh virtual environment"
-python3 -m venv --system-site-packages "$work/venv"
 "$work/venv/bin/python" -m pip install -q --disable-pip-version-check "${wheel[0]}[dev,ray]" 2>&1 \
   | grep -v -e '^WARNING: Running pip as' -e 'is ignored: it is neither' || true
 # The same version installed on the system would count as "already satisfied" and the venv
