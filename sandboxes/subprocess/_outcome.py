@@ -12,7 +12,26 @@ from sandboxes._kernel import signal_from_init_status
 from sandboxes.base import Limits, SandboxOutcome, StopReason
 from sandboxes.subprocess._cgroup import CallCgroup
 from sandboxes.subprocess._process import Ending, ProcessResult
-from sandboxes.subprocess._tree import out_of_memory
+
+# How programs report an allocation the address-space rlimit refused (without a cgroup
+# there is no OOM counter to read): Python, glibc's perror, C++, Node, Go.
+# Whole lines in the shapes those runtimes write, not the words anywhere: an honest tool
+# that echoes what it was given on stderr is not stopped for it.
+_OUT_OF_MEMORY = re.compile(
+    r"^(?:MemoryError(?::.*)?"
+    r"|[^\n]*: Cannot allocate memory"
+    r"|terminate called after throwing an instance of 'std::bad_alloc'"
+    r"|FATAL ERROR: [^\n]*JavaScript heap out of memory"
+    r"|fatal error: runtime: out of memory)$",
+    re.MULTILINE,
+)
+
+
+def out_of_memory(stderr_text: str) -> bool:
+    """Whether some process of the tool said an allocation was refused. A tool can only
+    misname its own failure this way, never escape a limit."""
+    return _OUT_OF_MEMORY.search(stderr_text) is not None
+
 
 _HOST_PATH = re.compile(r"/[^\s:'\"]+")
 

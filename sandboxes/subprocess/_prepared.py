@@ -38,9 +38,9 @@ from sandboxes.subprocess._outcome import outcome, shim_marks
 from sandboxes.subprocess._prime import FdPipe
 from sandboxes.subprocess._process import EXIT_GRACE_S, Driven, Ending, drive
 from sandboxes.subprocess._staged_folders import FolderId, NoNamespace, StagedFolders
-from sandboxes.subprocess._tree import ProcessTree
 
 if TYPE_CHECKING:
+    from sandboxes.subprocess._tree import ProcessTree
     from sandboxes.subprocess.sandbox import SubprocessSandbox
 
 # How long a sandbox started ahead may take to be set up before the pool moves on; one
@@ -300,6 +300,8 @@ class PreparedSubprocess(OneRun):
     def _process_tree(self) -> ProcessTree | None:
         """Rootless without a cgroup: the processes under the launcher, which stand for it."""
         if self._tree is None and self._owner.rlimits_only and self._popen is not None:
+            from sandboxes.subprocess._tree import ProcessTree  # psutil: only rootless runs pay for it
+
             self._tree = ProcessTree(self._popen.pid, self._limits)
         return self._tree
 

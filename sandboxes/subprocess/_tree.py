@@ -14,7 +14,6 @@ alone would leave no trace a parent waiting on it could be stopped for).
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections.abc import Callable
 
@@ -23,29 +22,10 @@ import psutil
 from sandboxes._streams import TailBuffer
 from sandboxes.base import Limits
 from sandboxes.events import StderrSplitter
+from sandboxes.subprocess._outcome import out_of_memory
 from sandboxes.subprocess._process import Ending
 
 KILL_PAUSE_S = 0.005
-# How programs report an allocation the address-space rlimit refused (without a cgroup
-# there is no OOM counter to read): Python, glibc's perror, C++, Node, Go.
-# Whole lines in the shapes those runtimes write, not the words anywhere: an honest tool
-# that echoes what it was given on stderr is not stopped for it.
-_OUT_OF_MEMORY = re.compile(
-    r"^(?:MemoryError(?::.*)?"
-    r"|[^\n]*: Cannot allocate memory"
-    r"|terminate called after throwing an instance of 'std::bad_alloc'"
-    r"|FATAL ERROR: [^\n]*JavaScript heap out of memory"
-    r"|fatal error: runtime: out of memory)$",
-    re.MULTILINE,
-)
-
-
-def out_of_memory(stderr_text: str) -> bool:
-    """Whether some process of the tool said an allocation was refused. A tool can only
-    misname its own failure this way, never escape a limit."""
-    return _OUT_OF_MEMORY.search(stderr_text) is not None
-
-
 def _running(process: psutil.Process) -> bool:
     try:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandboxes.subprocess._tree import out_of_memory
+from sandboxes.subprocess._outcome import out_of_memory
 
 
 @pytest.mark.parametrize(
