@@ -221,6 +221,13 @@ def _checked(step: str, done: subprocess.CompletedProcess[str]) -> None:
         raise McpAddError("install_failed", f"{step} failed (exit status {done.returncode})", output)
 
 
+# What would make pip see, or put, packages outside the server's venv: the server runs in a
+# sandbox with none of it, so everything it imports must be installed in its venv.
+_NOT_PASSED = frozenset(
+    {"PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PIP_TARGET", "PIP_PREFIX", "PIP_ROOT", "PIP_USER"}
+)
+
+
 def _run(argv: list[str], *, timeout: float = INSTALL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` with its output (stdout and stderr together) captured. It runs in a
     session of its own whose every process is killed when it ends, times out or the caller
@@ -238,6 +245,7 @@ def _run(argv: list[str], *, timeout: float = INSTALL_TIMEOUT_S) -> subprocess.C
             text=True,
             errors="replace",
             start_new_session=True,
+            env={key: value for key, value in os.environ.items() if key not in _NOT_PASSED},
         )
     except OSError as exc:
         raise McpAddError("missing_program", f"cannot start {argv[0]}: {exc.strerror or exc}") from exc

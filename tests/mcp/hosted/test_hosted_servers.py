@@ -50,7 +50,8 @@ def _error(answer: Any) -> dict[str, Any]:
 
 
 def test_time_is_listed_answers_and_an_invalid_timezone_is_a_tool_error(hosted: Runner) -> None:
-    assert {"time_get_current_time", "time_convert_time"} <= {tool.name for tool in hosted.registry}
+    listed = {tool.name for tool in hosted.registry}
+    assert {"time_get_current_time", "time_convert_time"} <= listed, hosted.registry.problems
     tool = hosted.registry.get("time_get_current_time")
     assert tool is not None and "mcp" in tool.manifest.tags
     answer = hosted.call("time_get_current_time", {"timezone": "Europe/Paris"}, request_id="time-ok")
