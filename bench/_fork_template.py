@@ -1,0 +1,152 @@
+"""A pre-imported template that forks each call into fresh namespaces: the mechanics of a
+fork mode, run by ``bench/fork_floor.py`` inside bubblewrap to measure them. Not part of
+the runner: no tool is ever run this way by it.
+
+    python3 -s _fork_template.py TOOL_DIR CONTROL_FD FILTER_FD
+
+The template imports the tool's helper, compiles (never runs) its ``main.py`` and then
+only waits on CONTROL_FD, a SOCK_SEQPACKET socket: each message carries one descriptor,
+the call's own socket. For each, it forks, forgets the socket, and reaps the calls that
+have ended (it keeps no state of a call). The call's first process then, over its own
+socket:
+
+1. sends its pid (SCM_CREDENTIALS, which the kernel translates into the runner's pid
+   namespace) and receives the call cgroup's ``tasks`` files, opened by the runner;
+   writes ``0`` to each (it joins; the kernel checks the opener's rights) and closes them;
+2. unshares user, mount, pid, IPC, network and UTS namespaces (its own user namespace
+   maps only its uid: the one the template runs as) and forks the call's init;
+3. waits for it and sends its wait status, the runner's one way to learn it.
+
+The call's init (pid 1 of its namespace) mounts a fresh ``/tmp``, ``/dev/shm`` and
+``/proc`` (of its own pid namespace), sets no_new_privs, loads the seccomp filter (which
+refuses ``unshare``, ``mount`` and ``ptrace``), says it is sealed, and only then receives
+stdin, stdout and stderr: the call's input never reaches the template, and tool code
+runs only after the seal.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import gc
+import os
+import socket
+import struct
+import sys
+import types
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+FRESH = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+EXIT_SETUP = 125  # a step before the tool's code failed
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+class _Program(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+
+def _fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    fds = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    return list(fds)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as file:
+        file.write(text)
+
+
+def _seal(program: bytes) -> None:
+    """Fresh /tmp, no new privileges, the filter: what the tool's code runs under."""
+    if LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        os._exit(EXIT_SETUP)
+    for target in (b"/tmp", b"/dev/shm"):
+        if LIBC.mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=16m,mode=1777") != 0:
+            os._exit(EXIT_SETUP)
+    # Its own pid namespace's processes only: not the template's, nor its siblings'.
+    if LIBC.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+        os._exit(EXIT_SETUP)
+    code = ctypes.create_string_buffer(program, len(program))
+    fprog = _Program(len(program) // 8, ctypes.cast(code, ctypes.c_void_p))
+    if LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        os._exit(EXIT_SETUP)
+    if LIBC.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        os._exit(EXIT_SETUP)
+
+
+def _call(own: socket.socket, code: types.CodeType, program: bytes) -> None:
+    creds = struct.pack("3i", os.getpid(), os.getuid(), os.getgid())
+    own.sendmsg([b"p"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)])
+    _, ancillary, _, _ = own.recvmsg(1, socket.CMSG_SPACE(16 * 4))
+    for fd in _fds(ancillary):
+        os.write(fd, b"0")  # joins the call cgroup
+        os.close(fd)
+    uid, gid = os.getuid(), os.getgid()
+    if LIBC.unshare(FRESH) != 0:
+        os._exit(EXIT_SETUP)
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    init = os.fork()
+    if init:
+        _, status = os.waitpid(init, 0)
+        own.send(struct.pack("i", status))
+        os._exit(0)
+    _seal(program)
+    own.send(b"s")
+    _, ancillary, _, _ = own.recvmsg(1, socket.CMSG_SPACE(3 * 4))
+    std = _fds(ancillary)
+    if len(std) != 3:
+        os._exit(EXIT_SETUP)
+    for number, fd in enumerate(std):
+        os.dup2(fd, number)
+        os.close(fd)
+    own.close()
+    helper = sys.modules["runner_tool"]
+    # It noted at import what fds 0-2 were, to know at exit that nothing else is open.
+    helper._STANDARD_FDS = {fd: helper._identity(fd) for fd in (0, 1, 2)}  # type: ignore[attr-defined]
+    sys.argv = ["main.py"]
+    exec(code, {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__})
+    os._exit(0)
+
+
+def _reap() -> None:
+    """Reap the calls that have ended (each sent its status itself; nothing is kept)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def main() -> None:
+    tool_dir, control_fd, filter_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    os.chdir(tool_dir)
+    sys.path.insert(0, tool_dir)
+    import runner_tool  # type: ignore[import-not-found]  # noqa: F401 - the tool's imports, done once here
+
+    with open("main.py", "rb") as file:
+        code = compile(file.read(), "main.py", "exec")
+    program = os.pread(filter_fd, os.fstat(filter_fd).st_size, 0)
+    os.close(filter_fd)
+    gc.freeze()  # the collector would touch, and so copy, every page of the template
+    control = socket.socket(fileno=control_fd)
+    while True:
+        message, ancillary, _, _ = control.recvmsg(1, socket.CMSG_SPACE(4))
+        if not message:
+            os._exit(0)
+        (call_fd,) = _fds(ancillary)
+        if os.fork() == 0:
+            control.close()
+            _call(socket.socket(fileno=call_fd), code, program)
+        os.close(call_fd)
+        _reap()
+
+
+if __name__ == "__main__":
+    main()
