@@ -65,6 +65,21 @@ unset RUNNER_CGROUPS RUNNER_CPU RUNNER_VMEM_KB RUNNER_FSIZE_BLOCKS RUNNER_NOFILE
   RUNNER_STAGE RUNNER_TOOL_DIR RUNNER_WORKSPACE_DIR RUNNER_PID RUNNER_CHDIR
 exec "$@"
 """
+# Without root, before bubblewrap, in a user and mount namespace of the launcher's own
+# (``unshare --map-root-user``): the workspace bound onto the stage's ``lower`` and an
+# overlay of it mounted on ``merged``, its upper layer a folder of the runner's, which the
+# runner applies once the sandbox is gone (``sandboxes._staging.UserStagedWorkspace``).
+USER_OVERLAY_SCRIPT = r"""
+stage=$1 workspace=$2
+shift 2
+mount --bind "$workspace" "$stage/lower" &&
+  mount -t overlay -o "lowerdir=$stage/lower,upperdir=$stage/upper,workdir=$stage/work,userxattr" \
+    overlay "$stage/merged" || {
+  echo "runner-launch: cannot stage the workspace (an overlay in a user namespace needs Linux 5.11)" >&2
+  exit 125
+}
+exec "$@"
+"""
 # A degraded run has no bubblewrap to hand the tool its environment: it travels through
 # the root launcher as RUNNER_TOOLENV_NAME variables (listed in RUNNER_TOOLENV), which
 # no program run as root reads; the shim, already the tool's user, exports them under
