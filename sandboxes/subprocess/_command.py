@@ -18,11 +18,11 @@ from sandboxes.subprocess._cgroup import CallCgroup
 from sandboxes.subprocess._launch import (
     ROOTLESS_NOFILE,
     ROOTLESS_VMEM_FACTOR,
-    USER_OVERLAY_SCRIPT,
     carried_env,
     drop_privileges_argv,
     launcher_argv,
     started_shim_argv,
+    user_overlay_argv,
 )
 from sandboxes.subprocess._layout import Sources, bwrap_argv
 from sandboxes.subprocess._network import SandboxNetwork
@@ -156,10 +156,8 @@ class SandboxCommand:
             raise SandboxUnavailable(
                 "unshare is not installed (apt-get install util-linux): a workspace write grant needs it"
             )
-        workspace, stage = self._workspace, self._workspace.user_stage
-        unshare = [self._owner.user_unshare, "--user", "--map-root-user", "--mount", "--propagation=private"]
-        script = [SHELL, "-c", USER_OVERLAY_SCRIPT, "runner-overlay", str(stage.root)]
-        return [*unshare, "--", *script, str(workspace.source), *argv]
+        stage, source = self._workspace.user_stage.root, self._workspace.source
+        return user_overlay_argv(self._owner.user_unshare, SHELL, stage, source) + argv
 
     def _entering_network(self, argv: list[str]) -> list[str]:
         """Join the sandbox's own network namespace first (as root), when it has one."""

@@ -25,6 +25,7 @@ parts arrive as argv or ``RUNNER_*`` variables.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from sandboxes._exec_status import EXEC_GUARD
 
@@ -138,6 +139,13 @@ def launcher_argv(shell: str, argv: list[str], unshare: str | None) -> list[str]
     if unshare is None:
         return launch
     return [unshare, "--mount", "--propagation", "private", "--", *launch]
+
+
+def user_overlay_argv(unshare: str, shell: str, stage: Path, workspace: Path) -> list[str]:
+    """What runs ``USER_OVERLAY_SCRIPT`` in a user and mount namespace of its own; the
+    command to start there follows."""
+    namespaces = [unshare, "--user", "--map-root-user", "--mount", "--propagation=private", "--"]
+    return [*namespaces, shell, "-c", USER_OVERLAY_SCRIPT, "runner-overlay", str(stage), str(workspace)]
 
 
 def started_shim_argv(shell: str, command: list[str], process_cap: int | None = None) -> list[str]:
