@@ -340,3 +340,52 @@ def test_at_most_disk_mb_of_writes_is_applied_in_bytes_and_in_entries(bench: Too
     assert sum(p.stat().st_size for p in applied) <= 8 * 1024 * 1024
     assert len(applied) <= 8 * 256
     assert _stages_left() == []
+
+
+def _alive_with(token: bytes) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if token in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_killed_runner_leaves_no_tool_and_no_staging_folder_a_second_later(bench: ToolBench) -> None:
+    workspace = _workspace(bench)
+    marker = f"stager-{os.getpid()}-{time.monotonic_ns()}"
+    bench.tool(
+        "stager",
+        """
+        import os, sys, time
+        sys.stdin.read()
+        open(os.path.join(os.environ["WORKSPACE"], "partial.txt"), "w").write("x")
+        time.sleep(60)
+        """,
+        workspace="write",
+        command=["python3", "main.py", marker],
+    )
+    proc = bench.spawn_runner("stager", "req_killed_stager")
+    scratch = default_state_dir() / "scratch"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            stages = list(scratch.glob(f"{proc.pid}-*/upper/partial.txt")) if scratch.is_dir() else []
+            if stages and _alive_with(marker.encode()):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the tool never wrote into its staged workspace")
+    finally:
+        proc.kill()
+        proc.wait()
+    time.sleep(1.0)
+    assert _alive_with(marker.encode()) == []
+    deadline = time.monotonic() + 5  # the watchdog's sweep of the folder follows the kill
+    while list(scratch.glob(f"{proc.pid}-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(scratch.glob(f"{proc.pid}-*")) == []
+    assert list(workspace.iterdir()) == []  # a call that never ended applies nothing
