@@ -389,3 +389,32 @@ def test_a_killed_runner_leaves_no_tool_and_no_staging_folder_a_second_later(ben
         time.sleep(0.1)
     assert list(scratch.glob(f"{proc.pid}-*")) == []
     assert list(workspace.iterdir()) == []  # a call that never ended applies nothing
+
+
+def test_a_kernel_refusing_the_overlay_fails_the_call_closed_never_binding_directly(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An overlay option this kernel does not know stands for one without user-namespace
+    # overlays: the call is sandbox_unavailable, the tool never runs, nothing is written.
+    from sandboxes.subprocess import _launch
+
+    monkeypatch.setattr(
+        _launch, "USER_OVERLAY_SCRIPT", _launch.USER_OVERLAY_SCRIPT.replace("userxattr", "nosuch")
+    )
+    workspace = _workspace(bench)
+    bench.tool(
+        "writer",
+        """
+        import os, sys
+        sys.stdin.read()
+        open(os.path.join(os.environ["WORKSPACE"], "direct.txt"), "w").write("x")
+        print("{}")
+        """,
+        workspace="write",
+    )
+    answer = _call(bench, "writer")
+    assert answer["success"] is False
+    assert answer["error"]["details"]["reason"] == "sandbox_unavailable", answer["error"]
+    assert "cannot stage the workspace" in answer["error"]["message"]
+    assert list(workspace.iterdir()) == []
+    assert _stages_left() == []
