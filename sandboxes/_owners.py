@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
+
+from sandboxes._staging import remove_tree
 
 
 def pid_alive(pid: int) -> bool:
@@ -32,4 +33,4 @@ def remove_folders(root: Path, wanted: Callable[[str], bool]) -> None:
     with contextlib.suppress(OSError):
         for child in root.iterdir():
             if wanted(child.name) and not child.is_symlink():
-                shutil.rmtree(child, ignore_errors=True)
+                remove_tree(child)

@@ -15,6 +15,11 @@ whatever stood there), and set-uid/set-gid bits are never carried over.
 
 The overlay is made by the runner in its own mount namespace under
 ``/run/runner-ws/<runner pid>-<n>``; the watchdog unmounts those of a runner that died.
+
+A runner that is not root cannot mount where it runs, but its launcher can, inside a user
+namespace of its own (``UserStagedWorkspace``): the upper layer is then a folder of the
+runner's on disk (a tmpfs there would die with the sandbox, before the apply), and the
+apply takes at most ``disk_mb`` of it, in bytes and in entries.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import shutil
 import stat
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 MNT_DETACH = 2
@@ -36,6 +42,9 @@ _WHITEOUT_RDEV = 0
 # Only the trusted namespace: the overlay is mounted by root without ``userxattr``, so a
 # ``user.overlay.opaque`` is an ordinary attribute any tool may set on its own folder.
 _OPAQUE_XATTR = "trusted.overlay.opaque"
+# An overlay mounted in a user namespace (``userxattr``) marks with this one instead; the
+# overlay refuses it to the tool, and such an upper layer lies outside the sandbox.
+USER_OPAQUE_XATTR = "user.overlay.opaque"
 # Folders deeper than this are not applied (and said so on stderr): the apply holds two
 # descriptors per level.
 MAX_APPLY_DEPTH = 64
@@ -131,7 +140,7 @@ class StagedWorkspace:
             self._mounted.remove(self.merged)
         upper = os.open(self.root / "upper", _OPEN_DIR)
         try:
-            _apply_folder(upper, workspace_fd)
+            _apply_folder(upper, workspace_fd, _Budget(_OPAQUE_XATTR))
         finally:
             os.close(upper)
 
@@ -142,6 +151,53 @@ class StagedWorkspace:
         self._mounted.clear()
         with contextlib.suppress(OSError):
             self.root.rmdir()
+
+
+class UserStagedWorkspace:
+    """The upper layer of one rootless call, a folder of the runner's: ``root`` holds
+    ``upper`` and ``work`` (the overlay's), and ``lower`` and ``merged``, where the launcher
+    binds the workspace and mounts the overlay inside its user namespace
+    (``sandboxes.subprocess._launch.USER_OVERLAY_SCRIPT``)."""
+
+    def __init__(self, root: Path, disk_mb: int) -> None:
+        self.root = root
+        self.merged = root / "merged"
+        self._disk_mb = disk_mb
+
+    def create(self) -> None:
+        """Raises:
+        StagingUnavailable: a character of the folder's path would split the overlay's options.
+        """
+        if any(char in str(self.root) for char in ",:\\"):
+            raise StagingUnavailable(f"its folder {self.root} has a ',', ':' or '\\' in its path")
+        self.root.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700)
+        for name in ("upper", "work", "lower", "merged"):
+            (self.root / name).mkdir(mode=0o700)
+
+    def apply(self, workspace_fd: int) -> None:
+        """Carry at most ``disk_mb`` of the call's writes over (the sandbox is gone by now)."""
+        upper = os.open(self.root / "upper", _OPEN_DIR)
+        try:
+            entries = max(1024, self._disk_mb * INODES_PER_MB)
+            budget = _Budget(USER_OPAQUE_XATTR, self._disk_mb * 1024 * 1024, entries)
+            _apply_folder(upper, workspace_fd, budget)
+        finally:
+            os.close(upper)
+
+    def remove(self) -> None:
+        """Remove the folder. Safe to call twice."""
+        remove_tree(self.root)
+
+
+def remove_tree(root: Path) -> None:
+    """Remove ``root``, an upper layer's folder, though the overlay left its ``work/work``
+    unreadable (mode 000). Symlinks in it are removed, never followed."""
+    work = root / "work" / "work"
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(work.lstat().st_mode) and not (root / "work").is_symlink():
+            work.chmod(0o700)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def remove_stale(ws_root: Path, is_stale: Callable[[str], bool]) -> None:
@@ -167,9 +223,9 @@ def _remove_entry(parent: int, name: str) -> None:
         os.unlink(name, dir_fd=parent)
 
 
-def _is_opaque(folder: int) -> bool:
+def _is_opaque(folder: int, xattr: str) -> bool:
     try:
-        return os.getxattr(folder, _OPAQUE_XATTR) == b"y"
+        return os.getxattr(folder, xattr) == b"y"
     except OSError:
         return False
 
@@ -216,7 +272,31 @@ def _copy_file(source_dir: int, dest_dir: int, name: str, info: os.stat_result) 
         os.rename(temporary, name, src_dir_fd=dest_dir, dst_dir_fd=dest_dir)
 
 
-def _apply_folder(source_dir: int, dest_dir: int, depth: int = 0) -> None:
+@dataclass
+class _Budget:
+    """What an apply may still carry over (an upper layer on a tmpfs needs no bound), and
+    the opaque mark it trusts."""
+
+    opaque_xattr: str
+    bytes_left: int | None = None
+    entries_left: int | None = None
+    exhausted: bool = False
+
+    def take(self, size: int) -> bool:
+        """Count one entry of ``size`` bytes; False (and nothing counted) past the bound."""
+        if self.bytes_left is None or self.entries_left is None:
+            return True
+        if self.entries_left < 1 or self.bytes_left < size:
+            if not self.exhausted:
+                sys.stderr.write("runner: workspace writes past disk_mb were not applied\n")
+            self.exhausted = True
+            return False
+        self.entries_left -= 1
+        self.bytes_left -= size
+        return True
+
+
+def _apply_folder(source_dir: int, dest_dir: int, budget: _Budget, depth: int = 0) -> None:
     for name in os.listdir(source_dir):
         info = os.stat(name, dir_fd=source_dir, follow_symlinks=False)
         mode = info.st_mode
@@ -224,15 +304,17 @@ def _apply_folder(source_dir: int, dest_dir: int, depth: int = 0) -> None:
             _remove_entry(dest_dir, name)  # deleted in the sandbox
         elif stat.S_ISDIR(mode) and depth >= MAX_APPLY_DEPTH:
             sys.stderr.write(f"runner: workspace writes below {MAX_APPLY_DEPTH} folders were not applied\n")
+        elif not budget.take(info.st_size if stat.S_ISREG(mode) else 0):
+            continue
         elif stat.S_ISDIR(mode):
             source = os.open(name, _OPEN_DIR, dir_fd=source_dir)
             try:
                 target = _open_or_make_folder(dest_dir, name, mode)
                 try:
-                    if _is_opaque(source):  # replaced as a whole in the sandbox
+                    if _is_opaque(source, budget.opaque_xattr):  # replaced as a whole in the sandbox
                         for child in os.listdir(target):  # noqa: PTH208 - by descriptor
                             _remove_entry(target, child)
-                    _apply_folder(source, target, depth + 1)
+                    _apply_folder(source, target, budget, depth + 1)
                     os.fchown(target, info.st_uid, info.st_gid)
                     os.fchmod(target, stat.S_IMODE(mode) & ~stat.S_ISUID)
                 finally:

@@ -22,7 +22,7 @@ import stat
 from pathlib import Path
 
 from sandboxes._identity import SANDBOX_GID
-from sandboxes._staging import StagedWorkspace, StagingUnavailable, staging_root
+from sandboxes._staging import StagedWorkspace, StagingUnavailable, UserStagedWorkspace, staging_root
 from sandboxes.base import LaunchSpec, SandboxUnavailable
 
 _TRUSTED_OWNERS = frozenset({0, os.geteuid()})
@@ -129,19 +129,33 @@ def strip_setid_files(fd: int) -> int:
 class GrantedWorkspace:
     """The workspace of one call: where the sandbox mounts it from, and what to do after.
 
-    As root, a ``write`` grant is staged (``sandboxes._staging``): the sandbox mounts an
-    overlay whose writes stop at ``disk_mb`` and are applied when the call ends.
+    A ``write`` grant is staged (``sandboxes._staging``): as root the sandbox mounts an
+    overlay whose writes stop at ``disk_mb``; without root, given ``user_stage``, the
+    launcher mounts one in its user namespace over a folder of the runner's (``user_stage``
+    is then set, and ``source`` is the workspace itself). Either way the writes are applied
+    when the call ends.
     """
 
-    def __init__(self, fd: int, mode: str, source: Path, staged: StagedWorkspace | None) -> None:
+    def __init__(
+        self,
+        fd: int,
+        mode: str,
+        source: Path,
+        staged: StagedWorkspace | None,
+        user_stage: UserStagedWorkspace | None = None,
+    ) -> None:
         self.fd = fd
         self.mode = mode
-        self.source = source  # what the sandbox binds at /workspace
+        self.source = source  # what the sandbox binds at /workspace (or the launcher stages)
         self._staged = staged
+        self.user_stage = user_stage
 
     @classmethod
-    def open(cls, spec: LaunchSpec, disk_mb: int, name: str) -> GrantedWorkspace | None:
-        """None when no workspace is granted.
+    def open(
+        cls, spec: LaunchSpec, disk_mb: int, name: str, user_stage: Path | None = None
+    ) -> GrantedWorkspace | None:
+        """None when no workspace is granted. ``user_stage``: without root, the folder
+        where the launcher is to stage a ``write`` grant (else the grant is bound directly).
 
         Raises:
             SandboxUnavailable: the workspace path cannot be trusted or staged.
@@ -149,11 +163,19 @@ class GrantedWorkspace:
         if spec.workspace is None or spec.workspace_mode == "none":
             return None
         if os.geteuid() != 0:
-            # Nothing to misuse: an unprivileged runner can only reach what its user can
-            # (and cannot mount, so its tools' writes are bounded only by the disk).
+            # Nothing to misuse: an unprivileged runner can only reach what its user can.
             spec.workspace.mkdir(parents=True, exist_ok=True)
             fd = os.open(spec.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            return cls(fd, spec.workspace_mode, spec.workspace, None)
+            if spec.workspace_mode != "write" or user_stage is None:
+                return cls(fd, spec.workspace_mode, spec.workspace, None)
+            stage = UserStagedWorkspace(user_stage, disk_mb)
+            try:
+                stage.create()
+            except (OSError, StagingUnavailable) as exc:
+                os.close(fd)
+                stage.remove()
+                raise SandboxUnavailable(f"cannot stage the workspace: {exc}") from exc
+            return cls(fd, spec.workspace_mode, spec.workspace, None, stage)
         try:
             fd = open_workspace(spec.workspace, create=True)
         except WorkspaceRefused as exc:
@@ -175,11 +197,12 @@ class GrantedWorkspace:
         if self.fd < 0:
             return
         try:
-            if self._staged is not None:
+            stage = self._staged or self.user_stage
+            if stage is not None:
                 try:
-                    self._staged.apply(self.fd)
+                    stage.apply(self.fd)
                 finally:
-                    self._staged.remove()
+                    stage.remove()
             elif self.mode == "write":
                 # Nothing the tool made may run as its uid (or group) for a local user.
                 strip_setid_files(self.fd)

@@ -9,9 +9,18 @@
 # The system's Python may be externally managed (PEP 668): nothing is installed into it.
 # With CI=true (.ci/run) the wheel and its dev and ray extras also go into `python3` itself,
 # which there is a Python of CI's own, so that the checks and tests find their tools.
+# --minimal: the runner and its subprocess sandbox only (their Debian packages, the virtual
+# environment, the command on PATH); no Docker, gVisor, images, Node or the tests' tools.
 # Idempotent: what is already there is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+minimal=false
+for arg in "$@"; do
+  case $arg in
+    --minimal) minimal=true ;;
+    *) echo "usage: setup.sh [--minimal]" >&2; exit 2 ;;
+  esac
+done
 
 log() { echo "setup: $*"; }
 # ldconfig, debootstrap and dockerd live in sbin, which a user's PATH may lack.
@@ -23,20 +32,24 @@ need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
 [ -x /usr/bin/python3 ] || need_apt+=(python3)
-[ -x /usr/sbin/dockerd ] || [ -x /usr/bin/dockerd ] || need_apt+=(docker.io)
-command -v debootstrap >/dev/null || need_apt+=(debootstrap)
-[ -x /usr/bin/runsc ] || need_apt+=(runsc)
-[ -e /usr/bin/docker-init ] || need_apt+=(tini)
+if ! $minimal; then
+  [ -x /usr/sbin/dockerd ] || [ -x /usr/bin/dockerd ] || need_apt+=(docker.io)
+  command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+  [ -x /usr/bin/runsc ] || need_apt+=(runsc)
+  [ -e /usr/bin/docker-init ] || need_apt+=(tini)
+fi
 # network: true gets a namespace of its own whose way out is slirp4netns.
 command -v slirp4netns >/dev/null || need_apt+=(slirp4netns)
 # The subprocess sandbox's seccomp filter is compiled with libseccomp.
 ldconfig -p | grep -q 'libseccomp.so.2 ' || need_apt+=(libseccomp2)
 # runner mcp add: a venv made with /usr/bin/python3 (--pip), node_modules run by node (--npm).
 /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
-command -v node >/dev/null || need_apt+=(nodejs)
-command -v npm >/dev/null || need_apt+=(npm)
-# runner audit report --html is checked by rendering it in headless Chromium.
-command -v chromium >/dev/null || need_apt+=(chromium)
+if ! $minimal; then
+  command -v node >/dev/null || need_apt+=(nodejs)
+  command -v npm >/dev/null || need_apt+=(npm)
+  # runner audit report --html is checked by rendering it in headless Chromium.
+  command -v chromium >/dev/null || need_apt+=(chromium)
+fi
 if [ ${#need_apt[@]} -gt 0 ] && $as_root; then
   log "installing ${need_apt[*]}"
   apt-get update -qq
@@ -103,6 +116,10 @@ fi
 
 if ! $as_root; then
   log "done (as $(id -un): Docker, gVisor and the images are root's part of this script)"
+  exit 0
+fi
+if $minimal; then
+  log "done (--minimal: no Docker, gVisor, images or test tools)"
   exit 0
 fi
 

@@ -10,7 +10,9 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sandboxes._staging import StagingUnavailable, UserStagedWorkspace
 from sandboxes.base import Check, LaunchSpec, Limits, SandboxUnavailable
+from sandboxes.subprocess._launch import user_overlay_argv
 from sandboxes.subprocess._network import network_checks
 from sandboxes.subprocess._seccomp import SeccompUnavailable, compiled_filter
 
@@ -39,6 +41,26 @@ def _user_namespaces() -> Check:
         f"max_user_namespaces={value} {detail}".strip(),
         "sysctl -w user.max_user_namespaces=15000 (and kernel.unprivileged_userns_clone=1 where it exists)",
     )
+
+
+def _workspace_staging(backend: SubprocessSandbox) -> Check:
+    """Without root: can the launcher mount a workspace's overlay (``USER_OVERLAY_SCRIPT``)?"""
+    fix = "Linux 5.11 or later (an overlay in a user namespace); grant the workspace read, not write"
+    if backend.user_unshare is None:
+        return Check("workspace staging", False, "unshare not found", "apt-get install util-linux")
+    with tempfile.TemporaryDirectory(prefix="runner-doctor-") as folder:
+        workspace, stage = Path(folder) / "workspace", UserStagedWorkspace(Path(folder) / "stage", 1)
+        workspace.mkdir()
+        try:
+            stage.create()
+        except (OSError, StagingUnavailable) as exc:
+            return Check("workspace staging", False, str(exc)[:160], fix)
+        staging = user_overlay_argv(backend.user_unshare, "/bin/sh", stage.root, workspace)
+        ok, detail = _run([*staging, "true"])
+        stage.remove()
+    if ok:
+        return Check("workspace staging", True, "write grants staged in an overlay in a user namespace")
+    return Check("workspace staging", False, detail, fix)
 
 
 def _seccomp() -> Check:
@@ -128,6 +150,7 @@ def machine_checks(backend: SubprocessSandbox) -> list[Check]:
         checks.append(Check("bubblewrap", True, _run([bwrap, "--version"])[1]))
     if os.geteuid() != 0:
         checks.append(_running_as())
+        checks.append(_workspace_staging(backend))
     if backend.cgroups is None:
         checks.append(Check("cgroups", False, str(backend.cgroup_problem)[:200], _cgroup_fix()))
         if backend.rlimits_only:

@@ -22,6 +22,7 @@ from sandboxes.subprocess._launch import (
     drop_privileges_argv,
     launcher_argv,
     started_shim_argv,
+    user_overlay_argv,
 )
 from sandboxes.subprocess._layout import Sources, bwrap_argv
 from sandboxes.subprocess._network import SandboxNetwork
@@ -115,6 +116,8 @@ class SandboxCommand:
         workspace = self._workspace.source if self._workspace is not None else None
         launcher_env = self._launcher_env({"PATH": "/usr/bin:/bin"})
         tool_dir, workspace = self._stage(launcher_env, workspace, staged_point)
+        if self._workspace is not None and self._workspace.user_stage is not None:
+            workspace = self._workspace.user_stage.merged
         sources = Sources(tool_dir, workspace, owner.etc.path, owner.library_dir, owner.etc.copies)
         # Secrets too: bubblewrap's arguments reach it through a sealed memfd, not argv.
         env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace else None) | dict(spec.secrets)
@@ -141,7 +144,20 @@ class SandboxCommand:
         argv = [owner.bwrap, "--args", str(args), "--", *command]
         if owner.setpriv is not None:
             argv = drop_privileges_argv(owner.setpriv, self.uid, self._gid) + argv
+        if self._workspace is not None and self._workspace.user_stage is not None:
+            argv = self._staging_workspace(argv)
         return self._entering_network(argv), launcher_env, "/", (seccomp, args)
+
+    def _staging_workspace(self, argv: list[str]) -> list[str]:
+        """Without root: bubblewrap started in a user namespace whose mount namespace has
+        the workspace's overlay (``USER_OVERLAY_SCRIPT``)."""
+        assert self._workspace is not None and self._workspace.user_stage is not None
+        if self._owner.user_unshare is None:
+            raise SandboxUnavailable(
+                "unshare is not installed (apt-get install util-linux): a workspace write grant needs it"
+            )
+        stage, source = self._workspace.user_stage.root, self._workspace.source
+        return user_overlay_argv(self._owner.user_unshare, SHELL, stage, source) + argv
 
     def _entering_network(self, argv: list[str]) -> list[str]:
         """Join the sandbox's own network namespace first (as root), when it has one."""

@@ -25,6 +25,7 @@ parts arrive as argv or ``RUNNER_*`` variables.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from sandboxes._exec_status import EXEC_GUARD
 
@@ -63,6 +64,21 @@ if [ -n "$RUNNER_CHDIR" ]; then
 fi
 unset RUNNER_CGROUPS RUNNER_CPU RUNNER_VMEM_KB RUNNER_FSIZE_BLOCKS RUNNER_NOFILE RUNNER_STARTED_FD \
   RUNNER_STAGE RUNNER_TOOL_DIR RUNNER_WORKSPACE_DIR RUNNER_PID RUNNER_CHDIR
+exec "$@"
+"""
+# Without root, before bubblewrap, in a user and mount namespace of the launcher's own
+# (``unshare --map-root-user``): the workspace bound onto the stage's ``lower`` and an
+# overlay of it mounted on ``merged``, its upper layer a folder of the runner's, which the
+# runner applies once the sandbox is gone (``sandboxes._staging.UserStagedWorkspace``).
+USER_OVERLAY_SCRIPT = r"""
+stage=$1 workspace=$2
+shift 2
+mount --bind "$workspace" "$stage/lower" &&
+  mount -t overlay -o "lowerdir=$stage/lower,upperdir=$stage/upper,workdir=$stage/work,userxattr" \
+    overlay "$stage/merged" || {
+  echo "runner-launch: cannot stage the workspace (an overlay in a user namespace needs Linux 5.11)" >&2
+  exit 125
+}
 exec "$@"
 """
 # A degraded run has no bubblewrap to hand the tool its environment: it travels through
@@ -123,6 +139,13 @@ def launcher_argv(shell: str, argv: list[str], unshare: str | None) -> list[str]
     if unshare is None:
         return launch
     return [unshare, "--mount", "--propagation", "private", "--", *launch]
+
+
+def user_overlay_argv(unshare: str, shell: str, stage: Path, workspace: Path) -> list[str]:
+    """What runs ``USER_OVERLAY_SCRIPT`` in a user and mount namespace of its own; the
+    command to start there follows."""
+    namespaces = [unshare, "--user", "--map-root-user", "--mount", "--propagation=private", "--"]
+    return [*namespaces, shell, "-c", USER_OVERLAY_SCRIPT, "runner-overlay", str(stage), str(workspace)]
 
 
 def started_shim_argv(shell: str, command: list[str], process_cap: int | None = None) -> list[str]:

@@ -134,6 +134,8 @@ class SubprocessSandbox:
         self.setpriv = shutil.which("setpriv") if is_root else None
         self.unshare = shutil.which("unshare") if is_root else None
         self.nsenter = shutil.which("nsenter") if is_root else None
+        # Without root, a workspace write grant is staged in a user namespace of its own.
+        self.user_unshare = None if is_root else shutil.which("unshare")
         self.state_dir = self.config.state_dir or default_state_dir()
         self.cgroups: CgroupFactory | None = None
         self.cgroup_problem: str | None = None
@@ -235,7 +237,9 @@ class SubprocessSandbox:
         network = None
         try:
             network = SandboxNetwork.open(limits, spec)
-            workspace = GrantedWorkspace.open(spec, limits.disk_mb, self.next_name())
+            name = self.next_name()
+            user_stage = self.scratch_root / name if os.geteuid() != 0 and not missing else None
+            workspace = GrantedWorkspace.open(spec, limits.disk_mb, name, user_stage)
             if self.cgroups is not None:
                 try:
                     cgroup = self.cgroups.create(limits.memory_mb, limits.max_pids)

@@ -93,6 +93,7 @@ def test_doctor_says_rootless_names_the_fix_and_marks_nothing_ok_that_fails(
     assert layers[("subprocess", "rootless")]["ok"]
     assert layers[("subprocess", "hardened sandbox")]["ok"], layers[("subprocess", "hardened sandbox")]
     assert "rootless" in layers[("subprocess", "hardened sandbox")]["detail"]
+    assert layers[("subprocess", "workspace staging")]["ok"], layers[("subprocess", "workspace staging")]
     if not call_cgroups():
         cgroups = layers[("subprocess", "cgroups")]
         assert not cgroups["ok"]

@@ -1,0 +1,420 @@
+"""A rootless runner's workspace write grants are staged, as root's are: the tool writes
+into an overlay its launcher mounts in a user namespace, and the runner applies the
+writes once the sandbox is gone, never following a symlink, carrying no set-id bit and at
+most ``disk_mb`` of them.
+
+Run as a user by ``scripts/test-rootless.sh``; as root the attacks target the root
+runner (``test_hostile_sandbox.py``) and these skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ToolBench
+
+from sandboxes._staging import UserStagedWorkspace
+from sandboxes.subprocess.sandbox import default_state_dir
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() == 0, reason="about a runner that is not root: scripts/test-rootless.sh runs it as a user"
+)
+
+
+def _workspace(bench: ToolBench) -> Path:
+    workspace = bench.root / "workspace"
+    workspace.mkdir(exist_ok=True)
+    bench.policy["workspace"] = str(workspace)
+    return workspace
+
+
+def _call(bench: ToolBench, name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    answer: dict[str, Any] = bench.runner().handle({"toolName": name, "params": params or {}})
+    return answer
+
+
+def _stages_left() -> list[str]:
+    """Staging folders of this process's runners still on disk."""
+    scratch = default_state_dir() / "scratch"
+    if not scratch.is_dir():
+        return []
+    return [p.name for p in scratch.iterdir() if p.name.startswith(f"{os.getpid()}-")]
+
+
+def test_writes_reach_the_workspace_only_when_the_call_ends_with_deletions_and_replacements(
+    bench: ToolBench,
+) -> None:
+    workspace = _workspace(bench)
+    (workspace / "old.txt").write_text("old")
+    (workspace / "gone.txt").write_text("gone")
+    (workspace / "dir").mkdir()
+    (workspace / "dir" / "inner.txt").write_text("inner")
+    (workspace / "was_file").write_text("file")
+    bench.tool(
+        "editor",
+        """
+        import json, os, shutil, sys, time
+        sys.stdin.read()
+        ws = os.environ["WORKSPACE"]
+        open(os.path.join(ws, "old.txt"), "a").write("+new")
+        os.unlink(os.path.join(ws, "gone.txt"))
+        shutil.rmtree(os.path.join(ws, "dir"))
+        os.mkdir(os.path.join(ws, "dir"))
+        open(os.path.join(ws, "dir", "fresh.txt"), "w").write("fresh")
+        os.unlink(os.path.join(ws, "was_file"))
+        os.makedirs(os.path.join(ws, "was_file", "deep"))
+        os.symlink("old.txt", os.path.join(ws, "link"))
+        open(os.path.join(ws, "written"), "w").write("x")
+        time.sleep(1.5)
+        print(json.dumps({"sees": sorted(os.listdir(ws))}))
+        """,
+        workspace="write",
+    )
+    runner = bench.runner()
+
+    async def call_and_look() -> tuple[Any, list[str]]:
+        call = asyncio.ensure_future(runner.acall("editor", {}))
+        deadline = time.monotonic() + 30
+        while not _stages_left() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.6)  # the tool has written by now, and sleeps
+        during = sorted(p.name for p in workspace.iterdir())
+        return await call, during
+
+    answer, during = asyncio.run(call_and_look())
+    assert answer.success, answer
+    assert answer.result["sees"] == ["dir", "link", "old.txt", "was_file", "written"]
+    assert during == ["dir", "gone.txt", "old.txt", "was_file"]  # staged: nothing yet
+    assert (workspace / "old.txt").read_text() == "old+new"
+    assert not (workspace / "gone.txt").exists()
+    assert sorted(p.name for p in (workspace / "dir").iterdir()) == ["fresh.txt"]
+    assert (workspace / "was_file" / "deep").is_dir()
+    assert os.readlink(workspace / "link") == "old.txt"
+    assert _stages_left() == []
+
+
+def test_a_symlink_the_tool_plants_leads_nowhere_outside_in_this_call_or_the_next(bench: ToolBench) -> None:
+    workspace = _workspace(bench)
+    victim = bench.root / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("mine")
+    bench.tool(
+        "planter",
+        """
+        import json, os, sys
+        params = json.loads(sys.stdin.read())["params"]
+        ws = os.environ["WORKSPACE"]
+        link = os.path.join(ws, "escape")
+        if not os.path.islink(link):
+            os.symlink(params["victim"], link)
+        report = {}
+        for name in ("planted.txt", "keep.txt"):
+            try:
+                with open(os.path.join(link, name), "w") as f:
+                    f.write("tool's")
+                report[name] = "written"
+            except OSError as exc:
+                report[name] = exc.errno
+        print(json.dumps(report))
+        """,
+        workspace="write",
+    )
+    for _ in range(2):  # the second call finds the symlink in the workspace itself
+        answer = _call(bench, "planter", {"victim": str(victim)})
+        assert answer["success"] is True, answer["error"]["details"]["stderr"]
+        assert answer["result"] == {"planted.txt": 2, "keep.txt": 2}  # ENOENT: not there inside
+    assert sorted(p.name for p in victim.iterdir()) == ["keep.txt"]
+    assert (victim / "keep.txt").read_text() == "mine"
+    assert os.readlink(workspace / "escape") == str(victim)
+
+
+def test_applying_never_follows_a_symlink_swapped_into_the_workspace_during_the_call(
+    bench: ToolBench,
+) -> None:
+    workspace = _workspace(bench)
+    (workspace / "out").mkdir()
+    victim = bench.root / "victim"
+    victim.mkdir()
+    bench.tool(
+        "slowwriter",
+        """
+        import os, sys, time
+        sys.stdin.read()
+        open(os.path.join(os.environ["WORKSPACE"], "out", "report.txt"), "w").write("data")
+        time.sleep(1.2)
+        print("{}")
+        """,
+        workspace="write",
+    )
+    runner = bench.runner()
+
+    async def call_and_swap() -> None:
+        call = asyncio.ensure_future(runner.acall("slowwriter", {}))
+        await asyncio.sleep(0.6)
+        (workspace / "out").rmdir()
+        (workspace / "out").symlink_to(victim)
+        assert (await call).success
+
+    asyncio.run(call_and_swap())
+    assert list(victim.iterdir()) == []
+    assert not (workspace / "out").is_symlink()
+    assert (workspace / "out" / "report.txt").read_text() == "data"
+
+
+def test_a_setuid_file_the_tool_makes_reaches_the_workspace_without_its_bits(bench: ToolBench) -> None:
+    # The seccomp filter refuses the bits inside; were it to let one through, the apply
+    # would still carry none over.
+    workspace = _workspace(bench)
+    answer = _call_tool(
+        bench,
+        "setid",
+        """
+        import json, os, shutil, sys
+        sys.stdin.read()
+        ws = os.environ["WORKSPACE"]
+        report = {}
+        target = os.path.join(ws, "py")
+        shutil.copyfile("/usr/bin/python3", target)
+        for mode in (0o4755, 0o2755):
+            try:
+                os.chmod(target, mode)
+                report[oct(mode)] = "set"
+            except OSError as exc:
+                report[oct(mode)] = exc.errno
+        try:
+            os.close(os.open(os.path.join(ws, "made"), os.O_CREAT | os.O_WRONLY, 0o6755))
+            report["create"] = "made"
+        except OSError as exc:
+            report["create"] = exc.errno
+        print(json.dumps(report))
+        """,
+    )
+    assert answer["result"] == {"0o4755": 1, "0o2755": 1, "create": 1}
+    assert sorted(p.name for p in workspace.iterdir()) == ["py"]
+    assert not (workspace / "py").stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
+
+
+def test_the_apply_strips_set_id_bits_an_upper_layer_holds(tmp_path: Path) -> None:
+    # What the filter keeps a tool from making, planted in the upper layer itself.
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    stage = UserStagedWorkspace(tmp_path / "stage", disk_mb=8)
+    stage.create()
+    planted = stage.root / "upper" / "su"
+    planted.write_bytes(b"#!/bin/sh\n")
+    planted.chmod(0o6755)
+    fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        stage.apply(fd)
+    finally:
+        os.close(fd)
+        stage.remove()
+    assert stat.S_IMODE((workspace / "su").stat().st_mode) == 0o755
+    assert not stage.root.exists()
+
+
+def _call_tool(bench: ToolBench, name: str, code: str, **manifest: Any) -> dict[str, Any]:
+    bench.tool(name, code, workspace="write", **manifest)
+    answer = _call(bench, name)
+    assert answer["success"] is True, answer
+    return answer
+
+
+@pytest.mark.parametrize("ending", ["failure", "timeout"])
+def test_writes_of_a_call_that_fails_or_times_out_are_applied_as_roots_are(
+    bench: ToolBench, ending: str
+) -> None:
+    # Root applies a call's writes whatever its outcome: so does a runner without root,
+    # and only once the tool is gone (the timed-out tool wrote on until killed).
+    workspace = _workspace(bench)
+    bench.tool(
+        "failer",
+        """
+        import os, sys, time
+        params = __import__("json").loads(sys.stdin.read())["params"]
+        ws = os.environ["WORKSPACE"]
+        open(os.path.join(ws, "before.txt"), "w").write("written")
+        if params["ending"] == "failure":
+            sys.exit(3)
+        while True:
+            with open(os.path.join(ws, "ticks.txt"), "a") as f:
+                f.write("t")
+            time.sleep(0.05)
+        """,
+        workspace="write",
+        limits={"timeout_ms": 2000},
+    )
+    answer = _call(bench, "failer", {"ending": ending})
+    assert answer["success"] is False
+    if ending == "timeout":
+        assert answer["error"]["code"] == "TIMEOUT", answer
+    else:
+        assert answer["error"]["details"]["reason"] == "exit_code", answer
+    assert (workspace / "before.txt").read_text() == "written"
+    if ending == "timeout":
+        ticks = (workspace / "ticks.txt").read_text()
+        time.sleep(0.5)
+        assert (workspace / "ticks.txt").read_text() == ticks  # nothing writes any more
+    assert _stages_left() == []
+
+
+def test_a_read_grant_stays_read_only(bench: ToolBench) -> None:
+    workspace = _workspace(bench)
+    (workspace / "data.txt").write_text("data")
+    bench.tool(
+        "reader",
+        """
+        import json, os, sys
+        sys.stdin.read()
+        ws = os.environ["WORKSPACE"]
+        try:
+            open(os.path.join(ws, "new.txt"), "w").write("x")
+            wrote = "yes"
+        except OSError as exc:
+            wrote = exc.errno
+        print(json.dumps({"read": open(os.path.join(ws, "data.txt")).read(), "wrote": wrote}))
+        """,
+        workspace="read",
+    )
+    answer = _call(bench, "reader")
+    assert answer["result"] == {"read": "data", "wrote": 30}  # EROFS
+    assert sorted(p.name for p in workspace.iterdir()) == ["data.txt"]
+
+
+def test_a_workspace_far_larger_than_disk_mb_is_not_copied_and_stays_intact(bench: ToolBench) -> None:
+    workspace = _workspace(bench)
+    block = os.urandom(1024 * 1024)
+    with (workspace / "big.bin").open("wb") as f:
+        for _ in range(128):
+            f.write(block)
+    answer = _call_tool(
+        bench,
+        "bigreader",
+        """
+        import hashlib, json, os, sys
+        sys.stdin.read()
+        ws = os.environ["WORKSPACE"]
+        digest = hashlib.sha256()
+        with open(os.path.join(ws, "big.bin"), "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        open(os.path.join(ws, "summary.txt"), "w").write(digest.hexdigest())
+        print(json.dumps({"sha": digest.hexdigest()}))
+        """,
+        limits={"disk_mb": 8},
+    )
+    assert (workspace / "summary.txt").read_text() == answer["result"]["sha"]
+    assert (workspace / "big.bin").stat().st_size == 128 * 1024 * 1024
+    assert _stages_left() == []
+
+
+def test_at_most_disk_mb_of_writes_is_applied_in_bytes_and_in_entries(bench: ToolBench) -> None:
+    workspace = _workspace(bench)
+    answer = _call_tool(
+        bench,
+        "flooder",
+        """
+        import json, os, sys
+        sys.stdin.read()
+        ws = os.environ["WORKSPACE"]
+        report = {"big": 0, "empty": 0}
+        for i in range(4):  # each file within the file-size rlimit, together past disk_mb
+            with open(os.path.join(ws, "big%d" % i), "wb") as f:
+                f.write(b"x" * (6 * 1024 * 1024))
+            report["big"] += 1
+        for i in range(3000):
+            open(os.path.join(ws, "e%05d" % i), "w").close()
+            report["empty"] += 1
+        print(json.dumps(report))
+        """,
+        limits={"disk_mb": 8},
+    )
+    assert answer["result"] == {"big": 4, "empty": 3000}
+    applied = list(workspace.iterdir())
+    assert sum(p.stat().st_size for p in applied) <= 8 * 1024 * 1024
+    assert len(applied) <= 8 * 256
+    assert _stages_left() == []
+
+
+def _alive_with(token: bytes) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if token in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_killed_runner_leaves_no_tool_and_no_staging_folder_a_second_later(bench: ToolBench) -> None:
+    workspace = _workspace(bench)
+    marker = f"stager-{os.getpid()}-{time.monotonic_ns()}"
+    bench.tool(
+        "stager",
+        """
+        import os, sys, time
+        sys.stdin.read()
+        open(os.path.join(os.environ["WORKSPACE"], "partial.txt"), "w").write("x")
+        time.sleep(60)
+        """,
+        workspace="write",
+        command=["python3", "main.py", marker],
+    )
+    proc = bench.spawn_runner("stager", "req_killed_stager")
+    scratch = default_state_dir() / "scratch"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            stages = list(scratch.glob(f"{proc.pid}-*/upper/partial.txt")) if scratch.is_dir() else []
+            if stages and _alive_with(marker.encode()):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the tool never wrote into its staged workspace")
+    finally:
+        proc.kill()
+        proc.wait()
+    time.sleep(1.0)
+    assert _alive_with(marker.encode()) == []
+    deadline = time.monotonic() + 5  # the watchdog's sweep of the folder follows the kill
+    while list(scratch.glob(f"{proc.pid}-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(scratch.glob(f"{proc.pid}-*")) == []
+    assert list(workspace.iterdir()) == []  # a call that never ended applies nothing
+
+
+def test_a_kernel_refusing_the_overlay_fails_the_call_closed_never_binding_directly(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An overlay option this kernel does not know stands for one without user-namespace
+    # overlays: the call is sandbox_unavailable, the tool never runs, nothing is written.
+    from sandboxes.subprocess import _launch
+
+    monkeypatch.setattr(
+        _launch, "USER_OVERLAY_SCRIPT", _launch.USER_OVERLAY_SCRIPT.replace("userxattr", "nosuch")
+    )
+    workspace = _workspace(bench)
+    bench.tool(
+        "writer",
+        """
+        import os, sys
+        sys.stdin.read()
+        open(os.path.join(os.environ["WORKSPACE"], "direct.txt"), "w").write("x")
+        print("{}")
+        """,
+        workspace="write",
+    )
+    answer = _call(bench, "writer")
+    assert answer["success"] is False
+    assert answer["error"]["details"]["reason"] == "sandbox_unavailable", answer["error"]
+    assert "cannot stage the workspace" in answer["error"]["message"]
+    assert list(workspace.iterdir()) == []
+    assert _stages_left() == []
