@@ -35,7 +35,9 @@ LISTEN_BACKLOG = 64
 # Bounds a helper that neither answers nor exits (it needs a few tens of milliseconds).
 HELPER_TIMEOUT_S = 10.0
 # Isolated and without site, as the watchdog: the helper needs only the standard library.
-_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from sandboxes._rootless_netns import main; main(sys.argv)"
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from sandboxes._rootless_netns import main; main(sys.argv)"
+)
 
 
 class RootlessNamespaceError(OSError):
@@ -68,7 +70,8 @@ def open_namespaces(port: int | None) -> HeldNamespaces:
                 pass_fds=(theirs.fileno(),),
             )  # fmt: skip
         except OSError as exc:
-            raise RootlessNamespaceError(exc.errno, f"cannot start the namespace helper: {exc.strerror}") from exc
+            problem = f"cannot start the namespace helper: {exc.strerror}"
+            raise RootlessNamespaceError(exc.errno, problem) from exc
         theirs.close()
         ours.settimeout(HELPER_TIMEOUT_S)
         try:
@@ -119,8 +122,7 @@ def _make(port: int) -> list[int]:
         raise OSError(errno, f"unshare: {os.strerror(errno)}")
     # Only the runner's own ids: nothing else exists in there, root included.
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-        with open(f"/proc/self/{name}", "w") as mapping:
-            mapping.write(text)
+        Path(f"/proc/self/{name}").write_text(text)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         request = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(probe, SIOCGIFFLAGS, request))[1]

@@ -55,7 +55,9 @@ class UserNetwork:
         # --enable-sandbox (a mount namespace of its own) needs root in the namespace's
         # user namespace, which a rootless one does not map: there, a seccomp filter of
         # its own bounds what a compromised slirp4netns, the user's own process, could do.
-        confine = ["--enable-sandbox"] if userns_path is None else ["--enable-seccomp", f"--userns-path={userns_path}"]
+        confine = ["--enable-sandbox"]
+        if userns_path is not None:
+            confine = ["--enable-seccomp", f"--userns-path={userns_path}"]
         argv = [
             binary, "--configure", "--mtu=65520", "--disable-host-loopback", *confine,
             "--netns-type=path", f"--ready-fd={ready_write}", f"--exit-fd={exit_read}",

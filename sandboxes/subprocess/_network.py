@@ -39,9 +39,10 @@ def network_checks() -> list[Check]:
     """``runner doctor``: make each kind of network for real, then let it go."""
     checks = []
     probe = LaunchSpec("doctor", "doctor", ("true",), Path("/"))
+    egress_hint = "apt-get install util-linux" if os.geteuid() == 0 else USERNS_HINT
     for name, limits, egress, hint in (
         ("own network", Limits(network=True), None, _own_network_hint()),
-        ("egress network", Limits(), _ProbeEndpoint(), "apt-get install util-linux" if os.geteuid() == 0 else USERNS_HINT),
+        ("egress network", Limits(), _ProbeEndpoint(), egress_hint),
     ):
         spec = dataclasses.replace(probe, egress=egress)
         try:
