@@ -31,7 +31,7 @@ from sandboxes.base import Check, LaunchSpec, Limits, SandboxUnavailable
 # slirp4netns makes tap0 through this device; stock udev rules leave it open to all
 # (the kernel alone makes it root's only), and without root it must be.
 TUN = "/dev/net/tun"
-TUN_HINT = f"chmod 0666 {TUN} (what udev's default rules set; tun devices need a namespace of one's own)"
+TUN_HINT = f"chmod 0666 {TUN}, as udev's default rules leave it (a tun device needs a namespace of one's own)"
 USERNS_HINT = "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)"
 
 
