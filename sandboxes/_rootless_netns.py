@@ -75,7 +75,7 @@ def open_namespaces(port: int | None) -> HeldNamespaces:
         theirs.close()
         ours.settimeout(HELPER_TIMEOUT_S)
         try:
-            message, fds, _, _ = socket.recv_fds(ours, 512, 3)
+            message, fds, _, _ = socket.recv_fds(ours, 512, 3, socket.MSG_CMSG_CLOEXEC)
         except OSError:
             message, fds = b"", []
         finally:

@@ -6,6 +6,7 @@ SIGKILLed runner. ``scripts/test-rootless.sh`` runs these as an unprivileged use
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -161,3 +162,41 @@ def test_doctor_marks_both_networks_ok_for_this_user() -> None:
     for name in ("own network", "egress network"):
         assert checks[name].ok, checks[name]
         assert "user namespace of its own" in checks[name].detail
+
+
+# Its network namespace's inode, and what it sees of its interfaces.
+WHERE = """
+import json, os, sys
+json.load(sys.stdin)
+interfaces = sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:])
+json.dump({"netns": os.stat("/proc/self/ns/net").st_ino, "interfaces": interfaces}, sys.stdout)
+"""
+
+
+def test_pooled_networked_sandboxes_each_get_a_network_of_their_own(bench: ToolBench) -> None:
+    bench.tool("where", WHERE, network=True)
+    bench.policy["limits"]["network"] = True
+    bench.policy["tools"] = {"where": {"pool": 2}}
+    with bench.runner() as runner:
+        answers = [runner.handle({"toolName": "where"}) for _ in range(3)]
+    assert all(answer["success"] for answer in answers), answers
+    assert all(answer["result"]["interfaces"] == ["lo", "tap0"] for answer in answers)
+    assert len({answer["result"]["netns"] for answer in answers}) == 3
+    assert _slirps(os.getpid()) == []  # the pool's idle sandboxes closed with the runner
+
+
+def test_a_session_keeps_its_network_between_calls_and_ends_its_slirp4netns(bench: ToolBench) -> None:
+    bench.tool("where", WHERE, network=True, session=True)
+    bench.policy["limits"]["network"] = True
+
+    async def scenario() -> tuple[list[dict[str, object]], dict[str, object]]:
+        async with bench.runner() as runner:
+            async with runner.session() as session:
+                inside = [(await session.acall("where")).result for _ in range(2)]
+            outside = (await runner.acall("where")).result
+        return inside, outside
+
+    inside, outside = asyncio.run(scenario())
+    assert inside[0] == inside[1] and inside[0]["interfaces"] == ["lo", "tap0"]
+    assert outside["netns"] != inside[0]["netns"]
+    assert _slirps(os.getpid()) == []
