@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -166,8 +167,8 @@ def test_doctor_marks_both_networks_ok_for_this_user() -> None:
 
 # Its network namespace's inode, and what it sees of its interfaces.
 WHERE = """
-import json, os, sys
-json.load(sys.stdin)
+import json, os, sys, time
+time.sleep(json.load(sys.stdin)["params"].get("hold_s", 0))
 interfaces = sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:])
 json.dump({"netns": os.stat("/proc/self/ns/net").st_ino, "interfaces": interfaces}, sys.stdout)
 """
@@ -177,11 +178,19 @@ def test_pooled_networked_sandboxes_each_get_a_network_of_their_own(bench: ToolB
     bench.tool("where", WHERE, network=True)
     bench.policy["limits"]["network"] = True
     bench.policy["tools"] = {"where": {"pool": 2}}
-    with bench.runner() as runner:
-        answers = [runner.handle({"toolName": "where"}) for _ in range(3)]
-    assert all(answer["success"] for answer in answers), answers
-    assert all(answer["result"]["interfaces"] == ["lo", "tap0"] for answer in answers)
-    assert len({answer["result"]["netns"] for answer in answers}) == 3
+
+    async def scenario() -> list[Any]:
+        async with bench.runner() as runner:
+            await runner.acall("where")  # the pool is filled by now or soon
+            # Alive at once (namespace inodes are reused once freed, so only these differ for sure).
+            return list(await asyncio.gather(*(runner.acall("where", {"hold_s": 0.5}) for _ in range(2))))
+
+    answers = asyncio.run(scenario())
+    assert all(answer.success for answer in answers), answers
+    assert all(answer.result["interfaces"] == ["lo", "tap0"] for answer in answers)
+    namespaces = {answer.result["netns"] for answer in answers}
+    assert len(namespaces) == 2
+    assert os.stat("/proc/self/ns/net").st_ino not in namespaces
     assert _slirps(os.getpid()) == []  # the pool's idle sandboxes closed with the runner
 
 
@@ -190,10 +199,9 @@ def test_a_session_keeps_its_network_between_calls_and_ends_its_slirp4netns(benc
     bench.policy["limits"]["network"] = True
 
     async def scenario() -> tuple[list[dict[str, object]], dict[str, object]]:
-        async with bench.runner() as runner:
-            async with runner.session() as session:
-                inside = [(await session.acall("where")).result for _ in range(2)]
-            outside = (await runner.acall("where")).result
+        async with bench.runner() as runner, runner.session() as session:
+            inside = [(await session.acall("where")).result for _ in range(2)]
+            outside = (await runner.acall("where")).result  # while the session holds its own
         return inside, outside
 
     inside, outside = asyncio.run(scenario())
