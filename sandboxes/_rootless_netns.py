@@ -2,11 +2,12 @@
 
 An unprivileged process may make a network namespace only together with a user
 namespace of its own, and may enter one only from inside that user namespace, which a
-threaded process (the runner) cannot join. So a short-lived helper does it: it makes a
-new user namespace (mapping the runner's uid and gid to themselves, nothing else) and a
-network namespace owned by it, brings ``lo`` up, opens the egress listener on its
-``127.0.0.1`` when asked, and hands the runner descriptors of both namespaces (and the
-listener) over a socket pair before exiting. The runner holds them as root holds its
+threaded process (the runner) cannot join. So a short-lived helper
+(``sandboxes._netns_helper``) does it: it makes a new user namespace (mapping the
+runner's uid and gid to themselves, nothing else) and a network namespace owned by it,
+brings ``lo`` up, opens the egress listener on its ``127.0.0.1`` when asked, and hands
+the runner descriptors of both namespaces (and the listener) over a socket pair before
+exiting. The runner holds them as root holds its
 namespace: slirp4netns joins them by path, the launcher enters them with ``nsenter``.
 
 The tool's own user namespace is made by bubblewrap inside this one, with every
@@ -16,27 +17,19 @@ cannot change its interfaces or routes, as under root.
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
 import os
 import socket
-import struct
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWNET = 0x40000000
-SIOCGIFFLAGS = 0x8913
-SIOCSIFFLAGS = 0x8914
-IFF_UP = 0x1
-LISTEN_BACKLOG = 64
 # Bounds a helper that neither answers nor exits (it needs a few tens of milliseconds).
 HELPER_TIMEOUT_S = 10.0
-# Isolated and without site, as the watchdog: the helper needs only the standard library.
+# Isolated and without site, as the watchdog; its module imports only what it needs, as
+# each call with a network waits for it.
 _BOOT = (
-    "import sys; sys.path.insert(0, sys.argv[1]); from sandboxes._rootless_netns import main; main(sys.argv)"
+    "import sys; sys.path.insert(0, sys.argv[1]); from sandboxes._netns_helper import main; main(sys.argv)"
 )
 
 
@@ -99,38 +92,3 @@ def open_namespaces(port: int | None) -> HeldNamespaces:
 def _last_line(stderr: bytes) -> str:
     lines = stderr.decode(errors="replace").strip().splitlines()
     return lines[-1] if lines else ""
-
-
-# -- the helper's side ------------------------------------------------------------------
-
-
-def main(argv: list[str]) -> None:
-    channel = socket.socket(fileno=int(argv[2]))
-    try:
-        fds = _make(int(argv[3]))
-    except OSError as exc:
-        channel.sendall(f"cannot make the tool's network namespace: {exc.strerror or exc}".encode())
-        return
-    socket.send_fds(channel, [b"ok"], fds)
-
-
-def _make(port: int) -> list[int]:
-    uid, gid = os.geteuid(), os.getegid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"unshare: {os.strerror(errno)}")
-    # Only the runner's own ids: nothing else exists in there, root included.
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-        Path(f"/proc/self/{name}").write_text(text)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        request = struct.pack("16sH14x", b"lo", 0)
-        flags = struct.unpack("16sH14x", fcntl.ioctl(probe, SIOCGIFFLAGS, request))[1]
-        fcntl.ioctl(probe, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
-    fds = [os.open("/proc/self/ns/user", os.O_RDONLY), os.open("/proc/self/ns/net", os.O_RDONLY)]
-    if port:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("127.0.0.1", port))
-        listener.listen(LISTEN_BACKLOG)
-        fds.append(listener.detach())  # kept open for the hand-over
-    return fds
