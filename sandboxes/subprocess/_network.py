@@ -32,23 +32,25 @@ from sandboxes.base import Check, LaunchSpec, Limits, SandboxUnavailable
 # (the kernel alone makes it root's only), and without root it must be.
 TUN = "/dev/net/tun"
 TUN_HINT = f"chmod 0666 {TUN}, as udev's default rules leave it (a tun device needs a namespace of one's own)"
-USERNS_HINT = "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)"
+USERNS_HINT = (
+    "allow unprivileged user namespaces (Debian: sysctl kernel.unprivileged_userns_clone=1; "
+    "Ubuntu 24.04: kernel.apparmor_restrict_unprivileged_userns=0)"
+)
 
 
 def network_checks() -> list[Check]:
     """``runner doctor``: make each kind of network for real, then let it go."""
     checks = []
     probe = LaunchSpec("doctor", "doctor", ("true",), Path("/"))
-    egress_hint = "apt-get install util-linux" if os.geteuid() == 0 else USERNS_HINT
-    for name, limits, egress, hint in (
-        ("own network", Limits(network=True), None, _own_network_hint()),
-        ("egress network", Limits(), _ProbeEndpoint(), egress_hint),
+    for name, limits, egress in (
+        ("own network", Limits(network=True), None),
+        ("egress network", Limits(), _ProbeEndpoint()),
     ):
         spec = dataclasses.replace(probe, egress=egress)
         try:
             network = SandboxNetwork.open(limits, spec)
         except SandboxUnavailable as exc:
-            checks.append(Check(name, False, exc.message[:160], hint))
+            checks.append(Check(name, False, exc.message[:160], _fix(limits)))
             continue
         assert network is not None
         network.close()
@@ -60,10 +62,17 @@ def network_checks() -> list[Check]:
     return checks
 
 
-def _own_network_hint() -> str:
-    if os.geteuid() != 0 and find_slirp4netns() is not None and not _tun_usable():
+def _fix(limits: Limits) -> str:
+    """What to do when the doctor could not make this kind of network."""
+    if shutil.which("nsenter") is None:
+        return "apt-get install util-linux"
+    if limits.network and find_slirp4netns() is None:
+        return INSTALL_HINT
+    if os.geteuid() == 0:
+        return "see the message: the kernel refused a network namespace"
+    if limits.network and not _tun_usable():
         return TUN_HINT
-    return INSTALL_HINT
+    return USERNS_HINT
 
 
 def _tun_usable() -> bool:

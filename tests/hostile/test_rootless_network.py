@@ -86,11 +86,17 @@ def test_the_hosts_loopback_services_and_the_runners_are_out_of_reach(
     assert result["interfaces"] == ["lo", "tap0"]
 
 
-def test_a_networked_tool_cannot_take_its_interfaces_down(bench: ToolBench) -> None:
+@pytest.mark.parametrize("degraded", [False, True], ids=["hardened", "degraded"])
+def test_a_networked_tool_cannot_take_its_interfaces_down(bench: ToolBench, degraded: bool) -> None:
     bench.tool("unplug", UNPLUG, network=True)
     bench.policy["limits"]["network"] = True
+    if degraded:  # no bubblewrap: the tool runs in the namespace's owner, without capabilities
+        bench.policy["sandbox"] = {
+            "backends": {"subprocess": {"allow_degraded": True, "bwrap": "/nonexistent"}}
+        }
     answer = bench.runner().handle({"toolName": "unplug"})
     assert answer["success"], answer["error"]
+    assert answer["metadata"].get("degraded", False) is degraded
     assert answer["result"] == {"tap0": "PermissionError", "lo": "PermissionError"}
 
 
