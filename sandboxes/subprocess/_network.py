@@ -31,7 +31,7 @@ from sandboxes.base import Check, LaunchSpec, Limits, SandboxUnavailable
 # slirp4netns makes tap0 through this device; stock udev rules leave it open to all
 # (the kernel alone makes it root's only), and without root it must be.
 TUN = "/dev/net/tun"
-TUN_HINT = f"chmod 0666 {TUN}, as udev's default rules leave it (a tun device needs a namespace of one's own)"
+TUN_HINT = f"chmod 0666 {TUN}, as udev's default rules leave it on a stock system"
 USERNS_HINT = (
     "allow unprivileged user namespaces (Debian: sysctl kernel.unprivileged_userns_clone=1; "
     "Ubuntu 24.04: kernel.apparmor_restrict_unprivileged_userns=0)"
@@ -98,7 +98,7 @@ def network_problem(limits: Limits, spec: LaunchSpec) -> str | None:
     if limits.network and find_slirp4netns() is None:
         return f"slirp4netns is not installed ({INSTALL_HINT})"
     if limits.network and os.geteuid() != 0 and not _tun_usable():
-        return f"{TUN} is not usable by uid {os.geteuid()}, so slirp4netns cannot run as it ({TUN_HINT})"
+        return f"{TUN} is not usable by uid {os.geteuid()}: slirp4netns cannot run as it (chmod 0666 {TUN})"
     return None
 
 
