@@ -1,11 +1,12 @@
 """What a network costs a call: the median and p90 of one call per network mode.
 
-    python3 bench/network.py [--calls 20]
+    python3 bench/network.py [--calls 20] [--backends subprocess,docker]
 
 Modes, for the subprocess and the docker backend: ``none`` (no network), ``own``
 (``network: true``: a namespace of its own with slirp4netns; docker: its bridge) and
 ``allow`` (loopback only plus the call's egress proxy). Calls run one at a time through
-one ``Runner``; the tool reads its input and prints ``{}``.
+one ``Runner``; the tool reads its input and prints ``{}``. Run by a user who is not
+root (``--backends subprocess``), it measures the rootless network path.
 """
 
 from __future__ import annotations
@@ -56,13 +57,15 @@ def write_tools(root: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--backends", default="subprocess,docker")
     args = parser.parse_args()
+    backends = tuple(f"{backend}-" for backend in args.backends.split(","))
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         root.chmod(0o755)
         tools = write_tools(root)
         with Runner.load(tools=tools, policies=root / "policies.yaml", audit_log="/dev/null") as runner:
-            for name in sorted(p.name for p in tools.iterdir()):
+            for name in sorted(p.name for p in tools.iterdir() if p.name.startswith(backends)):
                 runner.handle({"toolName": name})  # warm-up: images, caches
                 times = []
                 for _ in range(args.calls):

@@ -43,16 +43,23 @@ class UserNetwork:
         self._exit_fd: int | None = exit_fd
 
     @classmethod
-    def start(cls, binary: str, namespace_path: str) -> UserNetwork:
+    def start(cls, binary: str, namespace_path: str, userns_path: str | None = None) -> UserNetwork:
         """Attach slirp4netns to the namespace at ``namespace_path`` and wait until tap0 is up.
+        ``userns_path``: the user namespace that owns it, joined first (a runner not root).
 
         Raises:
             SandboxUnavailable: it did not start or did not configure the interface in time.
         """
         ready_read, ready_write = os.pipe()
         exit_read, exit_write = os.pipe()
+        # --enable-sandbox (a mount namespace of its own) needs root in the namespace's
+        # user namespace, which a rootless one does not map: there, a seccomp filter of
+        # its own bounds what a compromised slirp4netns, the user's own process, could do.
+        confine = ["--enable-sandbox"]
+        if userns_path is not None:
+            confine = ["--enable-seccomp", f"--userns-path={userns_path}"]
         argv = [
-            binary, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox",
+            binary, "--configure", "--mtu=65520", "--disable-host-loopback", *confine,
             "--netns-type=path", f"--ready-fd={ready_write}", f"--exit-fd={exit_read}",
             namespace_path, "tap0",
         ]  # fmt: skip

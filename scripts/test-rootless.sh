@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The tests of a runner that is not root, as an unprivileged user: the first run, doctor,
 # the backend contract (memory, CPU, pids, timeout and output limits), isolation, the kill
-# guarantee, warm pools and staged workspace writes. Run as root (CI): creates the user `runnerci` if missing, builds
+# guarantee, warm pools, staged workspace writes and the network (network: true and allow-lists).
+# Run as root (CI): creates the user `runnerci` if missing, builds
 # the wheel, installs it with its dev extras into a virtual environment of the system's
 # Python that the user can read, then runs a copy of tests/ as that user, with HOME and
 # the XDG folders of its own. Arguments replace the list of test files.
@@ -34,6 +35,8 @@ if [ ${#tests[@]} -eq 0 ]; then
     tests/backends/test_rootless.py tests/backends/test_contract_kit.py tests/hostile/test_isolation.py
     tests/hostile/test_kill_guarantee.py tests/hostile/test_subprocess_hostile.py tests/call/test_pools.py
     tests/hostile/test_rootless_workspace.py
+    tests/hostile/test_network.py tests/hostile/test_hostile_proxy_and_degraded.py tests/config/test_egress_rules.py
+    tests/hostile/test_rootless_network.py
   )
 fi
 
@@ -44,10 +47,20 @@ find "$work/suite" -name __pycache__ -prune -exec rm -rf {} +
 chmod 755 "$work"
 chown -R "$user:" "$work/suite" "$work/home"
 
+# slirp4netns opens /dev/net/tun as the user: udev's default rules make it 0666 on a stock
+# system, the kernel alone leaves it root's. Where it is, the tests run in a private mount
+# namespace with a node of their own, as udev would have made it; the machine's is left alone.
+as_stock=()
+if [ "$(stat -c %a /dev/net/tun 2>/dev/null)" != 666 ] && [ -c /dev/net/tun ]; then
+  log "/dev/net/tun is not 0666 here: the tests get one that is, as udev's rules would make it"
+  mknod -m 666 "$work/tun" c 10 200
+  as_stock=(unshare --mount --propagation private sh -c 'mount --bind "$0" /dev/net/tun && exec "$@"' "$work/tun")
+fi
+
 log "the tests as $user, outside the repository: ${tests[*]}"
 cd "$work/suite"
 # Docker tests: this user is not in the docker group (they skip, -m "not docker").
-setpriv --reuid="$user" --regid="$user" --init-groups \
+"${as_stock[@]}" setpriv --reuid="$user" --regid="$user" --init-groups \
   env -i HOME="$work/home" PATH="$work/venv/bin:/usr/bin:/bin" LANG=C.UTF-8 \
   XDG_RUNTIME_DIR="$work/home/run" XDG_CACHE_HOME="$work/home/cache" XDG_CONFIG_HOME="$work/home/config" \
   sh -c 'mkdir -m 700 "$XDG_RUNTIME_DIR" && exec "$@"' sh \

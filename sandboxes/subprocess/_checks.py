@@ -125,7 +125,7 @@ def _running_as() -> Check:
         "rootless",
         True,
         f"not root (uid {os.getuid()}): bubblewrap runs as you, the sandbox as your uid mapped "
-        "inside; no uid of its own per sandbox, no network",
+        "inside; no uid of its own per sandbox",
     )
 
 

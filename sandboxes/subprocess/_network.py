@@ -2,12 +2,16 @@
 
 Without a network the sandbox needs nothing from here: bubblewrap's ``--unshare-net``
 gives it an empty namespace. With ``network: true`` or an egress endpoint the runner
-(root) makes the namespace itself, so that what the tool's network consists of exists
-before the tool does: slirp4netns attached to it (``network: true``), or the runner's
-egress proxy listening on its loopback (an allow-list). The launcher joins it with
-``nsenter`` (as root, before dropping to the sandbox user), and bubblewrap then leaves
-the network namespace alone. The namespace belongs to the host's user namespace, so the
-tool, root of nothing there, cannot change its interfaces or routes.
+makes the namespace itself, so that what the tool's network consists of exists before
+the tool does: slirp4netns attached to it (``network: true``), or the runner's egress
+proxy listening on its loopback (an allow-list). The launcher joins it with ``nsenter``
+before bubblewrap starts, and bubblewrap then leaves the network namespace alone.
+
+As root the namespace belongs to the host's user namespace. Without root it belongs to
+a user namespace made for it (``sandboxes._rootless_netns``) that maps only the runner's
+own ids; the launcher joins that one too, without capabilities, and bubblewrap makes the
+tool's user namespace inside it. Either way the tool, root of nothing that owns the
+namespace, cannot change its interfaces or routes.
 """
 
 from __future__ import annotations
@@ -20,32 +24,59 @@ import socket
 from pathlib import Path
 
 from sandboxes._netns import NamespaceError, listen_inside, new_namespace
+from sandboxes._rootless_netns import RootlessNamespaceError, open_namespaces
 from sandboxes._usernet import INSTALL_HINT, UserNetwork, find_slirp4netns
 from sandboxes.base import Check, LaunchSpec, Limits, SandboxUnavailable
 
-NEEDS_ROOT = "a network of the tool's own (network: true or an allow-list) needs the runner to run as root"
-ROOT_HINT = "run the runner as root (rootless, tools get no network: network: false works)"
+# slirp4netns makes tap0 through this device; stock udev rules leave it open to all
+# (the kernel alone makes it root's only), and without root it must be.
+TUN = "/dev/net/tun"
+TUN_HINT = f"chmod 0666 {TUN}, as udev's default rules leave it on a stock system"
+USERNS_HINT = (
+    "allow unprivileged user namespaces (Debian: sysctl kernel.unprivileged_userns_clone=1; "
+    "Ubuntu 24.04: kernel.apparmor_restrict_unprivileged_userns=0)"
+)
 
 
 def network_checks() -> list[Check]:
     """``runner doctor``: make each kind of network for real, then let it go."""
     checks = []
     probe = LaunchSpec("doctor", "doctor", ("true",), Path("/"))
-    for name, limits, egress, hint in (
-        ("own network", Limits(network=True), None, INSTALL_HINT if os.geteuid() == 0 else ROOT_HINT),
-        ("egress network", Limits(), _ProbeEndpoint(), ROOT_HINT),
+    for name, limits, egress in (
+        ("own network", Limits(network=True), None),
+        ("egress network", Limits(), _ProbeEndpoint()),
     ):
         spec = dataclasses.replace(probe, egress=egress)
         try:
             network = SandboxNetwork.open(limits, spec)
         except SandboxUnavailable as exc:
-            checks.append(Check(name, False, exc.message[:160], hint))
+            checks.append(Check(name, False, exc.message[:160], _fix(limits)))
             continue
         assert network is not None
         network.close()
         own = "slirp4netns, host loopback refused"
-        checks.append(Check(name, True, own if limits.network else "loopback only, proxy inside"))
+        detail = own if limits.network else "loopback only, proxy inside"
+        if os.geteuid() != 0:
+            detail += "; as you, in a user namespace of its own"
+        checks.append(Check(name, True, detail))
     return checks
+
+
+def _fix(limits: Limits) -> str:
+    """What to do when the doctor could not make this kind of network."""
+    if shutil.which("nsenter") is None:
+        return "apt-get install util-linux"
+    if limits.network and find_slirp4netns() is None:
+        return INSTALL_HINT
+    if os.geteuid() == 0:
+        return "see the message: the kernel refused a network namespace"
+    if limits.network and not _tun_usable():
+        return TUN_HINT
+    return USERNS_HINT
+
+
+def _tun_usable() -> bool:
+    return os.access(TUN, os.R_OK | os.W_OK)
 
 
 @dataclasses.dataclass
@@ -62,28 +93,35 @@ def network_problem(limits: Limits, spec: LaunchSpec) -> str | None:
     """Why this machine cannot give the network the call asks for; None when it can."""
     if not limits.network and spec.egress is None:
         return None
-    if os.geteuid() != 0:
-        return NEEDS_ROOT
     if shutil.which("nsenter") is None:
         return "nsenter is not installed (apt-get install util-linux)"
     if limits.network and find_slirp4netns() is None:
         return f"slirp4netns is not installed ({INSTALL_HINT})"
+    if limits.network and os.geteuid() != 0 and not _tun_usable():
+        return f"{TUN} is not usable by uid {os.geteuid()}: slirp4netns cannot run as it (chmod 0666 {TUN})"
     return None
 
 
 class SandboxNetwork:
-    """A held network namespace, with slirp4netns or the egress listener in it."""
+    """A held network namespace, with slirp4netns or the egress listener in it; without
+    root, with the user namespace that owns it."""
 
-    def __init__(self, namespace_fd: int) -> None:
+    def __init__(self, namespace_fd: int, user_fd: int | None = None) -> None:
         self._fd: int | None = namespace_fd
+        self._user_fd = user_fd
         self.user_network: UserNetwork | None = None
         self.listener: socket.socket | None = None
 
     @property
     def path(self) -> str:
-        """The namespace as a path any root process may open while the runner holds it."""
+        """The namespace as a path the runner's children may open while the runner holds it."""
         assert self._fd is not None
         return f"/proc/{os.getpid()}/fd/{self._fd}"
+
+    @property
+    def user_path(self) -> str | None:
+        """Without root, the user namespace that owns it, as a path; None as root."""
+        return f"/proc/{os.getpid()}/fd/{self._user_fd}" if self._user_fd is not None else None
 
     @classmethod
     def open(cls, limits: Limits, spec: LaunchSpec) -> SandboxNetwork | None:
@@ -97,16 +135,13 @@ class SandboxNetwork:
         problem = network_problem(limits, spec)
         if problem is not None:
             raise SandboxUnavailable(problem)
-        try:
-            network = cls(new_namespace())
-        except NamespaceError as exc:
-            raise SandboxUnavailable(f"cannot make the tool's network namespace: {exc.strerror}") from exc
+        network = cls._rootless(spec) if os.geteuid() != 0 else cls._as_root()
         try:
             if limits.network:
                 slirp = find_slirp4netns()
                 assert slirp is not None  # network_problem said so
-                network.user_network = UserNetwork.start(slirp, network.path)
-            if spec.egress is not None:
+                network.user_network = UserNetwork.start(slirp, network.path, network.user_path)
+            if spec.egress is not None and network.listener is None:
                 network.listener = listen_inside(network.path, spec.egress.port)
         except NamespaceError as exc:
             network.close()
@@ -116,14 +151,36 @@ class SandboxNetwork:
             raise
         return network
 
+    @classmethod
+    def _as_root(cls) -> SandboxNetwork:
+        try:
+            return cls(new_namespace())
+        except NamespaceError as exc:
+            raise SandboxUnavailable(f"cannot make the tool's network namespace: {exc.strerror}") from exc
+
+    @classmethod
+    def _rootless(cls, spec: LaunchSpec) -> SandboxNetwork:
+        """The helper opens the egress listener too: the runner cannot enter the namespace."""
+        try:
+            held = open_namespaces(spec.egress.port if spec.egress is not None else None)
+        except RootlessNamespaceError as exc:
+            raise SandboxUnavailable(exc.strerror or "cannot make the tool's network namespace") from exc
+        network = cls(held.net_fd, held.user_fd)
+        network.listener = held.listener
+        return network
+
     def take_listener(self) -> socket.socket | None:
         """The egress listener, handed over once to its endpoint (which closes it)."""
         listener, self.listener = self.listener, None
         return listener
 
     def enter_argv(self, nsenter: str) -> list[str]:
-        """The prefix that makes the launcher's next program join the namespace."""
-        return [nsenter, f"--net={self.path}", "--"]
+        """The prefix that makes the launcher's next program join the namespace (and,
+        without root, its user namespace, keeping the runner's ids: no capability
+        survives the exec of a program run by a uid other than 0)."""
+        if self.user_path is None:
+            return [nsenter, f"--net={self.path}", "--"]
+        return [nsenter, f"--user={self.user_path}", f"--net={self.path}", "--preserve-credentials", "--"]
 
     def close(self) -> None:
         """Stop slirp4netns and let the namespace go. Safe to call twice."""
@@ -133,7 +190,8 @@ class SandboxNetwork:
         if self.listener is not None:
             self.listener.close()
             self.listener = None
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
+        for fd in (self._fd, self._user_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._fd = self._user_fd = None

@@ -133,7 +133,7 @@ class SubprocessSandbox:
         is_root = os.geteuid() == 0
         self.setpriv = shutil.which("setpriv") if is_root else None
         self.unshare = shutil.which("unshare") if is_root else None
-        self.nsenter = shutil.which("nsenter") if is_root else None
+        self.nsenter = shutil.which("nsenter")  # joins a networked tool's namespace (``_network``)
         # Without root, a workspace write grant is staged in a user namespace of its own.
         self.user_unshare = None if is_root else shutil.which("unshare")
         self.state_dir = self.config.state_dir or default_state_dir()

@@ -99,10 +99,13 @@ def test_doctor_says_rootless_names_the_fix_and_marks_nothing_ok_that_fails(
         assert not cgroups["ok"]
         assert "cgroup v2" in cgroups["hint"] or "delegated" in cgroups["hint"]
         assert layers[("subprocess", "rootless limits")]["ok"]
-    for name in ("own network", "egress network"):
-        network = layers[("subprocess", name)]
-        assert not network["ok"]
-        assert "root" in network["hint"] and "apt-get" not in network["hint"]
+    # Both networks hold without root; slirp4netns only needs /dev/net/tun open to the user.
+    assert layers[("subprocess", "egress network")]["ok"], layers[("subprocess", "egress network")]
+    own = layers[("subprocess", "own network")]
+    if os.access("/dev/net/tun", os.R_OK | os.W_OK):
+        assert own["ok"], own
+    else:
+        assert not own["ok"] and "chmod 0666 /dev/net/tun" in own["hint"]
     docker = layers[("docker", "docker")]
     if not docker["ok"] and "permission denied" in docker["detail"]:
         assert "docker group" in docker["hint"] and "DOCKER_HOST" in docker["hint"]
