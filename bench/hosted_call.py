@@ -1,7 +1,7 @@
 """A hosted MCP server's call, cold and warm, next to the same server called
 directly over stdio in the same run.
 
-    python3 bench/hosted_call.py [--n 30] [--folder DIR]
+    python3 bench/hosted_call.py [--n 30] [--folder DIR] [--paired-only]
 
 The server is ``mcp-server-time`` from PyPI, installed with ``runner mcp add time --pip
 mcp-server-time`` into a scratch tool folder (``--folder`` reuses one made before; the
@@ -186,6 +186,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=30)
     parser.add_argument("--folder", type=Path, help="a folder from an earlier run (tools/time installed)")
+    parser.add_argument(
+        "--paired-only", action="store_true", help="only the long-lived and session rows, in turns"
+    )
     args = parser.parse_args()
     root = args.folder or Path(tempfile.mkdtemp(prefix="runner-hosted-bench-"))
     if not (root / "policies.yaml").exists():
@@ -193,6 +196,9 @@ def main() -> None:
     folder = install(root)
     print(f"mcp-server-time in {folder}; {args.n} calls per row, {os.cpu_count()} cores")
     long_lived, in_session = paired_rows(root, folder, args.n)
+    if args.paired_only:
+        print_table([("long-lived server", long_lived), ("Session.acall", in_session)], "long-lived")
+        return
     fresh = fresh_rows(folder, args.n)
     cold, warm, warm_used = runner_rows(root, args.n)
     print_table(
