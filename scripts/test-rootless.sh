@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The tests of a runner that is not root, as an unprivileged user: the first run, doctor,
 # the backend contract (memory, CPU, pids, timeout and output limits), isolation, the kill
-# guarantee and warm pools. Run as root (CI): creates the user `runnerci` if missing, builds
-# the wheel, installs it with its dev extras into a virtual environment of the system's
-# Python that the user can read, then runs a copy of tests/ as that user, with HOME and
-# the XDG folders of its own. Arguments replace the list of test files.
+# guarantee, warm pools and session sandboxes. Run as root (CI): creates the user
+# `runnerci` if missing, builds the wheel, installs it with its dev extras into a virtual
+# environment of the system's Python that the user can read, then runs a copy of tests/
+# as that user, with HOME and the XDG folders of its own. Arguments replace the list of
+# test files.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 user=${RUNNER_TEST_USER:-runnerci}
@@ -33,6 +34,7 @@ if [ ${#tests[@]} -eq 0 ]; then
   tests=(
     tests/backends/test_rootless.py tests/backends/test_contract_kit.py tests/hostile/test_isolation.py
     tests/hostile/test_kill_guarantee.py tests/hostile/test_subprocess_hostile.py tests/call/test_pools.py
+    tests/call/test_sessions.py
   )
 fi
 
