@@ -34,7 +34,7 @@ if [ ${#tests[@]} -eq 0 ]; then
   tests=(
     tests/backends/test_rootless.py tests/backends/test_contract_kit.py tests/hostile/test_isolation.py
     tests/hostile/test_kill_guarantee.py tests/hostile/test_subprocess_hostile.py tests/call/test_pools.py
-    tests/call/test_sessions.py
+    tests/call/test_sessions.py tests/mcp/hosted/test_hosted_sessions.py
   )
 fi
 
