@@ -41,8 +41,9 @@ from sandboxes.events import EventSink, StreamsEvents
 # An attempt with less time than this left before the deadline is not worth starting:
 # it could not even spawn a process.
 MIN_ATTEMPT_MS = 10
-# A result this short, with no output_schema, is parsed on the event loop: tens of
-# microseconds at most, less than the hop to a thread and back.
+# A result this short, with no output_schema or a linear one (``runner.schema.inline``),
+# is parsed and checked on the event loop: tens of microseconds at most, less than the
+# hop to a thread and back.
 INLINE_PARSE_BYTES = 4096
 
 
@@ -197,14 +198,15 @@ class Executor:
 
     async def _parse(self, tool: Tool, stdout: bytes, output_format: Literal["json", "raw"]) -> Any:
         """The result of a clean exit. Up to ``max_output_bytes`` of JSON and an
-        ``output_schema`` (whose patterns a tool's output could make slow) are parsed off the
-        event loop; a short output with no schema is parsed on it, sparing the call the
-        two thread hops (their cost: docs/performance.md, "Figures behind the code").
+        ``output_schema`` (whose combinators a tool's output could make slow) are parsed off
+        the event loop; a short output with no schema or a linear one is parsed on it,
+        sparing the call the two thread hops (their cost: docs/performance.md, "Figures
+        behind the code").
 
         Raises:
             CallError: as ``parse_result``.
         """
-        if len(stdout) <= INLINE_PARSE_BYTES and tool.manifest.output_schema is None:
+        if len(stdout) <= INLINE_PARSE_BYTES and tool.output_linear:
             return parse_result(tool, stdout, output_format)
         return await asyncio.get_running_loop().run_in_executor(
             self._threads, parse_result, tool, stdout, output_format

@@ -29,6 +29,7 @@ from runner.call.pool_calls import PoolingSandbox
 from runner.call.requests import CallRequest
 from runner.clock import Clock
 from runner.errors import CallError, ErrorCode
+from runner.schema.inline import is_light
 from runner.schema.redaction import Scrubber, nodes_at, redact_nodes
 from runner.schema.suggest import did_you_mean
 from runner.secrets.sources import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
@@ -117,7 +118,8 @@ class CallGuard:
         return tool
 
     async def check_params(self, tool: Tool, params: dict[str, Any], deadline_at: float) -> ParamsCheck:
-        """Validate in a worker thread, never on the event loop, within the call's deadline.
+        """Validate in a worker thread within the call's deadline; on the event loop only
+        light params of a linear schema (``runner.schema.inline``).
 
         Runs before the policy decision is written, whatever the decision: the decision's
         audit event needs the request's sensitive values, which only validation finds.
@@ -130,6 +132,9 @@ class CallGuard:
             # In the thread: a tool's first call builds its validator (lazily, see Tool).
             return check_params(tool.params_validator, params, tool.sensitive_params, budget_s)
 
+        if tool.params_linear and is_light(params):
+            # Microseconds: less than the hop to a thread and back (``runner.schema.inline``).
+            return check()
         work = asyncio.get_running_loop().run_in_executor(self._threads, check)
         try:
             # The thread itself stops at the next keyword past its budget; this bounds a

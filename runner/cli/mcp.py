@@ -78,6 +78,11 @@ def mcp_group() -> None:
     help="A fixed environment variable of the server (never a secret). Repeatable.",
 )
 @click.option(
+    "--session",
+    is_flag=True,
+    help="One server per session, kept between that session's calls (session: true).",
+)
+@click.option(
     "--grant",
     "grant_role",
     default=None,
@@ -98,6 +103,7 @@ def add_command(
     workspace: str,
     secrets: tuple[str, ...],
     env_pairs: tuple[str, ...],
+    session: bool,
     grant_role: str | None,
     force: bool,
     as_json: bool,
@@ -114,7 +120,7 @@ def add_command(
     from runner.mcp.hosted.packages import McpAddError
 
     source = _source(pip_package, module, npm_package, bin_name)
-    asks = Asks(workspace, tuple(dict.fromkeys(secrets)), _env(env_pairs))
+    asks = Asks(workspace, tuple(dict.fromkeys(secrets)), _env(env_pairs), session)
     tools_dir = _tools_dir(ctx)
     if grant_role is not None and grant_role not in (roles := _load(ctx).policy.model.roles):
         _fail_usage(f"--grant {grant_role}: the policy has no such role (it has {', '.join(roles)})")

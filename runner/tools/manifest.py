@@ -171,6 +171,21 @@ class Tool:
         return None if schema is None else build_validator(schema)
 
     @cached_property
+    def params_linear(self) -> bool:
+        """Whether the params' schema validates in one pass (``runner.schema.inline``)."""
+        from runner.schema.inline import is_linear
+
+        return is_linear(self.manifest.parameters)
+
+    @cached_property
+    def output_linear(self) -> bool:
+        """Whether a result is checked in one pass: no ``output_schema``, or a linear one."""
+        from runner.schema.inline import is_linear
+
+        schema = self.manifest.output_schema
+        return schema is None or is_linear(schema)
+
+    @cached_property
     def sensitive_params(self) -> frozenset[SensitivePath]:
         from runner.schema.compiled import sensitive_paths
 

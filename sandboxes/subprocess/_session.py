@@ -175,7 +175,9 @@ class SubprocessSession:
                 b"",  # the token line is in already
                 limits.timeout_ms / 1000,
                 lambda: None,  # the call's own end kills nothing: ``proc.kill`` decides
-                prepared._breached if prepared._cgroup is not None else None,
+                # The session's limits as a whole: its cgroup, or rootless without one the
+                # sums over the sandbox's processes (the agent's reaped calls included).
+                prepared._breached_limit(exchange.stderr),
             )
         finally:
             proc.detach()

@@ -1,5 +1,6 @@
 """Session sandboxes through the Python API, with real sandboxes: state kept within a
-session and never beyond it, expiry, limits, a hung call, the bounds, and closing."""
+session and never beyond it, expiry, limits, a hung call, the bounds, and closing. Run
+as root and, by scripts/test-rootless.sh, as an unprivileged user."""
 
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ import yaml
 from conftest import ToolBench, docker_ready, our_cgroups, wait_for
 
 from sandboxes.testing import processes_with_env
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the hardened sandbox runs as root here")
 
 # A notebook of one variable: a count kept in the sandbox's /tmp. ``hang`` leaves a child
 # behind and ignores its timeout; ``hog`` breaks the memory limit.

@@ -153,11 +153,13 @@ def _check_source(source: Source) -> None:
 
 @dataclass(frozen=True)
 class Asks:
-    """What the server's manifest asks for: the workspace, secrets, fixed environment."""
+    """What the server's manifest asks for: the workspace, secrets, fixed environment, and
+    whether it is kept for a session."""
 
     workspace: str = "none"  # none, read or write
     secrets: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    session: bool = False
 
     def lines(self) -> str:
         text = ""
@@ -165,6 +167,10 @@ class Asks:
             text += f"workspace: {self.workspace}   # the policy's workspace, at /workspace\n"
         else:
             text += "# workspace: read     # or write: the policy's workspace at /workspace\n"
+        if self.session:
+            text += "session: true   # one server per session, kept between its calls\n"
+        else:
+            text += "# session: true       # optional: one server per session, kept between its calls\n"
         if self.secrets:
             text += f"secrets: [{', '.join(json.dumps(name) for name in self.secrets)}]\n"
         if self.env:

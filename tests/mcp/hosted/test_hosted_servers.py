@@ -1,18 +1,24 @@
 """Real third-party MCP servers, installed by ``runner mcp add`` (the session's ``installed``
 fixture in conftest), called through the whole guard: ``mcp-server-time`` from
-PyPI, and ``@modelcontextprotocol/server-filesystem`` from npm over a read-only workspace."""
+PyPI, and ``@modelcontextprotocol/server-filesystem`` from npm over a read-only workspace;
+and ``@modelcontextprotocol/server-memory`` added with ``--session``, whose knowledge graph
+lives as long as a session."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from conftest import assert_nothing_survives
+from conftest import assert_nothing_survives, new_project, runner_command
 
 from runner import Runner
+from sandboxes.testing import processes_with_env
 
 pytestmark = [pytest.mark.registry, pytest.mark.slow]
 
@@ -86,3 +92,59 @@ def test_a_write_is_refused_by_the_sandbox_the_workspace_being_read_only(hosted:
     assert "read-only file system" in written["message"].lower() or "erofs" in written["message"].lower()
     assert hosted.policy.workspace is not None
     assert not (hosted.policy.workspace / "new.txt").exists()
+
+
+MEMORY = "@modelcontextprotocol/server-memory"
+ADA = {"name": "Ada", "entityType": "person", "observations": ["wrote the first program"]}
+
+
+@pytest.fixture(scope="module")
+def memory_project(registries: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project with the memory server added as the session docs show: its graph in the
+    sandbox's /tmp, one server per session."""
+    project = new_project(tmp_path_factory.mktemp("memory") / "project")
+    added = runner_command(
+        "mcp", "add", "memory", "--npm", MEMORY, "--session",
+        "--env", "MEMORY_FILE_PATH=/tmp/memory.jsonl", "--grant", "user", "--json", cwd=project,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert "memory_create_entities" in {tool["name"] for tool in json.loads(added.stdout)["tools"]}
+    return project
+
+
+def test_the_memory_server_keeps_its_graph_for_a_session_and_no_further(memory_project: Path) -> None:
+    manifest = yaml.safe_load((memory_project / "tools" / "memory" / "tool.yaml").read_text())
+    assert manifest["session"] is True  # --session
+    audit_log = memory_project / "audit.log"
+
+    async def conversation() -> tuple[str, str]:
+        policies = memory_project / "policies.yaml"
+        async with (
+            Runner.load(policies=policies, audit_log=audit_log, warm_pools=False) as runner,
+            runner.session() as one,
+            runner.session() as two,
+        ):
+            made = await one.acall("memory_create_entities", {"entities": [ADA]})
+            assert made.success, made.error
+            found = await one.acall("memory_open_nodes", {"names": ["Ada"]})  # a later call
+            assert found.success, found.error
+            assert found.result["entities"] == [ADA]
+            other = await two.acall("memory_read_graph", {})
+            assert other.success and other.result == {"entities": [], "relations": []}
+            outside = await runner.acall("memory_read_graph", {})
+            assert outside.success and outside.result == {"entities": [], "relations": []}
+            again = await one.acall("memory_read_graph", {})
+            assert again.success and [entity["name"] for entity in again.result["entities"]] == ["Ada"]
+            return one.id, two.id
+
+    first, second = asyncio.run(conversation())
+    events = [json.loads(line) for line in audit_log.read_text().splitlines()]
+    opened = [event for event in events if event["event"] == "session.opened"]
+    assert sorted((event["sessionId"], event["toolName"]) for event in opened) == sorted(
+        [(first, "memory"), (second, "memory")]
+    )  # one server per session, started by its first call
+    closed = [event for event in events if event["event"] == "session.closed"]
+    assert sorted(event["calls"] for event in closed) == [1, 3] and {e["reason"] for e in closed} == {"ended"}
+    finished = [event for event in events if event["event"] == "call.finished"]
+    assert [event.get("sessionId") for event in finished] == [first, first, second, None, first]
+    assert processes_with_env("MEMORY_FILE_PATH=/tmp/memory.jsonl") == []
