@@ -193,10 +193,19 @@ class UserStagedWorkspace:
 def remove_tree(root: Path) -> None:
     """Remove ``root``, an upper layer's folder, though the overlay left its ``work/work``
     unreadable (mode 000). Symlinks in it are removed, never followed."""
-    work = root / "work" / "work"
     with contextlib.suppress(OSError):
-        if stat.S_ISDIR(work.lstat().st_mode) and not (root / "work").is_symlink():
-            work.chmod(0o700)
+        # By descriptor, following nothing: a tool's scratch may be swapped while it is swept.
+        # (O_PATH: the folder is mode 000, so it cannot be opened for reading.)
+        parent = os.open(root / "work", _OPEN_DIR)
+        try:
+            work = os.open("work", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            try:
+                if stat.S_ISDIR(os.fstat(work).st_mode):
+                    Path(f"/proc/self/fd/{work}").chmod(0o700)  # the inode opened, not a path
+            finally:
+                os.close(work)
+        finally:
+            os.close(parent)
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -297,34 +306,41 @@ class _Budget:
 
 
 def _apply_folder(source_dir: int, dest_dir: int, budget: _Budget, depth: int = 0) -> None:
-    for name in os.listdir(source_dir):
-        info = os.stat(name, dir_fd=source_dir, follow_symlinks=False)
-        mode = info.st_mode
-        if stat.S_ISCHR(mode) and info.st_rdev == _WHITEOUT_RDEV:
-            _remove_entry(dest_dir, name)  # deleted in the sandbox
-        elif stat.S_ISDIR(mode) and depth >= MAX_APPLY_DEPTH:
-            sys.stderr.write(f"runner: workspace writes below {MAX_APPLY_DEPTH} folders were not applied\n")
-        elif not budget.take(info.st_size if stat.S_ISREG(mode) else 0):
-            continue
-        elif stat.S_ISDIR(mode):
-            source = os.open(name, _OPEN_DIR, dir_fd=source_dir)
+    with os.scandir(source_dir) as names:  # streamed: a folder of millions is never listed whole
+        for entry in names:
+            if budget.exhausted:  # what is left costs nothing more to look at
+                return
+            _apply_entry(source_dir, dest_dir, entry.name, budget, depth)
+
+
+def _apply_entry(source_dir: int, dest_dir: int, name: str, budget: _Budget, depth: int) -> None:
+    info = os.stat(name, dir_fd=source_dir, follow_symlinks=False)
+    mode = info.st_mode
+    if stat.S_ISCHR(mode) and info.st_rdev == _WHITEOUT_RDEV:
+        _remove_entry(dest_dir, name)  # deleted in the sandbox
+    elif stat.S_ISDIR(mode) and depth >= MAX_APPLY_DEPTH:
+        sys.stderr.write(f"runner: workspace writes below {MAX_APPLY_DEPTH} folders were not applied\n")
+    elif not budget.take(info.st_size if stat.S_ISREG(mode) else 0):
+        return
+    elif stat.S_ISDIR(mode):
+        source = os.open(name, _OPEN_DIR, dir_fd=source_dir)
+        try:
+            target = _open_or_make_folder(dest_dir, name, mode)
             try:
-                target = _open_or_make_folder(dest_dir, name, mode)
-                try:
-                    if _is_opaque(source, budget.opaque_xattr):  # replaced as a whole in the sandbox
-                        for child in os.listdir(target):  # noqa: PTH208 - by descriptor
-                            _remove_entry(target, child)
-                    _apply_folder(source, target, budget, depth + 1)
-                    os.fchown(target, info.st_uid, info.st_gid)
-                    os.fchmod(target, stat.S_IMODE(mode) & ~stat.S_ISUID)
-                finally:
-                    os.close(target)
+                if _is_opaque(source, budget.opaque_xattr):  # replaced as a whole in the sandbox
+                    for child in os.listdir(target):  # noqa: PTH208 - by descriptor
+                        _remove_entry(target, child)
+                _apply_folder(source, target, budget, depth + 1)
+                os.fchown(target, info.st_uid, info.st_gid)
+                os.fchmod(target, stat.S_IMODE(mode) & ~stat.S_ISUID)
             finally:
-                os.close(source)
-        elif stat.S_ISLNK(mode):
-            _remove_entry(dest_dir, name)
-            os.symlink(os.readlink(name, dir_fd=source_dir), name, dir_fd=dest_dir)
-            os.chown(name, info.st_uid, info.st_gid, dir_fd=dest_dir, follow_symlinks=False)
-        elif stat.S_ISREG(mode):
-            _copy_file(source_dir, dest_dir, name, info)
-        # fifos, sockets and devices are not carried over
+                os.close(target)
+        finally:
+            os.close(source)
+    elif stat.S_ISLNK(mode):
+        _remove_entry(dest_dir, name)
+        os.symlink(os.readlink(name, dir_fd=source_dir), name, dir_fd=dest_dir)
+        os.chown(name, info.st_uid, info.st_gid, dir_fd=dest_dir, follow_symlinks=False)
+    elif stat.S_ISREG(mode):
+        _copy_file(source_dir, dest_dir, name, info)
+    # fifos, sockets and devices are not carried over

@@ -20,7 +20,8 @@ docker image inspect "$image" >/dev/null 2>&1 || { log "no image $image (runner 
 # host may refuse): user namespaces (Docker's seccomp profile refuses them), a /proc with
 # nothing masked (else the kernel refuses the sandbox a /proc of its own), mounts for the
 # root launcher's staging, and the host's cgroups for the root runner's per-call ones.
-args=(--rm --security-opt seccomp=unconfined --security-opt systempaths=unconfined --cap-add SYS_ADMIN)
+name=runner-setup-test-$$
+args=(--rm --init --name "$name" --security-opt seccomp=unconfined --security-opt systempaths=unconfined --cap-add SYS_ADMIN)
 args+=(-v /sys/fs/cgroup:/sys/fs/cgroup)
 args+=(-v "$repo:/src:ro" -e CI=false)
 ca=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}
@@ -67,5 +68,7 @@ say "as a user: runner exec add_numbers answers 3"
 '
 
 log "setup.sh in a container of $image, as root and as a user"
-timeout 1200 docker run "${args[@]}" "$image" bash -c "$inside"
+# A timeout or an interrupt must not leave the container installing as root.
+trap 'docker rm -f "$name" >/dev/null 2>&1 || true' EXIT
+timeout -k 30 1200 docker run "${args[@]}" "$image" bash -c "$inside"
 log "passed"

@@ -129,7 +129,7 @@ class CallGuard:
         budget_s = max(0.0, deadline_at - self._clock.monotonic())
 
         def check() -> ParamsCheck:
-            # In the thread: a tool's first call builds its validator (lazily, see Tool).
+            # A tool's first call builds its validator (lazily, see Tool).
             return check_params(tool.params_validator, params, tool.sensitive_params, budget_s)
 
         if tool.params_linear and is_light(params):

@@ -48,7 +48,11 @@ def _workspace_staging(backend: SubprocessSandbox) -> Check:
     fix = "Linux 5.11 or later (an overlay in a user namespace); grant the workspace read, not write"
     if backend.user_unshare is None:
         return Check("workspace staging", False, "unshare not found", "apt-get install util-linux")
-    with tempfile.TemporaryDirectory(prefix="runner-doctor-") as folder:
+    try:  # where calls stage (a tmpfs there may lack what the overlay needs), swept if left
+        backend.scratch_root.mkdir(mode=0o711, parents=True, exist_ok=True)
+    except OSError as exc:
+        return Check("workspace staging", False, f"{backend.scratch_root}: {exc.strerror}", fix)
+    with tempfile.TemporaryDirectory(prefix=f"{os.getpid()}-doctor-", dir=backend.scratch_root) as folder:
         workspace, stage = Path(folder) / "workspace", UserStagedWorkspace(Path(folder) / "stage", 1)
         workspace.mkdir()
         try:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from conftest import ToolBench
 
+from runner.call import guard
 from runner.schema.inline import INLINE_WEIGHT, is_light, is_linear
 
 ECHO = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
@@ -18,7 +19,7 @@ LINEAR = {
     "type": "object",
     "title": "args",
     "properties": {
-        "city": {"type": "string", "pattern": "^[A-Z]", "maxLength": 40},
+        "city": {"type": "string", "minLength": 2, "maxLength": 40},
         "token": {"type": "string", "x-sensitive": True, "minLength": 8},
         "days": {"type": "array", "items": {"type": "integer", "minimum": 1}, "maxItems": 7},
     },
@@ -40,6 +41,11 @@ LINEAR = {
         {"type": "object", "unevaluatedProperties": False},
         {"type": "object", "x-unknown": {"anyOf": []}},  # an unknown keyword: not trusted
         {"type": "object", "properties": ["not", "a", "map"]},
+        # constant per node, but not in time: an RE2 search grows with the text, and
+        # ``format: regex`` compiles every string it meets
+        {"type": "string", "pattern": "^[A-Z]"},
+        {"type": "object", "patternProperties": {"^a": {"type": "string"}}},
+        {"type": "array", "items": {"type": "string", "format": "regex"}},
     ],
 )
 def test_a_schema_that_can_visit_a_node_more_than_once_is_not_linear(schema: dict[str, Any]) -> None:
@@ -97,14 +103,19 @@ def test_light_params_of_a_linear_schema_are_validated_without_a_thread_heavy_on
     assert _submits(bench, "branchy", {"city": "Oslo"})[1] == 1
 
 
-def test_inline_validation_gives_the_same_verdicts_and_keeps_a_sensitive_value_out(bench: ToolBench) -> None:
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "threaded"])
+def test_inline_validation_gives_the_same_verdicts_and_keeps_a_sensitive_value_out(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch, inline: bool
+) -> None:
+    if not inline:  # the same requests down the thread's path: the same answers
+        monkeypatch.setattr(guard, "is_light", lambda value: False)
     bench.tool("linear", ECHO, parameters=LINEAR)
     runner = bench.runner()
     secret = "hunter2"  # too short for minLength: rejected, and never quoted
     answer = runner.handle({"toolName": "linear", "params": {"city": "Oslo", "token": secret}})
     assert answer["error"]["code"] == "INVALID_PARAMS"
     assert answer["error"]["details"]["field"] == "token"
-    answer = runner.handle({"toolName": "linear", "params": {"city": "oslo", "days": [0], "x": 1}})
+    answer = runner.handle({"toolName": "linear", "params": {"city": "o", "days": [0], "x": 1}})
     fields = sorted(error["path"] for error in answer["error"]["details"]["errors"])
     assert fields == ["(root)", "city", "days/0"]
     answer = runner.handle({"toolName": "linear", "params": {"city": "Oslo", "token": "a-long-token"}})

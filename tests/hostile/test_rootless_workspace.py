@@ -219,6 +219,37 @@ def test_the_apply_strips_set_id_bits_an_upper_layer_holds(tmp_path: Path) -> No
     assert not stage.root.exists()
 
 
+def test_once_disk_mb_is_spent_the_apply_looks_at_nothing_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A tool that leaves many thousand empty files must not cost the runner a look at each
+    # after its call: past the bound (1024 entries at disk_mb 1) the apply stops.
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    stage = UserStagedWorkspace(tmp_path / "stage", disk_mb=1)
+    stage.create()
+    for index in range(5000):
+        (stage.root / "upper" / f"f{index}").touch()
+    looked = 0
+    real_stat = os.stat
+
+    def counting_stat(*args: Any, **kwargs: Any) -> os.stat_result:
+        nonlocal looked
+        looked += 1
+        return real_stat(*args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counting_stat)
+    fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        stage.apply(fd)
+    finally:
+        os.close(fd)
+        monkeypatch.undo()
+        stage.remove()
+    assert len(list(workspace.iterdir())) == 1024
+    assert looked < 1200  # each applied entry, its copy's checks, and the first one refused
+
+
 def _call_tool(bench: ToolBench, name: str, code: str, **manifest: Any) -> dict[str, Any]:
     bench.tool(name, code, workspace="write", **manifest)
     answer = _call(bench, name)
