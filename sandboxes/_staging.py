@@ -261,6 +261,14 @@ def _create_temporary(dest_dir: int) -> tuple[str, int]:
             continue
 
 
+def _own(target: int, info: os.stat_result) -> None:
+    """Give ``target`` the owner of what the sandbox wrote. Only a change is asked for: a
+    runner that is not root may not chown at all, and its writes are its own already."""
+    now = os.fstat(target)
+    if (now.st_uid, now.st_gid) != (info.st_uid, info.st_gid):
+        os.fchown(target, info.st_uid, info.st_gid)
+
+
 def _copy_file(source_dir: int, dest_dir: int, name: str, info: os.stat_result) -> None:
     source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=source_dir)
     try:
@@ -268,7 +276,7 @@ def _copy_file(source_dir: int, dest_dir: int, name: str, info: os.stat_result) 
         try:
             while chunk := os.read(source, COPY_CHUNK):
                 os.write(target, chunk)
-            os.fchown(target, info.st_uid, info.st_gid)
+            _own(target, info)
             os.fchmod(target, stat.S_IMODE(info.st_mode) & ~_SETID)
         finally:
             os.close(target)
@@ -331,7 +339,7 @@ def _apply_entry(source_dir: int, dest_dir: int, name: str, budget: _Budget, dep
                     for child in os.listdir(target):  # noqa: PTH208 - by descriptor
                         _remove_entry(target, child)
                 _apply_folder(source, target, budget, depth + 1)
-                os.fchown(target, info.st_uid, info.st_gid)
+                _own(target, info)
                 os.fchmod(target, stat.S_IMODE(mode) & ~stat.S_ISUID)
             finally:
                 os.close(target)

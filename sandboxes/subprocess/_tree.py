@@ -48,6 +48,8 @@ class ProcessTree:
             self._root = psutil.Process(self._root_pid)
         members = [self._root, *self._root.children(recursive=True)]
         self._seen.update((member.pid, member) for member in members)
+        if len(self._seen) > 2 * len(members) + 256:  # a long session's dead pids, dropped
+            self._seen = {pid: seen for pid, seen in self._seen.items() if seen.is_running()}
         return members
 
     def look(self) -> None:
