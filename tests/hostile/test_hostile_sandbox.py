@@ -24,6 +24,7 @@ from support.socket_hoard import (
     assert_sockets_held,
     assert_unaccepted_held,
 )
+from support.workspace_attacks import swap_a_folder_for_a_symlink_during_the_call
 
 from sandboxes._identity import UID_BASE, UID_COUNT
 from sandboxes._socket_memory import sockets_overran
@@ -251,30 +252,7 @@ def test_applying_writes_never_follows_a_symlink_planted_during_the_call(bench: 
     victim = bench.root / "victim"
     victim.mkdir(mode=0o700)
     bench.policy["workspace"] = str(workspace)
-    bench.tool(
-        "slowwriter",
-        """
-        import os, sys, time
-        sys.stdin.read()
-        open(os.path.join(os.environ["WORKSPACE"], "out", "report.txt"), "w").write("data")
-        time.sleep(0.8)
-        print("{}")
-        """,
-        workspace="write",
-    )
-    runner = bench.runner()
-
-    async def call_and_swap() -> None:
-        call = asyncio.ensure_future(runner.acall("slowwriter", {}))
-        await asyncio.sleep(0.4)
-        (workspace / "out").rmdir()
-        (workspace / "out").symlink_to(victim)
-        assert (await call).success
-
-    asyncio.run(call_and_swap())
-    assert list(victim.iterdir()) == []
-    assert not (workspace / "out").is_symlink()
-    assert (workspace / "out" / "report.txt").read_text() == "data"
+    swap_a_folder_for_a_symlink_during_the_call(bench, workspace, victim, sleep_s=0.8)
 
 
 def test_a_symlinked_workspace_is_refused_and_its_target_left_untouched(bench: ToolBench) -> None:

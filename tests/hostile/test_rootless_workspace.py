@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import ToolBench
+from support.workspace_attacks import swap_a_folder_for_a_symlink_during_the_call
 
 from sandboxes._staging import UserStagedWorkspace
 from sandboxes.subprocess.sandbox import default_state_dir
@@ -141,30 +142,7 @@ def test_applying_never_follows_a_symlink_swapped_into_the_workspace_during_the_
     (workspace / "out").mkdir()
     victim = bench.root / "victim"
     victim.mkdir()
-    bench.tool(
-        "slowwriter",
-        """
-        import os, sys, time
-        sys.stdin.read()
-        open(os.path.join(os.environ["WORKSPACE"], "out", "report.txt"), "w").write("data")
-        time.sleep(1.2)
-        print("{}")
-        """,
-        workspace="write",
-    )
-    runner = bench.runner()
-
-    async def call_and_swap() -> None:
-        call = asyncio.ensure_future(runner.acall("slowwriter", {}))
-        await asyncio.sleep(0.6)
-        (workspace / "out").rmdir()
-        (workspace / "out").symlink_to(victim)
-        assert (await call).success
-
-    asyncio.run(call_and_swap())
-    assert list(victim.iterdir()) == []
-    assert not (workspace / "out").is_symlink()
-    assert (workspace / "out" / "report.txt").read_text() == "data"
+    swap_a_folder_for_a_symlink_during_the_call(bench, workspace, victim, sleep_s=1.2)
 
 
 def test_a_setuid_file_the_tool_makes_reaches_the_workspace_without_its_bits(bench: ToolBench) -> None:
