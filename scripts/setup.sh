@@ -13,6 +13,7 @@
 # environment, the command on PATH); no Docker, gVisor, images, Node or the tests' tools.
 # Idempotent: what is already there is skipped.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/pip.sh"
 cd "$(dirname "$0")/.."
 minimal=false
 for arg in "$@"; do
@@ -89,10 +90,9 @@ wheel=("$work"/dist/*.whl)
 if [ -w . ]; then
   rm -rf dist && mkdir dist && cp "${wheel[0]}" dist/  # dist/ keeps the wheel
 fi
-quiet() { grep -v -e '^WARNING: Running pip as' -e 'is ignored: it is neither' || true; }
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "${wheel[0]}" 2>&1 | quiet
+pip_install "$venv/bin/python" "${wheel[0]}"
 # the same version may be installed already: replace it with this build
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "${wheel[0]}" 2>&1 | quiet
+pip_install "$venv/bin/python" --no-deps --force-reinstall "${wheel[0]}"
 mkdir -p "$bindir"
 ln -sfn "$venv/bin/runner" "$bindir/runner"
 (cd / && "$bindir/runner" --version >/dev/null)
@@ -109,8 +109,8 @@ if [ "${CI:-}" = true ]; then
     "$python" -m pip uninstall -q -y runner 2>&1 | quiet
   fi
   rm -rf runner.egg-info  # its metadata, left in the checkout by an old editable install
-  "$python" -m pip install -q --disable-pip-version-check "${wheel[0]}[dev,ray]" 2>&1 | quiet
-  "$python" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "${wheel[0]}" 2>&1 | quiet
+  pip_install "$python" "${wheel[0]}[dev,ray]"
+  pip_install "$python" --no-deps --force-reinstall "${wheel[0]}"
   (cd / && "$python" -c 'import runner, sandboxes.subprocess, sandboxes.docker; runner.examples_dir()')
 fi
 
@@ -138,7 +138,7 @@ langchain=/opt/runner-langchain
 if ! "$langchain/bin/python" -c 'import importlib.metadata as m; assert m.version("langchain-mcp-adapters") == "0.3.2"' 2>/dev/null; then
   log "making $langchain (langchain-mcp-adapters)"
   python3 -m venv "$langchain"
-  "$langchain/bin/python" -m pip install -q --disable-pip-version-check "langchain-mcp-adapters==0.3.2" 2>&1 | quiet
+  pip_install "$langchain/bin/python" "langchain-mcp-adapters==0.3.2"
 fi
 
 # gVisor as an OCI runtime for docker tools whose policy asks for it. The ptrace platform

@@ -7,6 +7,7 @@
 # of the system's Python that the user can read, then runs a copy of tests/ as that
 # user, with HOME and the XDG folders of its own. Arguments replace the list of test files.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/pip.sh"
 repo=$(cd "$(dirname "$0")/.." && pwd)
 user=${RUNNER_TEST_USER:-runnerci}
 system_python=/usr/bin/python3
@@ -14,7 +15,6 @@ work=$(mktemp -d /tmp/runner-test-rootless.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 log() { echo "test-rootless: $*"; }
-quiet() { grep -v -e '^WARNING: Running pip as' -e 'is ignored: it is neither' || true; }
 
 [ "$(id -u)" = 0 ] || { log "run as root: it creates the test user and drops to it"; exit 1; }
 id "$user" >/dev/null 2>&1 || { log "creating the user $user"; useradd --create-home "$user"; }
@@ -27,7 +27,7 @@ wheel=("$work"/dist/*.whl)
 
 log "installing ${wheel[0]##*/}[dev] into a virtual environment of $system_python"
 "$system_python" -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install -q --disable-pip-version-check "${wheel[0]}[dev]" 2>&1 | quiet
+pip_install "$work/venv/bin/python" "${wheel[0]}[dev]"
 
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then

@@ -6,13 +6,13 @@
 # run a copy of tests/ from outside the repository, as scripts/test.sh does. Arguments
 # replace the list of test files.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/pip.sh"
 repo=$(cd "$(dirname "$0")/.." && pwd)
 system_python=/usr/bin/python3
 work=$(mktemp -d /tmp/runner-test-system.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 log() { echo "test-system-python: $*"; }
-quiet() { grep -v -e '^WARNING: Running pip as' -e 'is ignored: it is neither' || true; }
 
 [ -x "$system_python" ] || { log "$system_python is missing (scripts/setup.sh installs it)"; exit 1; }
 log "$("$system_python" --version)"
@@ -25,7 +25,7 @@ wheel=("$work"/dist/*.whl)
 
 log "installing ${wheel[0]##*/}[dev,ray] into a virtual environment of $system_python"
 "$system_python" -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install -q --disable-pip-version-check "${wheel[0]}[dev,ray]" 2>&1 | quiet
+pip_install "$work/venv/bin/python" "${wheel[0]}[dev,ray]"
 "$work/venv/bin/python" -c 'import sys, ray, runner; print("test-system-python: Python", sys.version.split()[0], "ray", ray.__version__)'
 export PATH="$work/venv/bin:$PATH"
 

@@ -5,6 +5,7 @@
 # from outside the repository, so nothing can be imported or read from the checkout and a
 # file missing from the wheel fails here. Arguments go to pytest.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/pip.sh"
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/runner-test.XXXXXX)
 chmod 755 "$work"  # some tests run a client as another uid (nobody), which imports the package from here
@@ -22,12 +23,10 @@ rm -rf "$repo/build"
 wheel=("$work"/dist/*.whl)
 
 log "installing ${wheel[0]##*/} into a fresh virtual environment"
-"$work/venv/bin/python" -m pip install -q --disable-pip-version-check "${wheel[0]}[dev,ray]" 2>&1 \
-  | grep -v -e '^WARNING: Running pip as' -e 'is ignored: it is neither' || true
+pip_install "$work/venv/bin/python" "${wheel[0]}[dev,ray]"
 # The same version installed on the system would count as "already satisfied" and the venv
 # would run that copy: install this wheel into the venv whatever is there.
-"$work/venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
-  "${wheel[0]}" 2>&1 | grep -v -e '^WARNING: Running pip as' || true
+pip_install "$work/venv/bin/python" --force-reinstall --no-deps "${wheel[0]}"
 export PATH="$work/venv/bin:$PATH"
 
 log "first run from an empty folder: runner init, runner exec add_numbers, runner new hello"
