@@ -216,3 +216,30 @@ def test_a_session_keeps_its_network_between_calls_and_ends_its_slirp4netns(benc
     assert inside[0] == inside[1] and inside[0]["interfaces"] == ["lo", "tap0"]
     assert outside["netns"] != inside[0]["netns"]
     assert _slirps(os.getpid()) == []
+
+
+def test_a_networked_tool_with_a_write_grant_has_both_its_network_and_staged_writes(
+    bench: ToolBench, tmp_path: Path
+) -> None:
+    # The launcher joins the network's user namespace, then mounts the workspace's overlay
+    # in one of its own inside it: both hold together.
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    bench.policy["workspace"] = str(workspace)
+    bench.policy["limits"]["network"] = True
+    bench.tool(
+        "netwriter",
+        """
+        import json, os, socket, sys
+        sys.stdin.read()
+        names = sorted(name for _, name in socket.if_nameindex())
+        open(os.path.join(os.environ["WORKSPACE"], "out.txt"), "w").write("data")
+        print(json.dumps({"interfaces": names}))
+        """,
+        network=True,
+        workspace="write",
+    )
+    answer = bench.runner().handle({"toolName": "netwriter"})
+    assert answer["success"], answer["error"]
+    assert answer["result"] == {"interfaces": ["lo", "tap0"]}
+    assert (workspace / "out.txt").read_text() == "data"
