@@ -23,12 +23,14 @@ FLOODER = r"""
 import json, os, resource, select, socket, sys, time
 
 host, ports, count, tick = sys.argv[1], [int(p) for p in sys.argv[2].split(",")], int(sys.argv[3]), float(sys.argv[4])
+source = sys.argv[5]
 _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 def connect(port):
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setblocking(False)
+    sock.bind((source, 0))
     sock.connect_ex((host, port))
     return sock
 
@@ -56,17 +58,19 @@ while True:
 
 @dataclass
 class Flood:
-    """``count`` idle connections to each of ``ports`` from 127.0.0.1, held by ``nobody``."""
+    """``count`` idle connections to each of ``ports`` from ``source`` (a loopback address;
+    127.0.0.1 is every local user's, the clients' of the tests too), held by ``nobody``."""
 
     ports: list[int]
     count: int = 1100
     tick_s: float = 1.0
+    source: str = "127.0.0.1"
     reports: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
         argv += [sys.executable, "-I", "-c", FLOODER, "127.0.0.1", ",".join(map(str, self.ports))]
-        argv += [str(self.count), str(self.tick_s)]
+        argv += [str(self.count), str(self.tick_s), self.source]
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
