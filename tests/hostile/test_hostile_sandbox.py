@@ -24,7 +24,7 @@ from support.socket_hoard import (
     assert_sockets_held,
     assert_unaccepted_held,
 )
-from support.workspace_attacks import swap_a_folder_for_a_symlink_during_the_call
+from support.workspace_attacks import SET_ID_MAKER, swap_a_folder_for_a_symlink_during_the_call
 
 from sandboxes._identity import UID_BASE, UID_COUNT
 from sandboxes._socket_memory import sockets_overran
@@ -116,27 +116,7 @@ def test_a_workspace_tool_cannot_leave_a_setuid_file_in_the_host_workspace(bench
     report = _run(
         bench,
         "planter",
-        """
-        import json, os, shutil, sys
-        sys.stdin.read()
-        ws = os.environ["WORKSPACE"]
-        report = {}
-        target = os.path.join(ws, "py")
-        shutil.copyfile("/usr/bin/python3", target)
-        for mode in (0o4755, 0o2755):
-            try:
-                os.chmod(target, mode)
-                report[oct(mode)] = "set"
-            except OSError as exc:
-                report[oct(mode)] = exc.errno
-        try:
-            fd = os.open(os.path.join(ws, "made"), os.O_CREAT | os.O_WRONLY, 0o6755)
-            os.close(fd)
-            report["create"] = "made"
-        except OSError as exc:
-            report["create"] = exc.errno
-        print(json.dumps(report))
-        """,
+        SET_ID_MAKER,
         workspace="write",
     )
     assert report == {"0o4755": 1, "0o2755": 1, "create": 1}

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import ToolBench
-from support.workspace_attacks import swap_a_folder_for_a_symlink_during_the_call
+from support.workspace_attacks import SET_ID_MAKER, swap_a_folder_for_a_symlink_during_the_call
 
 from sandboxes._staging import UserStagedWorkspace
 from sandboxes.subprocess.sandbox import default_state_dir
@@ -152,26 +152,7 @@ def test_a_setuid_file_the_tool_makes_reaches_the_workspace_without_its_bits(ben
     answer = _call_tool(
         bench,
         "setid",
-        """
-        import json, os, shutil, sys
-        sys.stdin.read()
-        ws = os.environ["WORKSPACE"]
-        report = {}
-        target = os.path.join(ws, "py")
-        shutil.copyfile("/usr/bin/python3", target)
-        for mode in (0o4755, 0o2755):
-            try:
-                os.chmod(target, mode)
-                report[oct(mode)] = "set"
-            except OSError as exc:
-                report[oct(mode)] = exc.errno
-        try:
-            os.close(os.open(os.path.join(ws, "made"), os.O_CREAT | os.O_WRONLY, 0o6755))
-            report["create"] = "made"
-        except OSError as exc:
-            report["create"] = exc.errno
-        print(json.dumps(report))
-        """,
+        SET_ID_MAKER,
     )
     assert answer["result"] == {"0o4755": 1, "0o2755": 1, "create": 1}
     assert sorted(p.name for p in workspace.iterdir()) == ["py"]

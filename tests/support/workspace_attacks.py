@@ -7,6 +7,27 @@ from pathlib import Path
 
 from conftest import ToolBench
 
+# Tries to make a set-uid and a set-gid file in the workspace: by chmod and at creation.
+SET_ID_MAKER = """
+import json, os, shutil, sys
+sys.stdin.read()
+ws = os.environ["WORKSPACE"]
+report = {}
+target = os.path.join(ws, "py")
+shutil.copyfile("/usr/bin/python3", target)
+for mode in (0o4755, 0o2755):
+    try:
+        os.chmod(target, mode)
+        report[oct(mode)] = "set"
+    except OSError as exc:
+        report[oct(mode)] = exc.errno
+try:
+    os.close(os.open(os.path.join(ws, "made"), os.O_CREAT | os.O_WRONLY, 0o6755))
+    report["create"] = "made"
+except OSError as exc:
+    report["create"] = exc.errno
+print(json.dumps(report))
+"""
 SLOW_WRITER = """
 import os, sys, time
 sys.stdin.read()
