@@ -119,10 +119,17 @@ class Harness:
             await finish_deferred(backend)
 
     async def gone(self, request_id: str) -> bool:
+        # Absent on two looks apart: a process in the middle of its exec shows an empty
+        # environment for a moment, and one look could miss it.
         deadline = time.monotonic() + GONE_WITHIN_S
-        while self.alive(request_id):
-            if time.monotonic() > deadline:
-                return False
+        absent = 0
+        while absent < 2:
+            if self.alive(request_id):
+                absent = 0
+                if time.monotonic() > deadline:
+                    return False
+            else:
+                absent += 1
             await asyncio.sleep(0.05)
         return True
 

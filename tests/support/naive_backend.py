@@ -73,6 +73,7 @@ class NaivePrepared:
         if flaw == "leaky_prepare":  # starts something at prepare time that close forgets
             env = {"PATH": "/usr/bin:/bin", **spec.env}
             LEAKED.append(subprocess.Popen(["sleep", "30"], env=env))
+            _until_visible(spec.request_id)
 
     async def run(self, payload: bytes) -> SandboxOutcome:
         started = time.monotonic()
@@ -103,6 +104,16 @@ class NaivePrepared:
 
 
 LEAKED: list[subprocess.Popen[bytes]] = []  # what the leaky mutant left, for the test to reap
+
+
+def _until_visible(request_id: str) -> None:
+    """Until the leaked process shows its environment: fresh from ``Popen`` it may be in
+    the middle of its exec, its environment still empty."""
+    from sandboxes.testing import processes_alive
+
+    deadline = time.monotonic() + 5
+    while not processes_alive(request_id) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def kill_leftovers(request_id: str) -> None:
