@@ -9,7 +9,9 @@ spawn of the same tool measured in the same run (the cold-call ratio). With ``--
 the same load, and the warm hits (the audit's ``warm``) are counted. The throughput is
 measured in rounds, each a batch of bare spawns then a batch of cold runner calls then
 one of pooled calls, so that a machine that slows down or speeds up during the run (a
-shared VM does) weighs on every rate alike; the ratios are those of the totals. Then the
+shared VM does) weighs on every rate alike; the ratios are those of the totals. Each
+batch's CPU per call is the whole machine's busy time over its calls (``/proc/stat``:
+meaningful only when nothing else runs), and the runner process's own share. Then the
 runners' own memory and descriptors before and after (psutil), then checks that no
 sandbox process, cgroup or staged workspace of this process is left (sandbox processes
 are found by their command line, so another runner's on the same machine counts too).
@@ -21,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -57,6 +60,18 @@ def bare_rate(calls: int, concurrency: int) -> float:
         started = time.perf_counter()
         list(pool.map(lambda _: bare(), range(calls)))
         return calls / (time.perf_counter() - started)
+
+
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (``/proc/stat``): what a
+    batch of calls cost, sandboxes and tools included, when nothing else runs."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait
+
+
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def leftovers() -> list[str]:
@@ -122,11 +137,15 @@ class Rows:
         self.durations: list[float] = []
         self.correct = 0
         self.wall = 0.0
+        self.busy = 0.0  # the machine's CPU seconds during the rounds
+        self.own = 0.0  # the runner process's
 
     def round(self, calls: range, concurrency: int) -> None:
-        started = time.perf_counter()
+        started, busy, own = time.perf_counter(), busy_cpu_s(), own_cpu_s()
         done, right = asyncio.run(load(self.runner, calls, concurrency))
         self.wall += time.perf_counter() - started
+        self.busy += busy_cpu_s() - busy
+        self.own += own_cpu_s() - own
         self.durations += done
         self.correct += right
 
@@ -137,7 +156,8 @@ class Rows:
         rate = calls / self.wall
         return (
             f"{self.name:<7} {self.correct} correct, p50 {p50:.0f} ms, p99 {p99:.0f} ms, "
-            f"{rate:.0f} calls/s = {rate / ceiling:.2f}x bare"
+            f"{rate:.0f} calls/s = {rate / ceiling:.2f}x bare; "
+            f"CPU per call {self.busy / calls * 1000:.1f} ms (the runner's {self.own / calls * 1000:.1f})"
         )
 
 
@@ -159,9 +179,11 @@ def main() -> None:
     cold_ms = statistics.median(timed(lambda: runner.call("add_numbers", {"a": 1, "b": 2}), 20))
     me = psutil.Process()
     rss_before, fds_before = me.memory_info().rss, me.num_fds()
-    bare_wall = 0.0
+    bare_wall = bare_busy = 0.0
     for start in range(0, per_round * args.rounds, per_round):
+        busy = busy_cpu_s()
         bare_wall += per_round / bare_rate(per_round, args.concurrency)
+        bare_busy += busy_cpu_s() - busy
         for row in rows:
             row.round(range(start, start + per_round), args.concurrency)
     calls = per_round * args.rounds
@@ -171,7 +193,7 @@ def main() -> None:
     print(f"bare python3 main.py      median {bare_ms:7.1f} ms")
     print(f"Runner.call, one at once  median {cold_ms:7.1f} ms   {cold_ms / bare_ms:5.2f}x bare")
     print(f"{calls} calls at concurrency {args.concurrency} in {args.rounds} rounds:")
-    print(f"bare    {ceiling:.0f} spawns/s")
+    print(f"bare    {ceiling:.0f} spawns/s; CPU per spawn {bare_busy / calls * 1000:.1f} ms")
     for row in rows:
         print(row.line(calls, ceiling))
     if args.pool:
