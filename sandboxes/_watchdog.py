@@ -74,7 +74,8 @@ def watch(kind: str, value: str = "") -> None:
 
     ``kind`` is ``cgroups`` (value: ``<version>:<parent dir>``), ``scratch`` (a folder of
     ``<pid>-*`` entries), ``staging`` (a folder of staged workspaces), ``marked``
-    (processes carrying ``OWNER_MARK``) or ``docker``.
+    (processes carrying ``OWNER_MARK``) or ``docker``; a pid namespace is told by
+    ``watch_pid_namespace``.
 
     Raises:
         OSError: the watchdog could not be started; the caller must not start a sandbox.
@@ -91,6 +92,34 @@ def watch(kind: str, value: str = "") -> None:
             return
         os.write(_link.write_end, line.encode())
         _link.told.add(line)
+
+
+def watch_pid_namespace(inode: int) -> None:
+    """Tell the watchdog a rootless sandbox's pid namespace (the inode of its
+    ``/proc/PID/ns/pid``): every process in it is killed should the runner die. Unlike
+    the environment's ``OWNER_MARK``, which a tool can overwrite in the memory of its
+    sandbox's init (same uid, ``/proc/1/mem``), no process can leave its pid namespace.
+
+    Raises:
+        OSError: the watchdog could not be started.
+    """
+    _tell(f"pidns\t{inode}\n")
+
+
+def forget_pid_namespace(inode: int) -> None:
+    """The sandbox of ``inode`` is gone (its number may be given to another namespace)."""
+    with contextlib.suppress(OSError):
+        _tell(f"pidns-gone\t{inode}\n")
+
+
+def _tell(line: str) -> None:
+    # Not remembered in ``told``: a namespace's number comes back once it is freed.
+    with _link.lock:
+        if _link.owner != os.getpid():
+            _spawn()
+        if _link.ready_read >= 0:
+            _await_ready()
+        os.write(_link.write_end, line.encode())
 
 
 def _import_path() -> list[str]:
@@ -242,10 +271,34 @@ def _sweep_marked(owner: int) -> None:
             os.close(fd)
 
 
-def _sweep_processes(owner: int, cgroups: Iterable[tuple[int, Path]], marked: bool) -> None:
+def _sweep_namespaces(inodes: set[int]) -> None:
+    """Kill every process in the pid namespaces ``inodes``, each pinned by a pidfd before
+    its namespace is looked at (its init's death would take the rest with it; all are
+    killed, in case the kernel is slow to)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fd = os.pidfd_open(int(entry.name))
+        except OSError:
+            continue
+        try:
+            if (entry / "ns" / "pid").stat().st_ino in inodes:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except OSError:
+            pass  # gone, or not ours to look at
+        finally:
+            os.close(fd)
+
+
+def _sweep_processes(
+    owner: int, cgroups: Iterable[tuple[int, Path]], marked: bool, namespaces: set[int]
+) -> None:
     _sweep_cgroups(owner, cgroups)
     if marked:
         _sweep_marked(owner)
+    if namespaces:
+        _sweep_namespaces(namespaces)
 
 
 def _quietly(action: Callable[[str], object], cid: str) -> None:
@@ -272,10 +325,15 @@ def main(argv: list[str]) -> int:
         runner = None
     cgroups: list[tuple[int, Path]] = []
     told: dict[str, list[str]] = {"scratch": [], "staging": [], "marked": []}
+    namespaces: set[int] = set()
+    own_namespace = Path("/proc/self/ns/pid").stat().st_ino
     docker_used = False
     for raw in sys.stdin.buffer:
         kind, _, value = raw.decode(errors="replace").rstrip("\n").partition("\t")
-        if kind == "cgroups":
+        if kind in ("pidns", "pidns-gone") and value.isdigit():
+            (namespaces.add if kind == "pidns" else namespaces.discard)(int(value))
+            namespaces.discard(own_namespace)  # never the one the user's own processes are in
+        elif kind == "cgroups":
             version, _, parent = value.partition(":")
             cgroups.append((int(version), Path(parent)))
         elif kind in told:
@@ -289,7 +347,7 @@ def main(argv: list[str]) -> int:
     staging = [Path(value) for value in told["staging"]]
     marked = bool(told["marked"])
     # End of file: the runner exited or was killed. Sweep what it may have left.
-    sweepers = [threading.Thread(target=_sweep_processes, args=(owner, cgroups, marked))]
+    sweepers = [threading.Thread(target=_sweep_processes, args=(owner, cgroups, marked, namespaces))]
     if docker_used:
         sweepers.append(threading.Thread(target=_sweep_docker, args=(owner,)))
     for thread in sweepers:
@@ -301,7 +359,7 @@ def main(argv: list[str]) -> int:
     # after the first sweep. Once the whole process is gone nothing can; sweep again.
     if runner is not None:
         select.select([runner], [], [], FULL_EXIT_WAIT_S)
-        _sweep_processes(owner, cgroups, marked)
+        _sweep_processes(owner, cgroups, marked, namespaces)
     for thread in sweepers:
         thread.join()
     # Last: a staged workspace may be unmounted only once no sandbox of ours can use it.

@@ -16,16 +16,20 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
 from sandboxes._streams import TailBuffer
+from sandboxes._watchdog import forget_pid_namespace, watch_pid_namespace
 from sandboxes.base import Limits
 from sandboxes.events import StderrSplitter
 from sandboxes.subprocess._outcome import out_of_memory
 from sandboxes.subprocess._process import Ending
 
 KILL_PAUSE_S = 0.005
+
+
 def _running(process: psutil.Process) -> bool:
     try:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
@@ -42,15 +46,38 @@ class ProcessTree:
         self._cpu_seconds = limits.cpu_seconds
         self._root: psutil.Process | None = None
         self._seen: dict[int, psutil.Process] = {}
+        self._namespace: int | None = None  # the sandbox's pid namespace, once seen
 
     def _members(self) -> list[psutil.Process]:
         if self._root is None:
             self._root = psutil.Process(self._root_pid)
         members = [self._root, *self._root.children(recursive=True)]
         self._seen.update((member.pid, member) for member in members)
+        if self._namespace is None:
+            self._note_namespace(members)
         if len(self._seen) > 2 * len(members) + 256:  # a long session's dead pids, dropped
             self._seen = {pid: seen for pid, seen in self._seen.items() if seen.is_running()}
         return members
+
+    def _note_namespace(self, members: list[psutil.Process]) -> None:
+        """Have the watchdog kill the sandbox's pid namespace should the runner die: a
+        tool can unmark its init (``sandboxes._watchdog.watch_pid_namespace``), and clear
+        the parent-death signal of it, but never leave the namespace. From the first look
+        that finds bubblewrap's init (at the latest the first poll of the limits)."""
+        own = Path("/proc/self/ns/pid").stat().st_ino
+        for member in members[1:]:
+            with contextlib.suppress(OSError):
+                inode = Path(f"/proc/{member.pid}/ns/pid").stat().st_ino
+                if inode != own:
+                    watch_pid_namespace(inode)
+                    self._namespace = inode
+                    return
+
+    def _forget(self) -> None:
+        # Every process of the sandbox is gone: its namespace's number is free again.
+        if self._namespace is not None:
+            forget_pid_namespace(self._namespace)
+            self._namespace = None
 
     def look(self) -> None:
         """Note the processes there are now (``kill_all`` kills them should the launcher
@@ -73,6 +100,8 @@ class ProcessTree:
         deadline = time.monotonic() + grace_s
         while any(_running(member) for member in others) and time.monotonic() < deadline:
             time.sleep(KILL_PAUSE_S)
+        if not any(_running(member) for member in others):
+            self._forget()  # else the watchdog keeps it, for the runner's end
 
     def _sums(self) -> tuple[int, float] | None:
         """Resident bytes and CPU seconds of all the processes; None once the launcher is gone."""

