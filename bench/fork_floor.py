@@ -65,7 +65,7 @@ class Template:
         self._cgroups = CgroupFactory()
         self._lock = threading.Lock()
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        seccomp = filter_fd()
+        seccomp = filter_fd(memory_counted=True)  # root, with a cgroup per call
         argv = [
             "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
             "bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",

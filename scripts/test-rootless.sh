@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The tests of a runner that is not root, as an unprivileged user: the first run, doctor,
 # the backend contract (memory, CPU, pids, timeout and output limits), isolation, the kill
-# guarantee, warm pools, session sandboxes, staged workspace writes and the network
+# guarantee, warm pools, session sandboxes, staged workspace writes, the memory no
+# process maps (refused without a cgroup) and the network
 # (network: true and allow-lists). Run as root (CI): creates the user `runnerci` if
 # missing, builds the wheel, installs it with its dev extras into a virtual environment
 # of the system's Python that the user can read, then runs a copy of tests/ as that
@@ -36,7 +37,7 @@ if [ ${#tests[@]} -eq 0 ]; then
     tests/hostile/test_kill_guarantee.py tests/hostile/test_subprocess_hostile.py tests/call/test_pools.py
     tests/hostile/test_rootless_workspace.py
     tests/hostile/test_network.py tests/hostile/test_hostile_proxy_and_degraded.py tests/config/test_egress_rules.py
-    tests/hostile/test_rootless_network.py
+    tests/hostile/test_rootless_network.py tests/hostile/test_uncounted_memory.py
     tests/call/test_sessions.py tests/mcp/hosted/test_hosted_sessions.py
   )
 fi

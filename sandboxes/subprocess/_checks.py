@@ -67,9 +67,9 @@ def _workspace_staging(backend: SubprocessSandbox) -> Check:
     return Check("workspace staging", False, detail, fix)
 
 
-def _seccomp() -> Check:
+def _seccomp(memory_counted: bool) -> Check:
     try:
-        size = len(compiled_filter()) // 8
+        size = len(compiled_filter(memory_counted=memory_counted)) // 8
     except SeccompUnavailable as exc:
         return Check("seccomp filter", False, str(exc), "apt-get install libseccomp2")
     return Check("seccomp filter", True, f"compiled with libseccomp, {size} instructions")
@@ -119,7 +119,8 @@ def _probe(backend: SubprocessSandbox) -> Check:
 
 ROOTLESS_LIMITS = (
     "without a cgroup: rlimits (address space, CPU, file size, open files), a process cap "
-    "in the sandbox's user namespace, memory and CPU summed over the tool's processes (polled)"
+    "in the sandbox's user namespace, memory and CPU summed over the tool's processes (polled); "
+    "memfd and System V shared memory, queues and semaphores refused (no process's memory shows them)"
 )
 DELEGATE = "systemd-run --user --scope -p Delegate=yes runner ..."
 
@@ -163,7 +164,7 @@ def machine_checks(backend: SubprocessSandbox) -> list[Check]:
         version = backend.cgroups.version
         controllers = "memory, pids, cpuacct" if version == 1 else "memory, pids, cpu"
         checks.append(Check(f"cgroup v{version}", True, f"per-call cgroups with {controllers}"))
-    checks.append(_seccomp())
+    checks.append(_seccomp(not backend.rlimits_only))
     checks += network_checks()
     for refused in backend.refusals():
         checks.append(Check("sandbox prerequisites", False, refused, "apt-get install util-linux"))

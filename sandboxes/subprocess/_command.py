@@ -130,7 +130,7 @@ class SandboxCommand:
         command = started_shim_argv(SHELL, list(spec.command), cap)
         if owner.bwrap is None:
             raise SandboxUnavailable("bubblewrap is not installed")  # missing_layers says so first
-        seccomp = filter_fd()
+        seccomp = filter_fd(memory_counted=not owner.rlimits_only)
         try:
             inner = bwrap_argv(
                 spec, self._limits, sources, env, seccomp_fd=seccomp, own_network=self.network is not None

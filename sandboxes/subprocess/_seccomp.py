@@ -6,7 +6,8 @@ own sandbox's init (to clear bubblewrap's parent-death signal), ``io_uring``, ``
 ``perf_event_open``, ``userfaultfd``. The filter refuses everything Docker's default
 profile refuses and those, and refuses to make set-uid or set-gid files (a tool granted a
 workspace must not leave one there for a local user to run). Foreign architectures
-(the x32 and i386 entry points of an x86_64 host) kill the process.
+(the x32 and i386 entry points of an x86_64 host) kill the process. Without a cgroup it
+also refuses the memory that no process's resident size shows (``UNCOUNTED_MEMORY``).
 
 libseccomp (``libseccomp2``, in every Debian) does the compiling; it is bound here with
 ctypes through its array-taking entry points, so no variadic call is needed.
@@ -38,6 +39,12 @@ DOCKER_DENIED = (
 # Beyond Docker's default: a tool has no business tracing anything, nor taking another
 # process's descriptors (a session's agent's, say).
 EXTRA_DENIED = ("ptrace", "pidfd_getfd")
+# Refused when nothing charges the call's memory as a whole (no cgroup: the runner sums
+# the resident memory of its processes, ``_tree``). The pages of a memfd or a System V
+# segment no process maps, queued System V messages and semaphore sets show in no
+# process's resident size, and only rlimits far above memory_mb bound them.
+# POSIX shared memory stays: its files are on /dev/shm, a tmpfs of disk_mb.
+UNCOUNTED_MEMORY = ("memfd_create", "memfd_secret", "shmget", "msgget", "semget", "ipc")
 # Refused with ENOSYS so that the C library falls back to a call the filter can inspect:
 # clone3 and openat2 pass their flags in memory, where seccomp cannot look.
 FALLBACK = ("clone3", "openat2", "fchmodat2")
@@ -77,9 +84,10 @@ def _masked(arg: int, bits: int) -> _ArgCmp:
     return _ArgCmp(arg, SCMP_CMP_MASKED_EQ, bits, bits)
 
 
-@functools.lru_cache(maxsize=1)
-def compiled_filter() -> bytes:
-    """The BPF program (one per process; it depends on nothing of a call).
+@functools.lru_cache(maxsize=2)
+def compiled_filter(*, memory_counted: bool) -> bytes:
+    """The BPF program (one per process and mode; it depends on nothing of a call).
+    ``memory_counted``: a cgroup charges the tool's memory (else ``UNCOUNTED_MEMORY``).
 
     Raises:
         SeccompUnavailable: libseccomp cannot be loaded or rejects a rule.
@@ -111,7 +119,7 @@ def compiled_filter() -> bytes:
             raise SeccompUnavailable(f"libseccomp refused the rule for {name}: {os.strerror(-result)}")
 
     try:
-        _add_rules(rule)
+        _add_rules(rule, memory_counted)
         sink = os.memfd_create("runner-seccomp-export", os.MFD_CLOEXEC)
         try:
             result = lib.seccomp_export_bpf(ctx, sink)
@@ -125,9 +133,9 @@ def compiled_filter() -> bytes:
     return program
 
 
-def _add_rules(rule: Callable[..., None]) -> None:
+def _add_rules(rule: Callable[..., None], memory_counted: bool) -> None:
     eperm = _errno_action(errno.EPERM)
-    for name in (*DOCKER_DENIED, *EXTRA_DENIED):
+    for name in (*DOCKER_DENIED, *EXTRA_DENIED, *(() if memory_counted else UNCOUNTED_MEMORY)):
         rule(eperm, name)
     for name in FALLBACK:
         rule(_errno_action(errno.ENOSYS), name)
@@ -142,13 +150,13 @@ def _add_rules(rule: Callable[..., None]) -> None:
                     rule(eperm, name, _masked(flags_arg, creating), _masked(mode_arg, bit))
 
 
-def filter_fd() -> int:
+def filter_fd(*, memory_counted: bool) -> int:
     """A fresh descriptor positioned at the start of the program, for ``bwrap --seccomp``.
 
     Raises:
         SeccompUnavailable: see ``compiled_filter``.
     """
-    return sealed_memfd("runner-seccomp", compiled_filter())
+    return sealed_memfd("runner-seccomp", compiled_filter(memory_counted=memory_counted))
 
 
 def sealed_memfd(name: str, data: bytes) -> int:
