@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import stat
 import time
 from pathlib import Path
@@ -503,3 +504,34 @@ def test_a_leftover_upper_layer_of_locked_folders_is_removed_whole_following_no_
         for folder in (root, *root.rglob("*")) if root.exists() else ():
             if not folder.is_symlink():
                 folder.chmod(0o700)
+
+
+def test_leftover_folders_of_an_earlier_runner_of_this_pid_neither_fail_calls_nor_are_removed(
+    bench: ToolBench,
+) -> None:
+    # A runner with this pid once died leaving its folders (its pid is alive again: ours,
+    # so no sweep takes them): a fresh name is chosen; what is there is not ours to remove.
+    workspace = _workspace(bench)
+    scratch = default_state_dir() / "scratch"
+    scratch.mkdir(mode=0o711, parents=True, exist_ok=True)
+    leftovers = [scratch / f"{os.getpid()}-{n}" for n in range(1, 400)]
+    for folder in leftovers:
+        folder.mkdir(exist_ok=True)
+        (folder / "mark").write_text("not yours")
+    try:
+        _call_tool(bench, "writer", WRITER)
+        _call_tool(bench, "writer", WRITER)
+        assert (workspace / "written").read_text() == "x"
+        assert all((folder / "mark").read_text() == "not yours" for folder in leftovers)
+    finally:
+        for folder in leftovers:
+            shutil.rmtree(folder, ignore_errors=True)
+    assert _stages_left() == []
+
+
+WRITER = """
+import os, sys
+sys.stdin.read()
+open(os.path.join(os.environ["WORKSPACE"], "written"), "w").write("x")
+print("{}")
+"""
