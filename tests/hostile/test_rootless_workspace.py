@@ -10,6 +10,7 @@ runner (``test_hostile_sandbox.py``) and these skip.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import shutil
 import stat
@@ -21,6 +22,7 @@ import pytest
 from conftest import ToolBench
 from support.workspace_attacks import SET_ID_MAKER, swap_a_folder_for_a_symlink_during_the_call
 
+from sandboxes import _staging
 from sandboxes._staging import UserStagedWorkspace, remove_tree
 from sandboxes.subprocess.sandbox import default_state_dir
 
@@ -535,3 +537,20 @@ sys.stdin.read()
 open(os.path.join(os.environ["WORKSPACE"], "written"), "w").write("x")
 print("{}")
 """
+
+
+def test_an_apply_that_fails_is_a_clear_call_error_and_leaves_no_staging_folder(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(*_: Any) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(_staging, "_copy_file", full)
+    _workspace(bench)
+    bench.tool("writer", WRITER, workspace="write")
+    answer = _call(bench, "writer")
+    assert answer["success"] is False
+    error = answer["error"]
+    assert (error["code"], error["details"]["reason"]) == ("EXECUTION_ERROR", "workspace_not_applied"), error
+    assert "No space left on device" in error["message"]
+    assert _stages_left() == []
