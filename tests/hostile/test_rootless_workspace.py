@@ -554,3 +554,44 @@ def test_an_apply_that_fails_is_a_clear_call_error_and_leaves_no_staging_folder(
     assert (error["code"], error["details"]["reason"]) == ("EXECUTION_ERROR", "workspace_not_applied"), error
     assert "No space left on device" in error["message"]
     assert _stages_left() == []
+
+
+def test_a_workspace_path_that_leads_elsewhere_by_launch_fails_the_call_closed(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The writes are applied to the folder opened when the call was prepared; were the
+    # launcher to bind whatever the path leads to by then, the tool would read another.
+    from sandboxes._workspace import GrantedWorkspace
+
+    workspace = _workspace(bench)
+    (workspace / "a_only").write_text("a")
+    moved = bench.root / "moved"
+    opened = GrantedWorkspace.open
+
+    def open_then_move(*args: Any, **kwargs: Any) -> GrantedWorkspace | None:
+        granted = opened(*args, **kwargs)
+        workspace.rename(moved)
+        workspace.mkdir()
+        (workspace / "b_only").write_text("b")
+        return granted
+
+    monkeypatch.setattr(GrantedWorkspace, "open", open_then_move)
+    bench.tool(
+        "looker",
+        """
+        import json, os, sys
+        sys.stdin.read()
+        ws = os.environ["WORKSPACE"]
+        seen = sorted(os.listdir(ws))
+        open(os.path.join(ws, "written"), "w").write("x")
+        print(json.dumps({"seen": seen}))
+        """,
+        workspace="write",
+    )
+    answer = _call(bench, "looker")
+    assert answer["success"] is False, answer
+    assert answer["error"]["details"]["reason"] == "sandbox_unavailable", answer["error"]
+    assert "another folder" in answer["error"]["message"]
+    assert sorted(p.name for p in moved.iterdir()) == ["a_only"]
+    assert sorted(p.name for p in workspace.iterdir()) == ["b_only"]
+    assert _stages_left() == []
