@@ -68,6 +68,10 @@ REASON_RULES: dict[str, CodeRule] = {
     # A dispatched attempt whose cluster node died under it: retried, most likely
     # on another node; not counted, as a dead node says nothing of the tool's health.
     "node_lost": CodeRule(retried=True, retryable=True, counted=False),
+    # The tool ran but its staged workspace writes could not all be applied (the
+    # workspace's disk, its modes): the host's to fix, and a retry would run the tool
+    # again over writes half applied.
+    "workspace_not_applied": CodeRule(retried=False, retryable=False, counted=False),
     # audit.required and the trail cannot be written: refused before any attempt.
     "audit_unavailable": CodeRule(retried=False, retryable=False, counted=False),
 }

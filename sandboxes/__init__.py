@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         ToolRequirements,
         Waits,
         WarmSandbox,
+        WorkspaceNotApplied,
     )
     from sandboxes.session import HoldsSessions, SessionEnd, SessionSandbox
 
@@ -78,6 +79,7 @@ __all__ = [
     "ToolRequirements",
     "Waits",
     "WarmSandbox",
+    "WorkspaceNotApplied",
 ]
 _SESSION_NAMES = frozenset({"HoldsSessions", "SessionEnd", "SessionSandbox"})
 

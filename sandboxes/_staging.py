@@ -42,12 +42,17 @@ _WHITEOUT_RDEV = 0
 # Only the trusted namespace: the overlay is mounted by root without ``userxattr``, so a
 # ``user.overlay.opaque`` is an ordinary attribute any tool may set on its own folder.
 _OPAQUE_XATTR = "trusted.overlay.opaque"
-# An overlay mounted in a user namespace (``userxattr``) marks with this one instead; the
-# overlay refuses it to the tool, and such an upper layer lies outside the sandbox.
+# An overlay mounted in a user namespace (``userxattr``) marks with this one instead. A
+# tool may set it on its own folder too, but the overlay stores the tool's attribute under
+# an escaped name (``user.overlay.overlay.opaque``), so only the overlay's own mark reads
+# as this one in the upper layer.
 USER_OPAQUE_XATTR = "user.overlay.opaque"
 # Folders deeper than this are not applied (and said so on stderr): the apply holds two
 # descriptors per level.
 MAX_APPLY_DEPTH = 64
+# Before a removal, folders deeper than this are moved up first: ``shutil.rmtree`` holds a
+# descriptor and a stack frame per level, and a tool may nest thousands.
+_REMOVAL_DEPTH = 32
 # tmpfs counts data pages only: empty files and folders would cost nothing against
 # ``disk_mb``. This many entries per MB bounds them too.
 INODES_PER_MB = 256
@@ -163,6 +168,7 @@ class UserStagedWorkspace:
         self.root = root
         self.merged = root / "merged"
         self._disk_mb = disk_mb
+        self._made = False  # a folder that stood at ``root`` already is not ours to remove
 
     def create(self) -> None:
         """Raises:
@@ -172,12 +178,17 @@ class UserStagedWorkspace:
             raise StagingUnavailable(f"its folder {self.root} has a ',', ':' or '\\' in its path")
         self.root.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
         self.root.mkdir(mode=0o700)
+        self._made = True
         for name in ("upper", "work", "lower", "merged"):
             (self.root / name).mkdir(mode=0o700)
 
     def apply(self, workspace_fd: int) -> None:
         """Carry at most ``disk_mb`` of the call's writes over (the sandbox is gone by now)."""
-        upper = os.open(self.root / "upper", _OPEN_DIR)
+        root = os.open(self.root, _OPEN_DIR)
+        try:
+            upper = _open_up(root, "upper", _OPEN_DIR, stat.S_IRWXU)  # the tool may chmod its /workspace
+        finally:
+            os.close(root)
         try:
             entries = max(1024, self._disk_mb * INODES_PER_MB)
             budget = _Budget(USER_OPAQUE_XATTR, self._disk_mb * 1024 * 1024, entries)
@@ -187,26 +198,78 @@ class UserStagedWorkspace:
 
     def remove(self) -> None:
         """Remove the folder. Safe to call twice."""
-        remove_tree(self.root)
+        if self._made:
+            remove_tree(self.root)
 
 
 def remove_tree(root: Path) -> None:
-    """Remove ``root``, an upper layer's folder, though the overlay left its ``work/work``
-    unreadable (mode 000). Symlinks in it are removed, never followed."""
+    """Remove ``root``, a folder of the runner's (an upper layer's, a tool's scratch), though
+    folders in it keep the runner's user out: the overlay leaves ``work/work`` mode 000, a
+    tool its folders 0555 or 000. Symlinks in it are removed, never followed."""
     with contextlib.suppress(OSError):
         # By descriptor, following nothing: a tool's scratch may be swapped while it is swept.
-        # (O_PATH: the folder is mode 000, so it cannot be opened for reading.)
-        parent = os.open(root / "work", _OPEN_DIR)
+        parent = os.open(root.parent, _OPEN_DIR & ~os.O_NOFOLLOW)
         try:
-            work = os.open("work", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
-            try:
-                if stat.S_ISDIR(os.fstat(work).st_mode):
-                    Path(f"/proc/self/fd/{work}").chmod(0o700)  # the inode opened, not a path
-            finally:
-                os.close(work)
+            top = _open_up(parent, root.name, _OPEN_DIR, stat.S_IRWXU)
         finally:
             os.close(parent)
+        try:
+            _open_up_tree(top)
+        finally:
+            os.close(top)
     shutil.rmtree(root, ignore_errors=True)
+
+
+def _open_up(parent: int, name: str, flags: int, needed: int) -> int:
+    """``name`` in folder ``parent`` (a folder, or with ``flags`` not asking one, a regular
+    file), opened with ``flags`` once its mode has the bits ``needed``. What the runner
+    applies and removes is its own, but without root its own modes keep it out like anyone.
+    Never follows a symlink: the bits are added to, and the folder reopened from, the inode
+    opened (``O_PATH``, which needs no right on it), never a path."""
+    handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    try:
+        mode = os.fstat(handle).st_mode
+        folder = bool(flags & os.O_DIRECTORY)
+        if not (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode)):
+            code = errno.ELOOP if stat.S_ISLNK(mode) else errno.ENOTDIR if folder else errno.EINVAL
+            raise OSError(code, os.strerror(code), name)
+        if mode & needed != needed and os.geteuid() != 0:
+            Path(f"/proc/self/fd/{handle}").chmod(stat.S_IMODE(mode) | needed)
+        return os.open(f"/proc/self/fd/{handle}", (flags | os.O_CLOEXEC) & ~os.O_NOFOLLOW)
+    finally:
+        os.close(handle)
+
+
+def _open_up_tree(top: int) -> None:
+    """Give every folder under ``top`` u+rwx, so that all of it can be removed; those deeper
+    than ``_REMOVAL_DEPTH`` are moved up into ``top`` first."""
+    moved: list[str] = []
+    _open_up_folder(top, top, 0, moved)
+    while moved:
+        with contextlib.suppress(OSError):
+            folder = os.open(moved.pop(), _OPEN_DIR, dir_fd=top)
+            try:
+                _open_up_folder(top, folder, 1, moved)
+            finally:
+                os.close(folder)
+
+
+def _open_up_folder(top: int, folder: int, depth: int, moved: list[str]) -> None:
+    with os.scandir(folder) as entries:  # streamed, as the apply's
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):
+                child = _open_up(folder, entry.name, _OPEN_DIR, stat.S_IRWXU)
+                try:
+                    if depth + 1 < _REMOVAL_DEPTH:
+                        _open_up_folder(top, child, depth + 1, moved)
+                    else:
+                        fresh = f".runner-deep-{secrets.token_hex(12)}"
+                        os.rename(entry.name, fresh, src_dir_fd=folder, dst_dir_fd=top)
+                        moved.append(fresh)
+                finally:
+                    os.close(child)
 
 
 def remove_stale(ws_root: Path, is_stale: Callable[[str], bool]) -> None:
@@ -227,7 +290,15 @@ def _remove_entry(parent: int, name: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISDIR(info.st_mode):
-        shutil.rmtree(name, dir_fd=parent)  # fd-based, never leaves the tree by a symlink
+        try:
+            shutil.rmtree(name, dir_fd=parent)  # fd-based, never leaves the tree by a symlink
+        except PermissionError:  # a folder in it keeps a runner that is not root out
+            folder = _open_up(parent, name, _OPEN_DIR, stat.S_IRWXU)
+            try:
+                _open_up_tree(folder)
+            finally:
+                os.close(folder)
+            shutil.rmtree(name, dir_fd=parent)
     else:
         os.unlink(name, dir_fd=parent)
 
@@ -239,14 +310,16 @@ def _is_opaque(folder: int, xattr: str) -> bool:
         return False
 
 
-def _open_or_make_folder(parent: int, name: str, mode: int) -> int:
+def _open_or_make_folder(parent: int, name: str) -> int:
+    """The folder ``name`` to apply into, made if need be, which the runner may write: its
+    mode is the upper layer's, set once its entries are in (a 0555 one would refuse them)."""
     try:
-        return os.open(name, _OPEN_DIR, dir_fd=parent)
+        return _open_up(parent, name, _OPEN_DIR, stat.S_IRWXU)
     except OSError as exc:
         if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
             raise
     _remove_entry(parent, name)  # a symlink or a file stood where a folder is wanted
-    os.mkdir(name, mode & 0o777, dir_fd=parent)
+    os.mkdir(name, 0o700, dir_fd=parent)
     return os.open(name, _OPEN_DIR, dir_fd=parent)
 
 
@@ -270,7 +343,7 @@ def _own(target: int, info: os.stat_result) -> None:
 
 
 def _copy_file(source_dir: int, dest_dir: int, name: str, info: os.stat_result) -> None:
-    source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=source_dir)
+    source = _open_up(source_dir, name, os.O_RDONLY, stat.S_IRUSR)
     try:
         temporary, target = _create_temporary(dest_dir)
         try:
@@ -331,9 +404,9 @@ def _apply_entry(source_dir: int, dest_dir: int, name: str, budget: _Budget, dep
     elif not budget.take(info.st_size if stat.S_ISREG(mode) else 0):
         return
     elif stat.S_ISDIR(mode):
-        source = os.open(name, _OPEN_DIR, dir_fd=source_dir)
+        source = _open_up(source_dir, name, _OPEN_DIR, stat.S_IRWXU)  # ``mode`` is as it was
         try:
-            target = _open_or_make_folder(dest_dir, name, mode)
+            target = _open_or_make_folder(dest_dir, name)
             try:
                 if _is_opaque(source, budget.opaque_xattr):  # replaced as a whole in the sandbox
                     for child in os.listdir(target):  # noqa: PTH208 - by descriptor

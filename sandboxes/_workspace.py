@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sandboxes._identity import SANDBOX_GID
 from sandboxes._staging import StagedWorkspace, StagingUnavailable, UserStagedWorkspace, staging_root
-from sandboxes.base import LaunchSpec, SandboxUnavailable
+from sandboxes.base import LaunchSpec, SandboxUnavailable, WorkspaceNotApplied
 
 _TRUSTED_OWNERS = frozenset({0, os.geteuid()})
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -193,7 +193,11 @@ class GrantedWorkspace:
 
     def release(self) -> None:
         """After the sandbox is gone: apply staged writes, or clear set-id files left by
-        direct ones; then let go of everything. Safe to call twice."""
+        direct ones; then let go of everything. Safe to call twice.
+
+        Raises:
+            WorkspaceNotApplied: the staged writes could not all be applied (all is let go).
+        """
         if self.fd < 0:
             return
         try:
@@ -201,6 +205,9 @@ class GrantedWorkspace:
             if stage is not None:
                 try:
                     stage.apply(self.fd)
+                except OSError as exc:
+                    message = f"the workspace writes could not all be applied: {exc.strerror or exc}"
+                    raise WorkspaceNotApplied(message) from exc
                 finally:
                     stage.remove()
             elif self.mode == "write":

@@ -36,6 +36,9 @@ class StopReason(enum.StrEnum):
     # The cluster node running the sandbox was lost in the middle of the run (dispatch: a
     # dispatched call); ``message`` says which node. Nothing of the tool's doing.
     NODE_LOST = "node_lost"
+    # The tool ran, but its staged workspace writes could not all be applied once its
+    # sandbox was gone (``message`` says why); some may have been. Nothing of the tool's doing.
+    WORKSPACE_NOT_APPLIED = "workspace_not_applied"
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,14 @@ class SandboxUnavailable(Exception):
         self.message = message
 
 
+class WorkspaceNotApplied(Exception):
+    """Raised by ``close``: the call's staged workspace writes could not all be applied."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 class PreparedSandbox(Protocol):
     """A sandbox made ready for one call."""
 
@@ -135,7 +146,11 @@ class PreparedSandbox(Protocol):
         ...
 
     async def close(self) -> None:
-        """Kill whatever is left and release every resource. Safe to call twice."""
+        """Kill whatever is left and release every resource. Safe to call twice.
+
+        Raises:
+            WorkspaceNotApplied: everything was released, but the writes were not all applied.
+        """
         ...
 
 

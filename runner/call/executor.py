@@ -34,6 +34,7 @@ from sandboxes import (
     SandboxOutcome,
     SandboxUnavailable,
     StopReason,
+    WorkspaceNotApplied,
 )
 from sandboxes.cancellation import finish_shielded
 from sandboxes.events import EventSink, StreamsEvents
@@ -313,7 +314,10 @@ async def run_attempt(
     except BaseException as exc:  # cancelled, or a fault: torn down first either way
         await _close(prepared, exc if isinstance(exc, asyncio.CancelledError) else None)
         raise
-    await _close(prepared, None)
+    try:
+        await _close(prepared, None)
+    except WorkspaceNotApplied as exc:  # whatever the tool's own ending: its writes are half there
+        return replace(outcome, reason=StopReason.WORKSPACE_NOT_APPLIED, message=exc.message)
     return outcome
 
 

@@ -24,6 +24,7 @@ _REASON_TEXT = {
     StopReason.NOT_EXECUTABLE: "could not be started: {program}: {message}",
     StopReason.SANDBOX_UNAVAILABLE: "could not be started: {message}",
     StopReason.NODE_LOST: "lost the cluster node it ran on: {message}",
+    StopReason.WORKSPACE_NOT_APPLIED: "ran, but {message}",
 }
 
 

@@ -59,9 +59,13 @@ def _workspace_staging(backend: SubprocessSandbox) -> Check:
             stage.create()
         except (OSError, StagingUnavailable) as exc:
             return Check("workspace staging", False, str(exc)[:160], fix)
-        staging = user_overlay_argv(backend.user_unshare, "/bin/sh", stage.root, workspace)
-        ok, detail = _run([*staging, "true"])
-        stage.remove()
+        opened = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            staging = user_overlay_argv(backend.user_unshare, "/bin/sh", stage.root, workspace, opened)
+            ok, detail = _run([*staging, "true"])
+        finally:
+            os.close(opened)
+            stage.remove()
     if ok:
         return Check("workspace staging", True, "write grants staged in an overlay in a user namespace")
     return Check("workspace staging", False, detail, fix)

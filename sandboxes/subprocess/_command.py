@@ -156,8 +156,9 @@ class SandboxCommand:
             raise SandboxUnavailable(
                 "unshare is not installed (apt-get install util-linux): a workspace write grant needs it"
             )
-        stage, source = self._workspace.user_stage.root, self._workspace.source
-        return user_overlay_argv(self._owner.user_unshare, SHELL, stage, source) + argv
+        workspace, stage = self._workspace, self._workspace.user_stage.root
+        unshare = self._owner.user_unshare
+        return user_overlay_argv(unshare, SHELL, stage, workspace.source, workspace.fd) + argv
 
     def _entering_network(self, argv: list[str]) -> list[str]:
         """Join the sandbox's own network namespace first (as root), when it has one."""

@@ -24,6 +24,7 @@ parts arrive as argv or ``RUNNER_*`` variables.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -70,11 +71,21 @@ exec "$@"
 # (``unshare --map-root-user``): the workspace bound onto the stage's ``lower`` and an
 # overlay of it mounted on ``merged``, its upper layer a folder of the runner's, which the
 # runner applies once the sandbox is gone (``sandboxes._staging.UserStagedWorkspace``).
+# The runner applies to the folder it opened, and the bind goes by path (a descriptor of
+# the runner's cannot be bound from this namespace): a path that leads elsewhere by now
+# fails the launch, so the tool never reads one folder while its writes go to another.
 USER_OVERLAY_SCRIPT = r"""
-stage=$1 workspace=$2
-shift 2
-mount --bind "$workspace" "$stage/lower" &&
-  mount -t overlay -o "lowerdir=$stage/lower,upperdir=$stage/upper,workdir=$stage/work,userxattr" \
+stage=$1 workspace=$2 opened=$3
+shift 3
+mount --bind "$workspace" "$stage/lower" || {
+  echo "runner-launch: cannot stage the workspace" >&2
+  exit 125
+}
+[ "$(stat -c %d:%i "$stage/lower")" = "$opened" ] || {
+  echo "runner-launch: cannot stage the workspace: its path leads to another folder than the one opened" >&2
+  exit 125
+}
+mount -t overlay -o "lowerdir=$stage/lower,upperdir=$stage/upper,workdir=$stage/work,userxattr" \
     overlay "$stage/merged" || {
   echo "runner-launch: cannot stage the workspace (an overlay in a user namespace needs Linux 5.11)" >&2
   exit 125
@@ -141,11 +152,14 @@ def launcher_argv(shell: str, argv: list[str], unshare: str | None) -> list[str]
     return [unshare, "--mount", "--propagation", "private", "--", *launch]
 
 
-def user_overlay_argv(unshare: str, shell: str, stage: Path, workspace: Path) -> list[str]:
-    """What runs ``USER_OVERLAY_SCRIPT`` in a user and mount namespace of its own; the
-    command to start there follows."""
+def user_overlay_argv(unshare: str, shell: str, stage: Path, workspace: Path, opened: int) -> list[str]:
+    """What runs ``USER_OVERLAY_SCRIPT`` in a user and mount namespace of its own, over the
+    folder ``workspace`` that the runner has open as ``opened``; the command to start there
+    follows."""
     namespaces = [unshare, "--user", "--map-root-user", "--mount", "--propagation=private", "--"]
-    return [*namespaces, shell, "-c", USER_OVERLAY_SCRIPT, "runner-overlay", str(stage), str(workspace)]
+    info = os.fstat(opened)
+    script = [shell, "-c", USER_OVERLAY_SCRIPT, "runner-overlay", str(stage), str(workspace)]
+    return [*namespaces, *script, f"{info.st_dev}:{info.st_ino}"]
 
 
 def started_shim_argv(shell: str, command: list[str], process_cap: int | None = None) -> list[str]:

@@ -53,6 +53,10 @@ from sandboxes.subprocess._staged_folders import FolderId, StagedFolders, folder
 
 __all__ = ["PreparedSubprocess", "SubprocessConfig", "SubprocessSandbox", "create", "default_state_dir"]
 
+# One sequence for every backend of the process: the names of the folders of their calls
+# (``<pid>-<n>``, which the sweeps read the owner from) never meet.
+_NAMES = itertools.count(1)
+
 
 def default_state_dir() -> Path:
     """``/run/runner`` as root; else ``$XDG_RUNTIME_DIR/runner`` (a relative value is
@@ -96,7 +100,6 @@ class SubprocessSandbox:
         self.config = config or SubprocessConfig()
         self._set_up_lock = threading.Lock()
         self._is_set_up = False
-        self._sequence = itertools.count(1)
         # What is left of a sandbox once all its processes are dead (``PreparedSubprocess.close``).
         self.teardowns = DeferredTeardown("runner-teardown-subprocess")
         self.preparers = Preparers("runner-prepare-subprocess")
@@ -308,4 +311,10 @@ class SubprocessSandbox:
         remove_folders(self.scratch_root, lambda name: not owner_alive(name))
 
     def next_name(self) -> str:
-        return f"{os.getpid()}-{next(self._sequence)}"
+        """A name for a call's folders no backend of this process used: one an earlier
+        runner with this pid left (its sweep is ours, and we live) is passed over, never
+        reused nor removed."""
+        while True:
+            name = f"{os.getpid()}-{next(_NAMES)}"
+            if not any(os.path.lexists(root / name) for root in (self.scratch_root, STAGING_ROOT)):
+                return name

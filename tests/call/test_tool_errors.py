@@ -419,10 +419,11 @@ def test_docker_says_which_program_is_missing(bench: ToolBench, docker_client: A
 def test_the_cases_cover_the_whole_reason_table_with_its_rules() -> None:
     """secret_unavailable: tests/secrets/test_secrets.py; internal: above; audit_unavailable:
     tests/audit/test_audit_logger.py (refused before any attempt); node_lost:
-    tests/dispatch/test_dispatch_ray.py (a Ray node killed under a dispatched call)."""
+    tests/dispatch/test_dispatch_ray.py (a Ray node killed under a dispatched call);
+    workspace_not_applied: tests/hostile/test_rootless_workspace.py (run as a user)."""
     from runner.errors import REASON_RULES
 
-    others = {"internal", "secret_unavailable", "audit_unavailable", "node_lost"}
+    others = {"internal", "secret_unavailable", "audit_unavailable", "node_lost", "workspace_not_applied"}
     assert {case.reason for case in CASES} | others == set(REASON_RULES)
     for case in CASES:
         if case.reason != "tool_error":  # retried on the tool's word, not the table's

@@ -10,7 +10,9 @@ runner (``test_hostile_sandbox.py``) and these skip.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import shutil
 import stat
 import time
 from pathlib import Path
@@ -20,7 +22,8 @@ import pytest
 from conftest import ToolBench
 from support.workspace_attacks import SET_ID_MAKER, swap_a_folder_for_a_symlink_during_the_call
 
-from sandboxes._staging import UserStagedWorkspace
+from sandboxes import _staging
+from sandboxes._staging import UserStagedWorkspace, remove_tree
 from sandboxes.subprocess.sandbox import default_state_dir
 
 pytestmark = pytest.mark.skipif(
@@ -407,4 +410,188 @@ def test_a_kernel_refusing_the_overlay_fails_the_call_closed_never_binding_direc
     assert answer["error"]["details"]["reason"] == "sandbox_unavailable", answer["error"]
     assert "cannot stage the workspace" in answer["error"]["message"]
     assert list(workspace.iterdir()) == []
+    assert _stages_left() == []
+
+
+# What a build tool's cache does (Go's module cache): read-only folders with their files,
+# and, here, a locked folder and a file nobody may read.
+LOCKER = """
+import os, sys
+sys.stdin.read()
+ws = os.environ["WORKSPACE"]
+os.makedirs(os.path.join(ws, "aaa", "sub"))
+open(os.path.join(ws, "aaa", "sub", "f"), "w").write("f")
+os.chmod(os.path.join(ws, "aaa", "sub"), 0o555)
+os.chmod(os.path.join(ws, "aaa"), 0o555)
+os.makedirs(os.path.join(ws, "locked"))
+open(os.path.join(ws, "locked", "big"), "wb").write(b"x" * (5 * 1024 * 1024))
+os.chmod(os.path.join(ws, "locked"), 0)
+open(os.path.join(ws, "unreadable"), "w").write("u")
+os.chmod(os.path.join(ws, "unreadable"), 0)
+open(os.path.join(ws, "zzz"), "w").write("z")
+print("{}")
+"""
+# Then, as ``go clean -modcache``: a read-only folder opened, written and closed again,
+# and read-only trees opened up and removed.
+CLEANER = """
+import os, shutil, sys
+sys.stdin.read()
+ws = os.environ["WORKSPACE"]
+aaa = os.path.join(ws, "aaa")
+os.chmod(aaa, 0o755)
+open(os.path.join(aaa, "new"), "w").write("new")
+os.chmod(os.path.join(aaa, "sub"), 0o755)
+shutil.rmtree(os.path.join(aaa, "sub"))
+os.chmod(aaa, 0o555)
+os.chmod(os.path.join(ws, "locked"), 0o700)
+shutil.rmtree(os.path.join(ws, "locked"))
+print("{}")
+"""
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def test_read_only_and_locked_folders_and_files_are_applied_with_their_modes_and_removed(
+    bench: ToolBench,
+) -> None:
+    workspace = _workspace(bench)
+    try:
+        _call_tool(bench, "locker", LOCKER)
+        assert _stages_left() == []
+        assert sorted(p.name for p in workspace.iterdir()) == ["aaa", "locked", "unreadable", "zzz"]
+        assert (_mode(workspace / "aaa"), _mode(workspace / "aaa" / "sub")) == (0o555, 0o555)
+        assert (workspace / "aaa" / "sub" / "f").read_text() == "f"
+        assert (_mode(workspace / "locked"), _mode(workspace / "unreadable")) == (0, 0)
+        (workspace / "locked").chmod(0o700)
+        assert (workspace / "locked" / "big").stat().st_size == 5 * 1024 * 1024
+        (workspace / "locked").chmod(0)
+        assert (workspace / "zzz").read_text() == "z"
+
+        _call_tool(bench, "cleaner", CLEANER)
+        assert _stages_left() == []
+        assert sorted(p.name for p in workspace.iterdir()) == ["aaa", "unreadable", "zzz"]
+        assert sorted(p.name for p in (workspace / "aaa").iterdir()) == ["new"]
+        assert _mode(workspace / "aaa") == 0o555
+    finally:
+        for folder in (workspace, *workspace.rglob("*")):
+            if not folder.is_symlink():
+                folder.chmod(0o700)
+
+
+def test_a_leftover_upper_layer_of_locked_folders_is_removed_whole_following_no_symlink(
+    tmp_path: Path,
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("keep")
+    outside.chmod(0o500)
+    root = tmp_path / "stage"
+    deep = root / "upper" / "a" / "b"
+    deep.mkdir(parents=True)
+    (deep / "f").write_text("f")
+    (deep / "f").chmod(0)
+    (root / "upper" / "link").symlink_to(outside)
+    (root / "work" / "work" / "inner").mkdir(parents=True)
+    for folder, mode in ((deep, 0o555), (root / "upper" / "a", 0), (root / "work" / "work", 0)):
+        folder.chmod(mode)
+    try:
+        remove_tree(root)
+        assert not root.exists()
+        assert _mode(outside) == 0o500
+        assert (outside / "keep").read_text() == "keep"
+    finally:
+        outside.chmod(0o700)
+        for folder in (root, *root.rglob("*")) if root.exists() else ():
+            if not folder.is_symlink():
+                folder.chmod(0o700)
+
+
+def test_leftover_folders_of_an_earlier_runner_of_this_pid_neither_fail_calls_nor_are_removed(
+    bench: ToolBench,
+) -> None:
+    # A runner with this pid once died leaving its folders (its pid is alive again: ours,
+    # so no sweep takes them): a fresh name is chosen; what is there is not ours to remove.
+    workspace = _workspace(bench)
+    scratch = default_state_dir() / "scratch"
+    scratch.mkdir(mode=0o711, parents=True, exist_ok=True)
+    leftovers = [scratch / f"{os.getpid()}-{n}" for n in range(1, 400)]
+    for folder in leftovers:
+        folder.mkdir(exist_ok=True)
+        (folder / "mark").write_text("not yours")
+    try:
+        _call_tool(bench, "writer", WRITER)
+        _call_tool(bench, "writer", WRITER)
+        assert (workspace / "written").read_text() == "x"
+        assert all((folder / "mark").read_text() == "not yours" for folder in leftovers)
+    finally:
+        for folder in leftovers:
+            shutil.rmtree(folder, ignore_errors=True)
+    assert _stages_left() == []
+
+
+WRITER = """
+import os, sys
+sys.stdin.read()
+open(os.path.join(os.environ["WORKSPACE"], "written"), "w").write("x")
+print("{}")
+"""
+
+
+def test_an_apply_that_fails_is_a_clear_call_error_and_leaves_no_staging_folder(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(*_: Any) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(_staging, "_copy_file", full)
+    _workspace(bench)
+    bench.tool("writer", WRITER, workspace="write")
+    answer = _call(bench, "writer")
+    assert answer["success"] is False
+    error = answer["error"]
+    assert (error["code"], error["details"]["reason"]) == ("EXECUTION_ERROR", "workspace_not_applied"), error
+    assert "No space left on device" in error["message"]
+    assert _stages_left() == []
+
+
+def test_a_workspace_path_that_leads_elsewhere_by_launch_fails_the_call_closed(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The writes are applied to the folder opened when the call was prepared; were the
+    # launcher to bind whatever the path leads to by then, the tool would read another.
+    from sandboxes._workspace import GrantedWorkspace
+
+    workspace = _workspace(bench)
+    (workspace / "a_only").write_text("a")
+    moved = bench.root / "moved"
+    opened = GrantedWorkspace.open
+
+    def open_then_move(*args: Any, **kwargs: Any) -> GrantedWorkspace | None:
+        granted = opened(*args, **kwargs)
+        workspace.rename(moved)
+        workspace.mkdir()
+        (workspace / "b_only").write_text("b")
+        return granted
+
+    monkeypatch.setattr(GrantedWorkspace, "open", open_then_move)
+    bench.tool(
+        "looker",
+        """
+        import json, os, sys
+        sys.stdin.read()
+        ws = os.environ["WORKSPACE"]
+        seen = sorted(os.listdir(ws))
+        open(os.path.join(ws, "written"), "w").write("x")
+        print(json.dumps({"seen": seen}))
+        """,
+        workspace="write",
+    )
+    answer = _call(bench, "looker")
+    assert answer["success"] is False, answer
+    assert answer["error"]["details"]["reason"] == "sandbox_unavailable", answer["error"]
+    assert "another folder" in answer["error"]["message"]
+    assert sorted(p.name for p in moved.iterdir()) == ["a_only"]
+    assert sorted(p.name for p in workspace.iterdir()) == ["b_only"]
     assert _stages_left() == []
