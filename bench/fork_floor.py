@@ -180,7 +180,9 @@ def _sandboxed(bwrap: int) -> tuple[int, int, list[int]]:
 def _untrustworthy(sandbox: tuple[int, int, list[int]], control_inode: int) -> str | None:
     """What the import left that would outlive it in the template, if anything."""
     init, template, others = sandbox
-    if others or template < 0:
+    if template < 0:
+        return "no template process"
+    if others:
         return f"processes besides the template: {others}"
     for kind in NAMESPACES:
         if os.stat(f"/proc/{template}/ns/{kind}").st_ino != os.stat(f"/proc/{init}/ns/{kind}").st_ino:

@@ -21,7 +21,7 @@ import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,7 +39,7 @@ socket.setdefaulttimeout(60)  # a probe that hangs fails instead
 
 
 @pytest.fixture
-def start() -> Iterator[object]:
+def start() -> Iterator[Callable[[str], Template]]:
     made: list[tuple[Template | None, Path]] = []
 
     def start(mode: str) -> Template:
@@ -88,15 +88,13 @@ def assert_no_leak(results: list[tuple[str, dict]]) -> None:
 
 
 @pytest.mark.parametrize("mode", ["audit", "patch", "atfork", "signal"])
-def test_hooks_left_in_the_template_are_inert(start: object, mode: str) -> None:
-    assert callable(start)
+def test_hooks_left_in_the_template_are_inert(start: Callable[[str], Template], mode: str) -> None:
     results = run_calls(start(mode), 6)
     assert_no_leak(results)
     assert all(found.get("answer") == secret for secret, found in results)
 
 
-def test_thread_left_by_the_import_refuses_the_template(start: object) -> None:
-    assert callable(start)
+def test_thread_left_by_the_import_refuses_the_template(start: Callable[[str], Template]) -> None:
     try:
         template = start("thread")
     except TemplateRefused as refused:
@@ -107,22 +105,19 @@ def test_thread_left_by_the_import_refuses_the_template(start: object) -> None:
     pytest.fail("a template with a thread left by the import took calls")
 
 
-def test_shared_memory_and_sockets_carry_nothing(start: object) -> None:
-    assert callable(start)
+def test_shared_memory_and_sockets_carry_nothing(start: Callable[[str], Template]) -> None:
     results = run_calls(start("shared"), 4)
     assert_no_leak(results)
     for _, found in results:
         assert (found["mmap"], found["sysv"], found["socket"]) == ("gone", "gone", "gone"), found
 
 
-def test_files_and_abstract_sockets_carry_nothing(start: object) -> None:
-    assert callable(start)
+def test_files_and_abstract_sockets_carry_nothing(start: Callable[[str], Template]) -> None:
     results = run_calls(start("files"), 6, concurrency=2, hold=0.3)
     assert_no_leak(results)
 
 
-def test_calls_cannot_reach_the_template_or_siblings(start: object) -> None:
-    assert callable(start)
+def test_calls_cannot_reach_the_template_or_siblings(start: Callable[[str], Template]) -> None:
     results = run_calls(start("procs"), 4, concurrency=2, hold=0.5)
     for _, found in results:
         assert found["reached"] == 0, found
@@ -132,6 +127,5 @@ def test_calls_cannot_reach_the_template_or_siblings(start: object) -> None:
 
 
 @pytest.mark.xfail(strict=True, reason="open: an import that never returns is the template")
-def test_takeover(start: object) -> None:
-    assert callable(start)
+def test_takeover(start: Callable[[str], Template]) -> None:
     assert_no_leak(run_calls(start("takeover"), 4))
