@@ -128,6 +128,7 @@ def _reap() -> None:
 
 
 def _python_loop(code: types.CodeType, control_fd: int, filter_fd: int) -> None:
+    """The first prototype's loop, kept so that the probes can show what they catch."""
     import runner_tool  # type: ignore[import-not-found]  # noqa: F401 - the tool's imports, done once here
 
     program = os.pread(filter_fd, os.fstat(filter_fd).st_size, 0)
@@ -161,7 +162,8 @@ def main() -> None:
     os.chdir(tool_dir)
     sys.path.insert(0, tool_dir)
     # Compiled and resolved before the import, so that none of the tool's code runs around
-    # them; what still runs after the import is the ctypes call into the loop (see the doc).
+    # them; what still runs after the import is the ctypes call into the loop (the gap
+    # docs/performance.md describes: the import can take that over).
     with open("main.py", "rb") as file:
         code = compile(file.read(), "main.py", "exec")
     if loop == "--python-loop":
