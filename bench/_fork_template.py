@@ -2,13 +2,17 @@
 fork mode, run by ``bench/fork_floor.py`` inside bubblewrap to measure them. Not part of
 the runner: no tool is ever run this way by it.
 
-    python3 -s _fork_template.py TOOL_DIR CONTROL_FD FILTER_FD
+    python3 -s _fork_template.py TOOL_DIR CONTROL_FD LOOP_SO
+    python3 -s _fork_template.py TOOL_DIR CONTROL_FD --python-loop FILTER_FD
 
-The template imports the tool's helper, compiles (never runs) its ``main.py`` and then
-only waits on CONTROL_FD, a SOCK_SEQPACKET socket: each message carries one descriptor,
-the call's own socket. For each, it forks, forgets the socket, and reaps the calls that
-have ended (it keeps no state of a call). The call's first process then, over its own
-socket:
+The template compiles (never runs) the tool's ``main.py``, imports its helper and then
+enters ``runner_fork_loop`` of LOOP_SO (``bench/_fork_loop.c``), which never comes back
+to Python in the template: it checks it is the only thread, blocks every signal, closes
+every descriptor but CONTROL_FD (a SOCK_SEQPACKET socket), unmaps every shared mapping,
+says it is ready and receives the seccomp program and the tool's folder from the runner.
+Then each message carries one descriptor, the call's own socket; for each it forks and
+reaps the calls that have ended (it keeps no state of a call). The call's first process
+then, in C, over its own socket:
 
 1. sends its pid (SCM_CREDENTIALS, which the kernel translates into the runner's pid
    namespace) and receives the call cgroup's ``tasks`` files, opened by the runner;
@@ -18,10 +22,14 @@ socket:
 3. waits for it and sends its wait status, the runner's one way to learn it.
 
 The call's init (pid 1 of its namespace) mounts a fresh ``/tmp``, ``/dev/shm`` and
-``/proc`` (of its own pid namespace), sets no_new_privs, loads the seccomp filter (which
-refuses ``unshare``, ``mount`` and ``ptrace``), says it is sealed, and only then receives
-stdin, stdout and stderr: the call's input never reaches the template, and tool code
-runs only after the seal.
+``/proc`` (of its own pid namespace), enters the tool's folder, sets no_new_privs, loads
+the seccomp filter (which refuses ``unshare``, ``mount`` and ``ptrace``), says it is
+sealed, and only then receives stdin, stdout and stderr, restores the signal mask and
+runs the interpreter's after-fork work (``PyOS_AfterFork_Child``: the tool's at-fork
+callbacks run there, sealed) before Python runs the tool's ``main.py``.
+
+``--python-loop`` is the earlier loop, in Python, with the filter from FILTER_FD: kept
+so that ``bench/test_fork_hostile.py`` can show what each of its probes catches there.
 """
 
 from __future__ import annotations
@@ -107,12 +115,7 @@ def _call(own: socket.socket, code: types.CodeType, program: bytes) -> None:
         os.dup2(fd, number)
         os.close(fd)
     own.close()
-    helper = sys.modules["runner_tool"]
-    # It noted at import what fds 0-2 were, to know at exit that nothing else is open.
-    helper._STANDARD_FDS = {fd: helper._identity(fd) for fd in (0, 1, 2)}  # type: ignore[attr-defined]
-    sys.argv = ["main.py"]
-    exec(code, {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__})
-    os._exit(0)
+    _run(code)
 
 
 def _reap() -> None:
@@ -124,14 +127,10 @@ def _reap() -> None:
         pass
 
 
-def main() -> None:
-    tool_dir, control_fd, filter_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    os.chdir(tool_dir)
-    sys.path.insert(0, tool_dir)
+def _python_loop(code: types.CodeType, control_fd: int, filter_fd: int) -> None:
+    """The first prototype's loop, kept so that the probes can show what they catch."""
     import runner_tool  # type: ignore[import-not-found]  # noqa: F401 - the tool's imports, done once here
 
-    with open("main.py", "rb") as file:
-        code = compile(file.read(), "main.py", "exec")
     program = os.pread(filter_fd, os.fstat(filter_fd).st_size, 0)
     os.close(filter_fd)
     gc.freeze()  # the collector would touch, and so copy, every page of the template
@@ -146,6 +145,36 @@ def main() -> None:
             _call(socket.socket(fileno=call_fd), code, program)
         os.close(call_fd)
         _reap()
+
+
+def _run(code: types.CodeType) -> None:
+    """The tool's ``main.py``, in a sealed call that holds its stdio."""
+    helper = sys.modules["runner_tool"]
+    # It noted at import what fds 0-2 were, to know at exit that nothing else is open.
+    helper._STANDARD_FDS = {fd: helper._identity(fd) for fd in (0, 1, 2)}
+    sys.argv = ["main.py"]
+    exec(code, {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__})
+    os._exit(0)
+
+
+def main() -> None:
+    tool_dir, control_fd, loop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    os.chdir(tool_dir)
+    sys.path.insert(0, tool_dir)
+    # Compiled and resolved before the import, so that none of the tool's code runs around
+    # them; what still runs after the import is the ctypes call into the loop (the gap
+    # docs/performance.md describes: the import can take that over).
+    with open("main.py", "rb") as file:
+        code = compile(file.read(), "main.py", "exec")
+    if loop == "--python-loop":
+        _python_loop(code, control_fd, int(sys.argv[4]))
+    fork_loop = ctypes.PyDLL(loop).runner_fork_loop  # PyDLL: the GIL stays held
+    fork_loop.argtypes, fork_loop.restype = (ctypes.c_int,), ctypes.c_int
+    import runner_tool  # type: ignore[import-not-found]  # noqa: F401 - the tool's imports, done once here
+
+    gc.freeze()  # the collector would touch, and so copy, every page of the template
+    fork_loop(control_fd)  # returns only in a call's init, sealed
+    _run(code)
 
 
 if __name__ == "__main__":

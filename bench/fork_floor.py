@@ -1,6 +1,6 @@
 """The floor of a fork mode: calls forked from a pre-imported template, next to bare spawns.
 
-    python3 bench/fork_floor.py [--n 60] [--calls 400] [--concurrency 16]
+    python3 bench/fork_floor.py [--n 60] [--calls 400] [--concurrency 16] [--python-loop]
 
 Measures the mechanics a fork mode would use, without the runner (its policy, validation
 and audit add what ``bench/warm_floor.py`` shows): a template of ``add_numbers`` runs in
@@ -10,7 +10,11 @@ descriptors this process opened), fresh user, mount, pid, IPC, network and UTS
 namespaces, a fresh ``/tmp`` and the runner's seccomp filter, before its input exists.
 Rows, sampled in turns: a bare ``python3 main.py`` and a forked call, each answer
 checked. Then throughput: ``--calls`` of each at ``--concurrency`` callers (threads).
-Needs root on cgroup v1 (as the runner's hardened sandboxes do there).
+The template's fork loop is C (``bench/_fork_loop.c``, built here with ``cc``);
+``--python-loop`` measures the earlier loop in Python instead. Before the template gets
+the filter, this process checks it from outside: no other process in its sandbox, its
+namespaces still bubblewrap's, one descriptor open (the control socket), no shared
+mapping. Needs root on cgroup v1 (as the runner's hardened sandboxes do there).
 """
 
 from __future__ import annotations
@@ -36,53 +40,91 @@ sys.path.insert(0, str(REPO))
 from _timing import ADD_PAYLOAD, PYTHON, bare_env, print_table, timed_together  # noqa: E402
 
 from sandboxes.subprocess._cgroup import CgroupFactory  # noqa: E402
-from sandboxes.subprocess._seccomp import filter_fd  # noqa: E402
+from sandboxes.subprocess._seccomp import compiled_filter, filter_fd  # noqa: E402
 from sandboxes.view import LIBRARY_SOURCE  # noqa: E402
 
 TEMPLATE = Path(__file__).resolve().parent / "_fork_template.py"
+LOOP_SOURCE = TEMPLATE.parent / "_fork_loop.c"
+LOOP = "_fork_loop.so"
+NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 TOOL_SOURCE = REPO / "runner" / "config" / "starter" / "tools" / "add_numbers"
+if not TOOL_SOURCE.is_dir():
+    TOOL_SOURCE = REPO / "tools" / "add_numbers"
 SANDBOX_UID = 65534
 MEMORY_MB, MAX_PIDS = 128, 64
 
 
-def tool_copy() -> Path:
-    """``add_numbers`` and the tool helper in a folder the sandbox's uid may read."""
+def tool_copy(source: Path = TOOL_SOURCE) -> Path:
+    """The tool (``add_numbers``), the tool helper, the template and its loop, built, in a
+    folder the sandbox's uid may read."""
     folder = Path(tempfile.mkdtemp(prefix="runner-fork-"))
     folder.chmod(0o755)
-    tool = folder / "add_numbers"
-    shutil.copytree(TOOL_SOURCE if TOOL_SOURCE.is_dir() else REPO / "tools" / "add_numbers", tool)
-    shutil.copy(LIBRARY_SOURCE / "runner_tool.py", tool / "runner_tool.py")
+    tool = folder / source.name
+    shutil.copytree(source, tool)
+    if not (tool / "runner_tool.py").exists():
+        shutil.copy(LIBRARY_SOURCE / "runner_tool.py", tool / "runner_tool.py")
     shutil.copy(TEMPLATE, folder / TEMPLATE.name)
-    for path in (tool, *tool.iterdir(), folder / TEMPLATE.name):
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", folder / LOOP, LOOP_SOURCE], check=True)
+    for path in (tool, *tool.iterdir(), folder / TEMPLATE.name, folder / LOOP):
+        path.chmod(0o755 if path.is_dir() or path.suffix == ".so" else 0o644)
     return tool
+
+
+class TemplateRefused(RuntimeError):
+    """The template ended, or failed a check, before taking calls."""
 
 
 class Template:
     """The tool's template in its sandbox, and the calls forked from it."""
 
-    def __init__(self, tool: Path) -> None:
+    def __init__(self, tool: Path, python_loop: bool = False) -> None:
         self._cgroups = CgroupFactory()
         self._lock = threading.Lock()
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        theirs.setblocking(True)  # the loop's end must block, whatever default timeout is set
         seccomp = filter_fd(memory_counted=True)  # root, with a cgroup per call
+        loop = ["--python-loop", str(seccomp)] if python_loop else [str(tool.parent / LOOP)]
+        # Read-only: a call's own mounts cover /tmp, /dev/shm and /dev/pts, but a file it
+        # could write in the template's /dev or /tmp (reached by ../ from its cwd) would be
+        # there for the next call. The Python loop is kept as it was, without.
+        read_only = [] if python_loop else ["--remount-ro", "/tmp", "--remount-ro", "/dev"]
         argv = [
             "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
             "bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--die-with-parent", "--new-session",
             "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
-            "--tmpfs", "/tmp", "--ro-bind", str(tool.parent), str(tool.parent), "--clearenv",
+            "--tmpfs", "/tmp", "--ro-bind", str(tool.parent), str(tool.parent), *read_only, "--clearenv",
             "--", PYTHON, "-s", str(tool.parent / TEMPLATE.name),
-            str(tool), str(theirs.fileno()), str(seccomp),
+            str(tool), str(theirs.fileno()), *loop,
         ]  # fmt: skip
         self.process = subprocess.Popen(argv, pass_fds=(theirs.fileno(), seccomp), stdin=subprocess.DEVNULL)
+        control_inode = os.fstat(theirs.fileno()).st_ino
         theirs.close()
         os.close(seccomp)
+        if not python_loop:
+            try:
+                self._ready(control_inode, tool)
+            except BaseException:
+                self.close()
+                raise
+
+    def _ready(self, control_inode: int, tool: Path) -> None:
+        """Waits for the loop's ready, checks the template from outside, sends the filter."""
+        readable, _, _ = select.select([self._control], [], [], 30)
+        if not readable or self._control.recv(1) != b"r":
+            raise TemplateRefused(f"no ready from the template (exit {self.process.wait(timeout=10)})")
+        template = _sandboxed(self.process.pid)
+        problem = _untrustworthy(template, control_inode)
+        if problem:
+            raise TemplateRefused(problem)
+        program = compiled_filter()
+        self._control.send(struct.pack("I", len(program)) + program + str(tool).encode() + b"\0")
 
     def call(self, payload: bytes) -> tuple[bytes, int]:
         """Stdout and the wait status of one call forked from the template."""
         group = self._cgroups.create(MEMORY_MB, MAX_PIDS)
         mine, theirs = socket.socketpair()
+        theirs.setblocking(True)
         mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         reaper = None
         try:
@@ -115,6 +157,43 @@ class Template:
     def close(self) -> None:
         self._control.close()
         self.process.wait(timeout=10)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def _sandboxed(bwrap: int) -> tuple[int, int, list[int]]:
+    """Bubblewrap's init in the sandbox, the template and every other process there."""
+    (init,) = _children(bwrap)
+    others, todo = [], _children(init)
+    while todo:
+        pid = todo.pop()
+        others.append(pid)
+        todo += _children(pid)
+    return init, others[0] if others else -1, others[1:]
+
+
+def _untrustworthy(sandbox: tuple[int, int, list[int]], control_inode: int) -> str | None:
+    """What the import left that would outlive it in the template, if anything."""
+    init, template, others = sandbox
+    if template < 0:
+        return "no template process"
+    if others:
+        return f"processes besides the template: {others}"
+    for kind in NAMESPACES:
+        if os.stat(f"/proc/{template}/ns/{kind}").st_ino != os.stat(f"/proc/{init}/ns/{kind}").st_ino:
+            return f"the template left bubblewrap's {kind} namespace"
+    fds = os.listdir(f"/proc/{template}/fd")
+    if len(fds) != 1 or os.readlink(f"/proc/{template}/fd/{fds[0]}") != f"socket:[{control_inode}]":
+        return f"descriptors besides the control socket: {fds}"
+    maps = Path(f"/proc/{template}/maps").read_text().splitlines()
+    if any(line.split()[1][3] == "s" for line in maps):
+        return "a shared mapping"
+    return None
 
 
 def _send_fds(sock: socket.socket, tag: bytes, fds: list[int]) -> None:
@@ -157,9 +236,10 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=60)
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--python-loop", action="store_true", help="the earlier loop, in Python")
     args = parser.parse_args()
     tool = tool_copy()
-    template = Template(tool)
+    template = Template(tool, args.python_loop)
     try:
 
         def forked() -> None:

@@ -1,0 +1,131 @@
+"""Hostile tools against the fork template (``bench/fork_floor.py``): each probe runs real
+calls through a template of a tool whose import tries to carry one call's input to a
+later one, and asserts no call's answer holds another call's secret (and the like).
+
+    python3 -m pytest bench/test_fork_hostile.py            # the C loop
+    FORK_LOOP=python python3 -m pytest bench/test_fork_hostile.py   # the earlier loop
+
+Root on cgroup v1, as ``fork_floor.py``. Not collected by the suite (``testpaths``).
+``FORK_LOOP=python`` runs the earlier Python loop, as the prototype had it: there each
+probe is meant to fail, which shows it can. ``test_takeover`` is the gap still open: an
+import that never returns serves the control socket itself, and passes every check
+made from outside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _hostile_tools import write_tool
+from fork_floor import LIBRARY_SOURCE, Template, TemplateRefused, tool_copy
+
+PYTHON_LOOP = os.environ.get("FORK_LOOP") == "python"
+EXIT_THREADS = 121
+
+socket.setdefaulttimeout(60)  # a probe that hangs fails instead
+
+
+@pytest.fixture
+def start() -> Iterator[Callable[[str], Template]]:
+    made: list[tuple[Template | None, Path]] = []
+
+    def start(mode: str) -> Template:
+        scratch = Path(tempfile.mkdtemp(prefix="runner-hostile-"))
+        tool = tool_copy(write_tool(scratch, mode, LIBRARY_SOURCE / "runner_tool.py"))
+        shutil.rmtree(scratch)
+        made.append((None, tool))
+        template = Template(tool, PYTHON_LOOP)
+        made[-1] = (template, tool)
+        return template
+
+    yield start
+    for template, tool in made:
+        if template is not None:
+            template.close()
+        shutil.rmtree(tool.parent, ignore_errors=True)
+
+
+def run_calls(template: Template, n: int, concurrency: int = 1, hold: float = 0) -> list[tuple[str, dict]]:
+    """n calls, each with its own secret: (secret, what it answered)."""
+
+    def one(index: int) -> tuple[str, dict]:
+        secret = f"secret-{index}-{secrets.token_hex(4)}"
+        payload = json.dumps({"secret": secret, "hold": hold}).encode()
+        answer, status = template.call(payload)
+        return secret, (json.loads(answer) if answer else {"status": status})
+
+    with ThreadPoolExecutor(concurrency) as workers:
+        return list(workers.map(one, range(n)))
+
+
+def leaks(results: list[tuple[str, dict]]) -> list[tuple[int, int]]:
+    """(i, j): call i's answer held call j's secret."""
+    texts = [json.dumps(found) for _, found in results]
+    return [
+        (i, j)
+        for i, text in enumerate(texts)
+        for j, (secret, _) in enumerate(results)
+        if i != j and secret in text
+    ]
+
+
+def assert_no_leak(results: list[tuple[str, dict]]) -> None:
+    found = leaks(results)
+    assert not found, f"{len(found)} leaks among {len(results)} calls (i got j's secret): {found}"
+
+
+@pytest.mark.parametrize("mode", ["audit", "patch", "atfork", "signal"])
+def test_hooks_left_in_the_template_are_inert(start: Callable[[str], Template], mode: str) -> None:
+    results = run_calls(start(mode), 6)
+    assert_no_leak(results)
+    assert all(found.get("answer") == secret for secret, found in results)
+
+
+def test_thread_left_by_the_import_refuses_the_template(start: Callable[[str], Template]) -> None:
+    try:
+        template = start("thread")
+    except TemplateRefused as refused:
+        assert f"exit {EXIT_THREADS}" in str(refused)
+        return
+    results = run_calls(template, 6)
+    assert_no_leak(results)
+    pytest.fail("a template with a thread left by the import took calls")
+
+
+def test_shared_memory_and_sockets_carry_nothing(start: Callable[[str], Template]) -> None:
+    results = run_calls(start("shared"), 4)
+    assert_no_leak(results)
+    for _, found in results:
+        assert (found["mmap"], found["sysv"], found["socket"]) == ("gone", "gone", "gone"), found
+
+
+def test_files_and_abstract_sockets_carry_nothing(start: Callable[[str], Template]) -> None:
+    results = run_calls(start("files"), 6, concurrency=2, hold=0.3)
+    assert_no_leak(results)
+
+
+def test_calls_cannot_reach_the_template_or_siblings(start: Callable[[str], Template]) -> None:
+    results = run_calls(start("procs"), 4, concurrency=2, hold=0.5)
+    for _, found in results:
+        assert found["reached"] == 0, found
+        assert found["at_fork"] == [], found
+        assert not found["kill_all"], found
+        assert found["visible"] == [1], found
+
+
+@pytest.mark.xfail(strict=True, reason="open: an import that never returns is the template")
+def test_takeover(start: Callable[[str], Template]) -> None:
+    assert_no_leak(run_calls(start("takeover"), 4))
