@@ -117,7 +117,7 @@ class Template:
         problem = _untrustworthy(template, control_inode)
         if problem:
             raise TemplateRefused(problem)
-        program = compiled_filter()
+        program = compiled_filter(memory_counted=True)
         self._control.send(struct.pack("I", len(program)) + program + str(tool).encode() + b"\0")
 
     def call(self, payload: bytes) -> tuple[bytes, int]:
