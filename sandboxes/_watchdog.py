@@ -252,29 +252,20 @@ OWNER_MARK = "RUNNER_OWNER"
 
 
 def _sweep_marked(owner: int) -> None:
-    """Kill this user's processes whose environment holds ``RUNNER_OWNER=<owner>``, each
-    pinned by a pidfd before its environment is read."""
+    """Kill this user's processes whose environment holds ``RUNNER_OWNER=<owner>``."""
     needle = f"{OWNER_MARK}={owner}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fd = os.pidfd_open(int(entry.name))
-        except OSError:
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-        except OSError:
-            pass  # gone, or not ours to read
-        finally:
-            os.close(fd)
+    _kill_where(lambda entry: needle in (entry / "environ").read_bytes().split(b"\0"))
 
 
 def _sweep_namespaces(inodes: set[int]) -> None:
-    """Kill every process in the pid namespaces ``inodes``, each pinned by a pidfd before
-    its namespace is looked at (its init's death would take the rest with it; all are
-    killed, in case the kernel is slow to)."""
+    """Kill every process in the pid namespaces ``inodes`` (its init's death would take
+    the rest with it; all are killed, in case the kernel is slow to)."""
+    _kill_where(lambda entry: (entry / "ns" / "pid").stat().st_ino in inodes)
+
+
+def _kill_where(wanted: Callable[[Path], bool]) -> None:
+    """SIGKILL each process whose ``/proc`` entry is ``wanted``, each pinned by a pidfd
+    before it is looked at (its pid may be another's by then: the pinned one is dead)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -283,7 +274,7 @@ def _sweep_namespaces(inodes: set[int]) -> None:
         except OSError:
             continue
         try:
-            if (entry / "ns" / "pid").stat().st_ino in inodes:
+            if wanted(entry):
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
         except OSError:
             pass  # gone, or not ours to look at
