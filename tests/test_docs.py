@@ -83,10 +83,12 @@ def test_the_manual_never_points_outside_the_repository(page: Path) -> None:
 
 
 def test_every_test_the_manual_names_exists() -> None:
-    """A guarantee cited with its test must keep a test: a renamed test breaks the claim."""
-    sources = "\n".join(path.read_text(encoding="utf-8") for path in (CHECKOUT / "tests").rglob("test_*.py"))
+    """A guarantee cited with its test must keep a test: a renamed test breaks the claim.
+    The suite's tests, and the benchmarks' own (``bench/``, run by hand)."""
+    test_files = [*(CHECKOUT / "tests").rglob("test_*.py"), *(CHECKOUT / "bench").glob("test_*.py")]
+    sources = "\n".join(path.read_text(encoding="utf-8") for path in test_files)
     defined = set(re.findall(r"^(?:async )?def (test_[a-z0-9_]+)", sources, re.MULTILINE))
-    files = {path.stem for path in (CHECKOUT / "tests").rglob("test_*.py")}
+    files = {path.stem for path in test_files}
     missing = set()
     for page in manual_pages():
         text = page.read_text(encoding="utf-8")
