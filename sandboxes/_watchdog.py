@@ -74,8 +74,8 @@ def watch(kind: str, value: str = "") -> None:
 
     ``kind`` is ``cgroups`` (value: ``<version>:<parent dir>``), ``scratch`` (a folder of
     ``<pid>-*`` entries), ``staging`` (a folder of staged workspaces), ``marked``
-    (processes carrying ``OWNER_MARK``) or ``docker``; a pid namespace is told by
-    ``watch_pid_namespace``.
+    (processes carrying ``OWNER_MARK``) or ``docker``; a sandbox's init is told by
+    ``watch_sandbox_init``.
 
     Raises:
         OSError: the watchdog could not be started; the caller must not start a sandbox.
@@ -94,26 +94,43 @@ def watch(kind: str, value: str = "") -> None:
         _link.told.add(line)
 
 
-def watch_pid_namespace(inode: int) -> None:
-    """Tell the watchdog a rootless sandbox's pid namespace (the inode of its
-    ``/proc/PID/ns/pid``): every process in it is killed should the runner die. Unlike
-    the environment's ``OWNER_MARK``, which a tool can overwrite in the memory of its
-    sandbox's init (same uid, ``/proc/1/mem``), no process can leave its pid namespace.
+def watch_sandbox_init(pid: int, started: int) -> None:
+    """Tell the watchdog a rootless sandbox's init (bubblewrap's pid 1: ``pid`` on the
+    host, started at ``started``, see ``start_time``), which it pins with a pidfd and
+    kills should the runner die: its death takes the sandbox's whole pid namespace. The
+    tool has the init's uid: through
+    ``/proc/1/mem``, which no seccomp filter can refuse, it can erase ``OWNER_MARK`` from
+    the init's environment, clear its parent-death signal and make it non-dumpable, so
+    that nothing of the init can be read any more; a pidfd needs nothing read.
 
     Raises:
         OSError: the watchdog could not be started.
     """
-    _tell(f"pidns\t{inode}\n")
+    _tell(f"init\t{pid}:{started}\n")
 
 
-def forget_pid_namespace(inode: int) -> None:
-    """The sandbox of ``inode`` is gone (its number may be given to another namespace)."""
+def forget_sandbox_init(pid: int, started: int) -> None:
+    """The sandbox of the init ``pid`` (which started at ``started``) is gone."""
     with contextlib.suppress(OSError):
-        _tell(f"pidns-gone\t{inode}\n")
+        _tell(f"init-gone\t{pid}:{started}\n")
+
+
+def start_time(pid: int) -> int:
+    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat``, readable
+    whoever owns the process and however it set itself): a pid and this name a process.
+
+    Raises:
+        OSError: no such process.
+    """
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    try:
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (IndexError, ValueError) as exc:
+        raise OSError(errno.ESRCH, f"unreadable status of {pid}") from exc
 
 
 def _tell(line: str) -> None:
-    # Not remembered in ``told``: a namespace's number comes back once it is freed.
+    # Not remembered in ``told``: each is said once, of one sandbox.
     with _link.lock:
         if _link.owner != os.getpid():
             _spawn()
@@ -257,12 +274,6 @@ def _sweep_marked(owner: int) -> None:
     _kill_where(lambda entry: needle in (entry / "environ").read_bytes().split(b"\0"))
 
 
-def _sweep_namespaces(inodes: set[int]) -> None:
-    """Kill every process in the pid namespaces ``inodes`` (its init's death would take
-    the rest with it; all are killed, in case the kernel is slow to)."""
-    _kill_where(lambda entry: (entry / "ns" / "pid").stat().st_ino in inodes)
-
-
 def _kill_where(wanted: Callable[[Path], bool]) -> None:
     """SIGKILL each process whose ``/proc`` entry is ``wanted``, each pinned by a pidfd
     before it is looked at (its pid may be another's by then: the pinned one is dead)."""
@@ -283,13 +294,40 @@ def _kill_where(wanted: Callable[[Path], bool]) -> None:
 
 
 def _sweep_processes(
-    owner: int, cgroups: Iterable[tuple[int, Path]], marked: bool, namespaces: set[int]
+    owner: int, cgroups: Iterable[tuple[int, Path]], marked: bool, inits: dict[str, int]
 ) -> None:
     _sweep_cgroups(owner, cgroups)
+    for pinned in list(inits.values()):  # each init's death ends its pid namespace
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(pinned, signal.SIGKILL)
     if marked:
         _sweep_marked(owner)
-    if namespaces:
-        _sweep_namespaces(namespaces)
+
+
+def _note_init(inits: dict[str, int], alive: bool, value: str) -> None:
+    if not alive:
+        with contextlib.suppress(KeyError, OSError):
+            os.close(inits.pop(value))
+    elif value not in inits and (pinned := _pin(value)) is not None:
+        inits[value] = pinned
+
+
+def _pin(value: str) -> int | None:
+    """A pidfd of the process ``<pid>:<start time>`` if it is still that process."""
+    pid, _, started = value.partition(":")
+    if not (pid.isdigit() and started.isdigit()):
+        return None
+    try:
+        pinned = os.pidfd_open(int(pid))
+    except OSError:
+        return None
+    try:
+        if start_time(int(pid)) == int(started):  # read after the pin: the pin's process
+            return pinned
+    except OSError:
+        pass
+    os.close(pinned)
+    return None
 
 
 def _quietly(action: Callable[[str], object], cid: str) -> None:
@@ -316,14 +354,12 @@ def main(argv: list[str]) -> int:
         runner = None
     cgroups: list[tuple[int, Path]] = []
     told: dict[str, list[str]] = {"scratch": [], "staging": [], "marked": []}
-    namespaces: set[int] = set()
-    own_namespace = Path("/proc/self/ns/pid").stat().st_ino
+    inits: dict[str, int] = {}  # "<pid>:<start time>": its pidfd
     docker_used = False
     for raw in sys.stdin.buffer:
         kind, _, value = raw.decode(errors="replace").rstrip("\n").partition("\t")
-        if kind in ("pidns", "pidns-gone") and value.isdigit():
-            (namespaces.add if kind == "pidns" else namespaces.discard)(int(value))
-            namespaces.discard(own_namespace)  # never the one the user's own processes are in
+        if kind in ("init", "init-gone"):
+            _note_init(inits, kind == "init", value)
         elif kind == "cgroups":
             version, _, parent = value.partition(":")
             cgroups.append((int(version), Path(parent)))
@@ -338,7 +374,7 @@ def main(argv: list[str]) -> int:
     staging = [Path(value) for value in told["staging"]]
     marked = bool(told["marked"])
     # End of file: the runner exited or was killed. Sweep what it may have left.
-    sweepers = [threading.Thread(target=_sweep_processes, args=(owner, cgroups, marked, namespaces))]
+    sweepers = [threading.Thread(target=_sweep_processes, args=(owner, cgroups, marked, inits))]
     if docker_used:
         sweepers.append(threading.Thread(target=_sweep_docker, args=(owner,)))
     for thread in sweepers:
@@ -350,7 +386,7 @@ def main(argv: list[str]) -> int:
     # after the first sweep. Once the whole process is gone nothing can; sweep again.
     if runner is not None:
         select.select([runner], [], [], FULL_EXIT_WAIT_S)
-        _sweep_processes(owner, cgroups, marked, namespaces)
+        _sweep_processes(owner, cgroups, marked, inits)
     for thread in sweepers:
         thread.join()
     # Last: a staged workspace may be unmounted only once no sandbox of ours can use it.

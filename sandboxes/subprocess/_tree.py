@@ -16,12 +16,11 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import psutil
 
 from sandboxes._streams import TailBuffer
-from sandboxes._watchdog import forget_pid_namespace, watch_pid_namespace
+from sandboxes._watchdog import forget_sandbox_init, start_time, watch_sandbox_init
 from sandboxes.base import Limits
 from sandboxes.events import StderrSplitter
 from sandboxes.subprocess._outcome import out_of_memory
@@ -46,38 +45,37 @@ class ProcessTree:
         self._cpu_seconds = limits.cpu_seconds
         self._root: psutil.Process | None = None
         self._seen: dict[int, psutil.Process] = {}
-        self._namespace: int | None = None  # the sandbox's pid namespace, once seen
+        self._init: tuple[int, int] | None = None  # bubblewrap's pid 1 (pid, start time), once seen
 
     def _members(self) -> list[psutil.Process]:
         if self._root is None:
             self._root = psutil.Process(self._root_pid)
         members = [self._root, *self._root.children(recursive=True)]
         self._seen.update((member.pid, member) for member in members)
-        if self._namespace is None:
-            self._note_namespace(members)
+        if self._init is None:
+            self._note_init(members)
         if len(self._seen) > 2 * len(members) + 256:  # a long session's dead pids, dropped
             self._seen = {pid: seen for pid, seen in self._seen.items() if seen.is_running()}
         return members
 
-    def _note_namespace(self, members: list[psutil.Process]) -> None:
-        """Have the watchdog kill the sandbox's pid namespace should the runner die: a
-        tool can unmark its init (``sandboxes._watchdog.watch_pid_namespace``), and clear
-        the parent-death signal of it, but never leave the namespace. From the first look
-        that finds bubblewrap's init (at the latest the first poll of the limits)."""
-        own = Path("/proc/self/ns/pid").stat().st_ino
+    def _note_init(self, members: list[psutil.Process]) -> None:
+        """Have the watchdog kill the sandbox's init should the runner die: a tool can
+        unmark it and clear its parent-death signal (``watch_sandbox_init``). The init is
+        bubblewrap's child (the launcher execs bubblewrap), found from the first look that
+        shows it, the first poll of the limits at the latest."""
         for member in members[1:]:
-            with contextlib.suppress(OSError):
-                inode = Path(f"/proc/{member.pid}/ns/pid").stat().st_ino
-                if inode != own:
-                    watch_pid_namespace(inode)
-                    self._namespace = inode
+            with contextlib.suppress(psutil.Error, OSError):
+                if member.ppid() == self._root_pid:
+                    started = start_time(member.pid)
+                    watch_sandbox_init(member.pid, started)
+                    self._init = (member.pid, started)
                     return
 
     def _forget(self) -> None:
-        # Every process of the sandbox is gone: its namespace's number is free again.
-        if self._namespace is not None:
-            forget_pid_namespace(self._namespace)
-            self._namespace = None
+        # Every process of the sandbox is gone: the watchdog may let its init go.
+        if self._init is not None:
+            forget_sandbox_init(*self._init)
+            self._init = None
 
     def look(self) -> None:
         """Note the processes there are now (``kill_all`` kills them should the launcher

@@ -200,8 +200,10 @@ def test_containers_of_killed_runners_are_gone_within_a_second(
 
 # The review's second escape: a tool of the same uid as its sandbox's init (bubblewrap's
 # pid 1) opens /proc/1/mem, which the seccomp filter cannot refuse, erases the owner mark
-# from the init's environment and has it clear its own parent-death signal (x86-64 code
-# written at its return address), then stays. Its process name says how far it got.
+# from the init's environment and has it make itself non-dumpable (nothing of it can be
+# read from /proc any more: its environment, its namespaces) and clear its own
+# parent-death signal (x86-64 code written at its return address), then stays. Its
+# process name says how far it got.
 UNMARKING = r"""
 import os, sys, time
 sys.stdin.read()
@@ -218,8 +220,8 @@ try:
     at = env.find(b"RUNNER_OWNER=")
     if at >= 0:
         os.pwrite(mem, b"X", env_start + at)
-    # prctl(PR_SET_PDEATHSIG, 0); then wait4(-1, 0, 0, 0) over and over
-    code = bytes.fromhex("bf01000000" "31f6" "b89d000000" "0f05"
+    # prctl(PR_SET_DUMPABLE, 0); prctl(PR_SET_PDEATHSIG, 0); then wait4(-1, 0, 0, 0) over and over
+    code = bytes.fromhex("bf04000000" "31f6" "b89d000000" "0f05" "bf01000000" "31f6" "b89d000000" "0f05"
                          "48c7c7ffffffff" "31f6" "31d2" "4d31d2" "b83d000000" "0f05" "ebe9")
     os.pwrite(mem, code, pc)
     os.close(mem)
@@ -230,7 +232,11 @@ try:
         os._exit(0)
     os.wait()
     time.sleep(0.5)
-    named("unmarked")
+    try:
+        open("/proc/1/environ", "rb").close()
+        named("unmarked")
+    except PermissionError:
+        named("hidden")
 except Exception as exc:
     named("not-unmarked")
     sys.stderr.write(repr(exc))
@@ -240,7 +246,7 @@ while True:
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the attack writes x86-64 code")
-def test_a_tool_that_unmarks_its_init_and_clears_its_death_signal_still_dies_with_the_runner(
+def test_a_tool_that_unmarks_and_hides_its_init_and_clears_its_death_signal_still_dies_with_the_runner(
     bench: ToolBench,
 ) -> None:
     token = f"unmarking-{uuid.uuid4().hex}"
@@ -248,7 +254,7 @@ def test_a_tool_that_unmarks_its_init_and_clears_its_death_signal_still_dies_wit
     runner = bench.spawn_runner("unmarking", f"req-{token[-12:]}")
     names: set[str] = set()
     deadline = time.monotonic() + 30
-    while not names & {"unmarked", "not-unmarked"} and time.monotonic() < deadline:
+    while not names & {"hidden", "unmarked", "not-unmarked"} and time.monotonic() < deadline:
         time.sleep(0.1)
         names = {_describe_comm(pid) for pid in _alive_with(token)}
     runner.kill()
@@ -257,7 +263,7 @@ def test_a_tool_that_unmarks_its_init_and_clears_its_death_signal_still_dies_wit
     left = _alive_with(token)
     described = [_describe(pid) for pid in left]
     subprocess.run(["kill", "-9", *map(str, left)], check=False)
-    assert names & {"unmarked", "not-unmarked"}, "the tool never got as far as its attack"
+    assert names & {"hidden", "unmarked", "not-unmarked"}, "the tool never got as far as its attack"
     assert described == [], f"the tool outlived its runner (its attack: {names})"
 
 
