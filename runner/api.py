@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,7 @@ from runner.telemetry.labels import RunnerState
 from runner.tools.manifest import Tool
 from runner.tools.registry import Registry
 from sandboxes import Closable, Sandbox
+from sandboxes.cancellation import finish_each
 
 if TYPE_CHECKING:
     from runner.telemetry.metrics import RunnerMetrics
@@ -260,12 +262,10 @@ class Runner:
         self.close()
 
     async def aclose(self) -> None:
-        """Close the runner; safe to call twice. New calls are refused at once; calls
-        still in flight are cancelled (each kills its sandbox, writes ``call.finished``
-        with ``cancelled: true`` and raises ``CancelledError`` to its caller) and waited
-        for; then the backends are closed (no sandbox of theirs is left), the validation
-        threads joined and the audit log closed.
-        """
+        """Close the runner; safe to call twice. New calls are refused at once; calls still
+        in flight are cancelled (each kills its sandbox, writes ``call.finished`` with
+        ``cancelled: true`` and raises ``CancelledError`` to its caller) and waited for; then
+        the sessions and backends are closed, the validation threads joined, the audit log closed."""
         with self._lock:
             if self._closed:
                 return
@@ -279,17 +279,18 @@ class Runner:
                 call.loop.call_soon_threadsafe(call.task.cancel)
         if calls:
             await asyncio.wait([asyncio.wrap_future(call.ended) for call in calls])
-        for session in list(self._sessions.sessions):
-            await session.aclose("runner_closed")
-        await asyncio.to_thread(self._pools.close)  # every warm sandbox discarded
+        steps = [partial(session.aclose, "runner_closed") for session in list(self._sessions.sessions)]
+        steps.append(partial(asyncio.to_thread, self._pools.close))  # every warm sandbox discarded
         if isinstance(self._sandbox_factory, Closable):
-            await self._sandbox_factory.aclose()
-        # Idle by now (every call has ended), unless a validation outlived its call's answer:
-        # it stops at its next keyword. Joined off the loop all the same.
-        await asyncio.to_thread(self._threads.shutdown, wait=True)
-        if self.metrics is not None:
-            self.metrics.unwatch(self._state)
-        self.audit.close()
+            steps.append(self._sandbox_factory.aclose)
+        # Idle by now, unless a validation outlived its call (it stops at its next keyword).
+        steps.append(partial(asyncio.to_thread, self._threads.shutdown, wait=True))
+        try:  # each step whatever one before raised; the audit log closed on every path
+            await finish_each(steps)
+        finally:
+            if self.metrics is not None:
+                self.metrics.unwatch(self._state)
+            self.audit.close()
 
     def close(self) -> None:
         """``aclose`` for synchronous code (from any thread, see ``call``).

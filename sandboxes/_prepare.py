@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
-from sandboxes.base import LaunchSpec, SandboxUnavailable
+from sandboxes.base import LaunchSpec, SandboxUnavailable, WorkspaceNotApplied
 
 
 class _Closable(Protocol):
@@ -89,7 +89,7 @@ async def prepare_in_thread(prepare: Callable[[], C], threads: Preparers) -> C:
     try:
         return await asyncio.shield(work)
     except asyncio.CancelledError:
-        with contextlib.suppress(SandboxUnavailable):
+        with contextlib.suppress(SandboxUnavailable, WorkspaceNotApplied):  # the cancellation goes on
             await (await work).close()
         raise
 

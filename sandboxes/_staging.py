@@ -226,6 +226,11 @@ def _open_up(parent: int, name: str, flags: int, needed: int) -> int:
     applies and removes is its own, but without root its own modes keep it out like anyone.
     Never follows a symlink: the bits are added to, and the folder reopened from, the inode
     opened (``O_PATH``, which needs no right on it), never a path."""
+    return _opened_up(parent, name, flags, needed)[0]
+
+
+def _opened_up(parent: int, name: str, flags: int, needed: int) -> tuple[int, int]:
+    """``_open_up``, and the mode it had before (to be put back through the descriptor)."""
     handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
     try:
         mode = os.fstat(handle).st_mode
@@ -235,7 +240,7 @@ def _open_up(parent: int, name: str, flags: int, needed: int) -> int:
             raise OSError(code, os.strerror(code), name)
         if mode & needed != needed and os.geteuid() != 0:
             Path(f"/proc/self/fd/{handle}").chmod(stat.S_IMODE(mode) | needed)
-        return os.open(f"/proc/self/fd/{handle}", (flags | os.O_CLOEXEC) & ~os.O_NOFOLLOW)
+        return os.open(f"/proc/self/fd/{handle}", (flags | os.O_CLOEXEC) & ~os.O_NOFOLLOW), stat.S_IMODE(mode)
     finally:
         os.close(handle)
 
@@ -293,12 +298,15 @@ def _remove_entry(parent: int, name: str) -> None:
         try:
             shutil.rmtree(name, dir_fd=parent)  # fd-based, never leaves the tree by a symlink
         except PermissionError:  # a folder in it keeps a runner that is not root out
-            folder = _open_up(parent, name, _OPEN_DIR, stat.S_IRWXU)
+            folder, was = _opened_up(parent, name, _OPEN_DIR, stat.S_IRWXU)
             try:
                 _open_up_tree(folder)
+                shutil.rmtree(name, dir_fd=parent)
+            except BaseException:
+                _restore_mode(folder, was)
+                raise
             finally:
                 os.close(folder)
-            shutil.rmtree(name, dir_fd=parent)
     else:
         os.unlink(name, dir_fd=parent)
 
@@ -310,17 +318,24 @@ def _is_opaque(folder: int, xattr: str) -> bool:
         return False
 
 
-def _open_or_make_folder(parent: int, name: str) -> int:
-    """The folder ``name`` to apply into, made if need be, which the runner may write: its
-    mode is the upper layer's, set once its entries are in (a 0555 one would refuse them)."""
+def _restore_mode(fd: int, mode: int) -> None:
+    """After a failure: give the folder ``fd`` back the mode it had (by descriptor)."""
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, mode)
+
+
+def _open_or_make_folder(parent: int, name: str) -> tuple[int, int]:
+    """The folder ``name`` to apply into, made if need be, which the runner may write, and
+    the mode to give it back should the apply fail: its mode is the upper layer's, set once
+    its entries are in (a 0555 one would refuse them)."""
     try:
-        return _open_up(parent, name, _OPEN_DIR, stat.S_IRWXU)
+        return _opened_up(parent, name, _OPEN_DIR, stat.S_IRWXU)
     except OSError as exc:
         if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
             raise
     _remove_entry(parent, name)  # a symlink or a file stood where a folder is wanted
     os.mkdir(name, 0o700, dir_fd=parent)
-    return os.open(name, _OPEN_DIR, dir_fd=parent)
+    return os.open(name, _OPEN_DIR, dir_fd=parent), 0o700
 
 
 def _create_temporary(dest_dir: int) -> tuple[str, int]:
@@ -406,7 +421,7 @@ def _apply_entry(source_dir: int, dest_dir: int, name: str, budget: _Budget, dep
     elif stat.S_ISDIR(mode):
         source = _open_up(source_dir, name, _OPEN_DIR, stat.S_IRWXU)  # ``mode`` is as it was
         try:
-            target = _open_or_make_folder(dest_dir, name)
+            target, was = _open_or_make_folder(dest_dir, name)
             try:
                 if _is_opaque(source, budget.opaque_xattr):  # replaced as a whole in the sandbox
                     for child in os.listdir(target):  # noqa: PTH208 - by descriptor
@@ -414,6 +429,9 @@ def _apply_entry(source_dir: int, dest_dir: int, name: str, budget: _Budget, dep
                 _apply_folder(source, target, budget, depth + 1)
                 _own(target, info)
                 os.fchmod(target, stat.S_IMODE(mode) & ~stat.S_ISUID)
+            except BaseException:
+                _restore_mode(target, was)  # not left opened up by a failure midway
+                raise
             finally:
                 os.close(target)
         finally:

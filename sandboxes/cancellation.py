@@ -9,7 +9,7 @@ work is done. A backend may use it for its own ``close`` too.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -40,3 +40,21 @@ async def finish_shielded(work: Awaitable[T]) -> T:
     if failure is not None:
         raise cancelled from failure
     raise cancelled
+
+
+async def finish_each(steps: Iterable[Callable[[], Awaitable[object]]]) -> None:
+    """Await each of ``steps`` in turn, each whatever the ones before raised (a close loop:
+    one failure must not leave the rest open); then raise the first error, if any.
+
+    Raises:
+        BaseException: the first that a step raised.
+    """
+    first: BaseException | None = None
+    for step in steps:
+        try:
+            await step()
+        except BaseException as exc:  # raised once every step has run
+            if first is None:
+                first = exc
+    if first is not None:
+        raise first

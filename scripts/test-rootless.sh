@@ -38,7 +38,7 @@ if [ ${#tests[@]} -eq 0 ]; then
     tests/hostile/test_rootless_workspace.py
     tests/hostile/test_network.py tests/hostile/test_hostile_proxy_and_degraded.py tests/config/test_egress_rules.py
     tests/hostile/test_rootless_network.py tests/hostile/test_uncounted_memory.py
-    tests/call/test_sessions.py tests/mcp/hosted/test_hosted_sessions.py
+    tests/call/test_sessions.py tests/call/test_session_apply.py tests/mcp/hosted/test_hosted_sessions.py
   )
 fi
 

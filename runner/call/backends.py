@@ -22,6 +22,7 @@ from sandboxes import (
     ToolRequirements,
     plugins,
 )
+from sandboxes.cancellation import finish_each
 
 
 class UnusableSandbox:
@@ -99,6 +100,4 @@ class Backends:
         """Close every backend that holds something (pools, connections)."""
         with self._lock:
             built = list(self._built.values())
-        for backend in built:
-            if isinstance(backend, Closable):
-                await backend.aclose()
+        await finish_each(backend.aclose for backend in built if isinstance(backend, Closable))

@@ -17,12 +17,13 @@ tool opens a new one and says so (``sessionRestarted``). ``SessionCounts`` bound
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 import threading
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from runner.audit.log import AuditLog
 from runner.call.hosted_sessions import HostedServer
@@ -41,8 +42,9 @@ from sandboxes import (
     SandboxUnavailable,
     SessionEnd,
     SessionSandbox,
+    WorkspaceNotApplied,
 )
-from sandboxes.cancellation import finish_shielded
+from sandboxes.cancellation import finish_each, finish_shielded
 from sandboxes.events import EventSink
 
 # How often expiry is looked at, as a share of the shortest of idle_ms and max_ms, within
@@ -175,8 +177,7 @@ class CallSession:
         sweeper, self._sweeper = self._sweeper, None
         if sweeper is not None:
             sweeper.cancel()
-        for tool_name in list(self._held):
-            await self._drop(tool_name, reason)
+        await finish_each(functools.partial(self._drop, name, reason) for name in list(self._held))
 
     async def take(
         self, tool_name: str, backend: Sandbox, open_: Opener, note: SessionNote | None
@@ -242,8 +243,12 @@ class CallSession:
             return
         if reason != "ended":
             self._lost.add(tool_name)
+        not_applied: dict[str, Any] = {}
         try:
             await finish_shielded(held.sandbox.close())
+        except WorkspaceNotApplied as exc:  # the session's writes, no one call's: told here alone
+            not_applied["workspaceNotApplied"] = exc.message
+            self.audit.operator.warn(f"session {self.id} tool {tool_name}: {exc.message}")
         finally:
             self.counts.release(self.owner)
             self.audit.emit(
@@ -253,6 +258,7 @@ class CallSession:
                 reason=reason,
                 calls=held.calls,
                 duration=round((self.clock.monotonic() - held.opened) * 1000),
+                **not_applied,
             )
 
     def _expired(self, held: _Held) -> str | None:

@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxes._exchange import PayloadExchange
 from sandboxes._exec_status import new_token
-from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
+from sandboxes.base import (
+    LaunchSpec,
+    Limits,
+    SandboxOutcome,
+    SandboxUnavailable,
+    StopReason,
+    WorkspaceNotApplied,
+)
 from sandboxes.cancellation import finish_shielded
 from sandboxes.docker._attach import Attached
 from sandboxes.docker._client import daemon_call, daemon_failures
@@ -70,7 +77,8 @@ async def open_session(owner: DockerSandbox, spec: LaunchSpec, limits: Limits) -
         await finish_shielded(asyncio.to_thread(prepared.start_waiting))
         session.start_ahead()
     except BaseException:
-        await finish_shielded(session.close())
+        with contextlib.suppress(WorkspaceNotApplied):  # what failed the opening is what is said
+            await finish_shielded(session.close())
         raise
     return session
 

@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING
 
 from sandboxes._exchange import PayloadExchange
 from sandboxes._exec_status import new_token, token_line
-from sandboxes.base import LaunchSpec, Limits, SandboxOutcome, SandboxUnavailable, StopReason
+from sandboxes.base import (
+    LaunchSpec,
+    Limits,
+    SandboxOutcome,
+    SandboxUnavailable,
+    StopReason,
+    WorkspaceNotApplied,
+)
 from sandboxes.cancellation import finish_shielded
 from sandboxes.events import EventSink
 from sandboxes.session import SessionEnd
@@ -85,7 +92,8 @@ async def open_session(owner: SubprocessSandbox, spec: LaunchSpec, limits: Limit
     except BaseException:
         with contextlib.suppress(OSError):
             os.close(theirs_fd)  # still ours if the launch never came
-        await finish_shielded(session.close())
+        with contextlib.suppress(WorkspaceNotApplied):  # what failed the opening is what is said
+            await finish_shielded(session.close())
         raise
     return session
 

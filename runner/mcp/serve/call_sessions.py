@@ -18,6 +18,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from runner.api import Runner
 from runner.call.session_scope import Session
+from sandboxes.cancellation import finish_each
 
 MCP_SESSION_HEADER = "mcp-session-id"
 STDIO_SESSION = ""  # the key of the one session of a stdio connection
@@ -58,9 +59,8 @@ class McpSessions:
 
     async def end(self, mcp_session: str) -> None:
         """The MCP session ended: so does its runner session (safe to call twice)."""
-        for key in [key for key in self._open if key[1] == mcp_session]:
-            await self._open.pop(key).aclose()
+        ended = [key for key in self._open if key[1] == mcp_session]
+        await finish_each(self._open.pop(key).aclose for key in ended)  # each, whatever one raised
 
     async def end_all(self) -> None:
-        for key in list(self._open):
-            await self._open.pop(key).aclose()
+        await finish_each(self._open.pop(key).aclose for key in list(self._open))  # each, whatever one raised
