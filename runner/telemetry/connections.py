@@ -5,7 +5,8 @@ A local user without a token can open connections and send nothing. Unbounded, t
 up the process's file descriptors (the default soft ``RLIMIT_NOFILE`` is 1024) and the
 runner can no longer start a sandbox. So each listener has a ``ConnectionGate``:
 
-- at most ``max_open`` connections in all and ``max_per_peer`` from one IP address;
+- at most ``max_open`` connections in all and ``max_per_peer`` from one IP address (at
+  most half of ``max_open``);
 - a connection that has not yet been *trusted* (its request passed the token check, or a
   valid scrape on the metrics listener) is the first to go: when a cap is reached, a new
   connection closes the oldest idle untrusted one (of the same peer for the per-peer cap)
@@ -69,10 +70,12 @@ class ConnectionLimits:
 
     def within(self, descriptors: int, listeners: int) -> ConnectionLimits:
         """These limits, lowered so that ``listeners`` listeners together hold at most
-        ``LISTENERS_SHARE`` of ``descriptors``."""
+        ``LISTENERS_SHARE`` of ``descriptors``, and one address at most half of a
+        listener's: a flood from one address then never fills the listener, so it only
+        ever evicts its own connections, never another address's new one."""
         share = max(MIN_OPEN, int(descriptors * LISTENERS_SHARE) // max(1, listeners))
         most = min(self.max_open, share)
-        return replace(self, max_open=most, max_per_peer=min(self.max_per_peer, most))
+        return replace(self, max_open=most, max_per_peer=min(self.max_per_peer, max(1, most // 2)))
 
 
 def raise_descriptor_limit() -> int:
