@@ -169,3 +169,20 @@ def test_a_tool_cannot_fill_its_scratch_with_empty_files_without_a_cgroup(
     assert {"nosuid", "nodev"} <= set(result["options"][-1].split(",")), answer
     entries = max(1024, SCRATCH_DISK_MB * INODES_PER_MB)
     assert entries // 2 <= result["made"] <= entries, answer
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="about a runner that is not root: scripts/test-rootless.sh")
+def test_a_kernel_refusing_the_bounded_tmpfs_fails_the_call_closed(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An option this kernel does not know stands for one that refuses the mount: the call
+    # is sandbox_unavailable, never run on bubblewrap's tmpfs bounded in size only.
+    from sandboxes.subprocess import _launch
+
+    script = _launch.USER_TMPFS_SCRIPT.replace("nr_inodes=", "nosuch=")
+    monkeypatch.setattr(_launch, "USER_TMPFS_SCRIPT", script)
+    bench.tool("filler", FILLER, command=["python3", "main.py", "/tmp"], limits={"disk_mb": SCRATCH_DISK_MB})
+    answer = bench.runner().handle({"toolName": "filler", "options": {"retries": 0}})
+    assert answer["success"] is False, answer
+    assert answer["error"]["details"]["reason"] == "sandbox_unavailable", answer["error"]
+    assert "nr_inodes" in answer["error"]["message"], answer["error"]
