@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sandboxes._staging import INODES_PER_MB
 from sandboxes._watchdog import OWNER_MARK
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import LaunchSpec, Limits, SandboxUnavailable
@@ -18,11 +19,12 @@ from sandboxes.subprocess._cgroup import CallCgroup
 from sandboxes.subprocess._launch import (
     ROOTLESS_NOFILE,
     ROOTLESS_VMEM_FACTOR,
+    UserTmpfs,
     carried_env,
     drop_privileges_argv,
     launcher_argv,
     started_shim_argv,
-    user_overlay_argv,
+    user_namespace_argv,
 )
 from sandboxes.subprocess._layout import Sources, bwrap_argv
 from sandboxes.subprocess._network import SandboxNetwork
@@ -118,7 +120,11 @@ class SandboxCommand:
         tool_dir, workspace = self._stage(launcher_env, workspace, staged_point)
         if self._workspace is not None and self._workspace.user_stage is not None:
             workspace = self._workspace.user_stage.merged
-        sources = Sources(tool_dir, workspace, owner.etc.path, owner.library_dir, owner.etc.copies)
+        tmpfs = self._user_tmpfs()
+        sources = Sources(
+            tool_dir, workspace, owner.etc.path, owner.library_dir, owner.etc.copies,
+            tmpfs.folder if tmpfs is not None else None,
+        )  # fmt: skip
         # Secrets too: bubblewrap's arguments reach it through a sealed memfd, not argv.
         env = tool_env(spec, SCRATCH_MOUNT, WORKSPACE_MOUNT if workspace else None) | dict(spec.secrets)
         cap = self._limits.max_pids if owner.rlimits_only else None
@@ -144,21 +150,39 @@ class SandboxCommand:
         argv = [owner.bwrap, "--args", str(args), "--", *command]
         if owner.setpriv is not None:
             argv = drop_privileges_argv(owner.setpriv, self.uid, self._gid) + argv
-        if self._workspace is not None and self._workspace.user_stage is not None:
-            argv = self._staging_workspace(argv)
+        if tmpfs is not None:
+            argv = self._user_mounts(tmpfs) + argv
         return self._entering_network(argv), launcher_env, "/", (seccomp, args)
 
-    def _staging_workspace(self, argv: list[str]) -> list[str]:
-        """Without root: bubblewrap started in a user namespace whose mount namespace has
-        the workspace's overlay (``USER_OVERLAY_SCRIPT``)."""
-        assert self._workspace is not None and self._workspace.user_stage is not None
+    def _user_tmpfs(self) -> UserTmpfs | None:
+        """Without root, the call's folder for the bounded /tmp and /dev/shm (``scratch``,
+        removed with it), their mount points made in it."""
+        if os.geteuid() == 0:
+            return None
         if self._owner.user_unshare is None:
-            raise SandboxUnavailable(
-                "unshare is not installed (apt-get install util-linux): a workspace write grant needs it"
-            )
-        workspace, stage = self._workspace, self._workspace.user_stage.root
-        unshare = self._owner.user_unshare
-        return user_overlay_argv(unshare, SHELL, stage, workspace.source, workspace.fd) + argv
+            problem = "unshare is not installed (apt-get install util-linux)"
+            raise SandboxUnavailable(f"{problem}: without root, the sandbox's /tmp and /dev/shm need it")
+        try:
+            self._owner.scratch_root.mkdir(mode=0o711, parents=True, exist_ok=True)
+            self.scratch = self._owner.scratch_root / self._owner.next_name()
+            self.scratch.mkdir(mode=0o700)
+            for point in ("tmp", "shm"):
+                (self.scratch / point).mkdir(mode=0o700)
+        except OSError as exc:
+            raise SandboxUnavailable(f"cannot make the folder of the sandbox's /tmp: {exc}") from exc
+        disk_mb = self._limits.disk_mb
+        return UserTmpfs(self.scratch, disk_mb * 1024 * 1024, max(1024, disk_mb * INODES_PER_MB))
+
+    def _user_mounts(self, tmpfs: UserTmpfs) -> list[str]:
+        """Without root: bubblewrap started in a user namespace whose mount namespace has
+        the bounded tmpfs and, with a workspace write grant, the workspace's overlay
+        (``_launch.user_namespace_argv``)."""
+        assert self._owner.user_unshare is not None  # _user_tmpfs checked it
+        overlay = None
+        workspace = self._workspace
+        if workspace is not None and workspace.user_stage is not None:
+            overlay = (workspace.user_stage.root, workspace.source, workspace.fd)
+        return user_namespace_argv(self._owner.user_unshare, SHELL, tmpfs, overlay)
 
     def _entering_network(self, argv: list[str]) -> list[str]:
         """Join the sandbox's own network namespace first (as root), when it has one."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxes._exec_status import EXEC_GUARD
@@ -68,9 +69,25 @@ unset RUNNER_CGROUPS RUNNER_CPU RUNNER_VMEM_KB RUNNER_FSIZE_BLOCKS RUNNER_NOFILE
 exec "$@"
 """
 # Without root, before bubblewrap, in a user and mount namespace of the launcher's own
-# (``unshare --map-root-user``): the workspace bound onto the stage's ``lower`` and an
-# overlay of it mounted on ``merged``, its upper layer a folder of the runner's, which the
-# runner applies once the sandbox is gone (``sandboxes._staging.UserStagedWorkspace``).
+# (``unshare --map-root-user``), the sandbox's /tmp and /dev/shm: tmpfs mounts bounded in
+# size and in entries (bubblewrap's own --tmpfs takes a size only, and without a cgroup
+# nothing else counts the kernel memory each empty file costs), mounted on the call's
+# folders ``tmp`` and ``shm`` and handed to bubblewrap as binds. The options are the
+# ones bubblewrap's --tmpfs gets (nosuid, nodev); a kernel that refuses fails the launch.
+USER_TMPFS_SCRIPT = r"""
+scratch=$1 size=$2 inodes=$3
+shift 3
+for point in tmp shm; do
+  mount -t tmpfs -o "size=$size,nr_inodes=$inodes,mode=1777,nosuid,nodev" tmpfs "$scratch/$point" || {
+    echo "runner-launch: cannot mount the sandbox's /tmp and /dev/shm bounded in entries (nr_inodes)" >&2
+    exit 125
+  }
+done
+"""
+# There too, when a workspace is granted write: the workspace bound onto the stage's
+# ``lower`` and an overlay of it mounted on ``merged``, its upper layer a folder of the
+# runner's, which the runner applies once the sandbox is gone
+# (``sandboxes._staging.UserStagedWorkspace``).
 # The runner applies to the folder it opened, and the bind goes by path (a descriptor of
 # the runner's cannot be bound from this namespace): a path that leads elsewhere by now
 # fails the launch, so the tool never reads one folder while its writes go to another.
@@ -90,7 +107,6 @@ mount -t overlay -o "lowerdir=$stage/lower,upperdir=$stage/upper,workdir=$stage/
   echo "runner-launch: cannot stage the workspace (an overlay in a user namespace needs Linux 5.11)" >&2
   exit 125
 }
-exec "$@"
 """
 # A degraded run has no bubblewrap to hand the tool its environment: it travels through
 # the root launcher as RUNNER_TOOLENV_NAME variables (listed in RUNNER_TOOLENV), which
@@ -152,14 +168,38 @@ def launcher_argv(shell: str, argv: list[str], unshare: str | None) -> list[str]
     return [unshare, "--mount", "--propagation", "private", "--", *launch]
 
 
-def user_overlay_argv(unshare: str, shell: str, stage: Path, workspace: Path, opened: int) -> list[str]:
-    """What runs ``USER_OVERLAY_SCRIPT`` in a user and mount namespace of its own, over the
-    folder ``workspace`` that the runner has open as ``opened``; the command to start there
-    follows."""
+@dataclass(frozen=True)
+class UserTmpfs:
+    """The call's folder holding ``tmp`` and ``shm``, and the bounds of the tmpfs on each."""
+
+    folder: Path
+    size_bytes: int
+    inodes: int
+
+
+def user_namespace_argv(
+    unshare: str, shell: str, tmpfs: UserTmpfs | None, overlay: tuple[Path, Path, int] | None
+) -> list[str]:
+    """What mounts, in one user and mount namespace of its own, the bounded tmpfs
+    (``USER_TMPFS_SCRIPT``) and the workspace's overlay (``USER_OVERLAY_SCRIPT``, over
+    ``(stage, workspace, opened)``: the folder the runner has open as ``opened``); the
+    command to start there follows."""
     namespaces = [unshare, "--user", "--map-root-user", "--mount", "--propagation=private", "--"]
-    info = os.fstat(opened)
-    script = [shell, "-c", USER_OVERLAY_SCRIPT, "runner-overlay", str(stage), str(workspace)]
-    return [*namespaces, *script, f"{info.st_dev}:{info.st_ino}"]
+    script, args = "", []
+    if tmpfs is not None:
+        script += USER_TMPFS_SCRIPT
+        args += [str(tmpfs.folder), str(tmpfs.size_bytes), str(tmpfs.inodes)]
+    if overlay is not None:
+        stage, workspace, opened = overlay
+        info = os.fstat(opened)
+        script += USER_OVERLAY_SCRIPT
+        args += [str(stage), str(workspace), f"{info.st_dev}:{info.st_ino}"]
+    return [*namespaces, shell, "-c", script + 'exec "$@"\n', "runner-mounts", *args]
+
+
+def user_overlay_argv(unshare: str, shell: str, stage: Path, workspace: Path, opened: int) -> list[str]:
+    """The workspace's overlay alone (``runner doctor``'s probe)."""
+    return user_namespace_argv(unshare, shell, None, (stage, workspace, opened))
 
 
 def started_shim_argv(shell: str, command: list[str], process_cap: int | None = None) -> list[str]:

@@ -47,6 +47,9 @@ class Sources:
     library_dir: Path
     # Host /etc files of which ``etc_dir`` holds a copy (``_etc``): linked, not bound.
     etc_copies: frozenset[str] = frozenset()
+    # Without root: a folder whose ``tmp`` and ``shm`` the launcher mounted tmpfs on,
+    # bounded in entries too (``_launch.USER_TMPFS_SCRIPT``); bound, not made here.
+    scratch: Path | None = None
 
 
 def _etc_argv(spec: LaunchSpec, limits: Limits, src: Sources) -> list[str]:
@@ -64,6 +67,14 @@ def _etc_argv(spec: LaunchSpec, limits: Limits, src: Sources) -> list[str]:
         else:
             argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     return [*argv, "--ro-bind", str(src.etc_dir), "/run/runner-etc"]
+
+
+def _scratch_argv(limits: Limits, src: Sources, name: str, target: str) -> list[str]:
+    """A tmpfs bounded by ``disk_mb``: the launcher's (``Sources.scratch``) without root,
+    bubblewrap's as root, where the call's cgroup charges its pages and inodes."""
+    if src.scratch is not None:
+        return ["--bind", str(src.scratch / name), target]
+    return ["--size", str(limits.disk_mb * 1024 * 1024), "--perms", "1777", "--tmpfs", target]
 
 
 def bwrap_argv(
@@ -105,10 +116,9 @@ def bwrap_argv(
         argv += ["--symlink", "/run/runner-etc/resolv.conf", "/etc/resolv.conf"]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     # --dev is a writable tmpfs; only /dev/shm stays writable, and bounded like /tmp.
-    scratch_bytes = str(limits.disk_mb * 1024 * 1024)
-    argv += ["--size", scratch_bytes, "--perms", "1777", "--tmpfs", "/dev/shm"]  # noqa: S108 - the sandbox's own
+    argv += _scratch_argv(limits, src, "shm", "/dev/shm")  # noqa: S108 - the sandbox's own
     argv += ["--remount-ro", "/dev"]
-    argv += ["--size", scratch_bytes, "--perms", "1777", "--tmpfs", SCRATCH_MOUNT]
+    argv += _scratch_argv(limits, src, "tmp", SCRATCH_MOUNT)
     argv += ["--ro-bind", str(src.tool_dir), TOOL_MOUNT]
     argv += ["--ro-bind", str(src.library_dir), LIBRARY_MOUNT]
     if src.workspace is not None:

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from conftest import ToolBench, call_cgroups
 
+from sandboxes._staging import INODES_PER_MB
+
 MEMORY_MB = 128
 HOARDER = """
 import ctypes, json, os, sys, time
@@ -127,3 +129,60 @@ def test_with_a_cgroup_a_tool_may_still_use_memfd_and_is_held_to_the_limit(bench
     assert answer["result"] == {"read": "kept in memory"}, answer
     hoarded = hoard(bench, "memfd")
     assert not hoarded["success"] and hoarded["error"]["details"]["reason"] == "memory_limit", hoarded
+
+
+# Empty files cost no tmpfs page but an inode each (~800 bytes of kernel memory, more with
+# a long name): without a cgroup only the tmpfs's own inode limit stops them.
+FILLER = """
+import errno, json, os, sys
+sys.stdin.read()
+folder, made, refused = sys.argv[1], 0, None
+mode = os.stat(folder).st_mode & 0o7777
+options = [line.split()[5] for line in open("/proc/self/mountinfo") if line.split()[4] == folder]
+try:
+    while made < 50000:
+        os.close(os.open(os.path.join(folder, "%0200d" % made), os.O_CREAT | os.O_WRONLY, 0o600))
+        made += 1
+except OSError as exc:
+    refused = exc.errno
+print(json.dumps({"made": made, "refused": refused, "mode": mode, "options": options}))
+"""
+SCRATCH_DISK_MB = 8
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="about a runner that is not root: scripts/test-rootless.sh")
+@pytest.mark.parametrize("folder", ["/tmp", "/dev/shm"])
+def test_a_tool_cannot_fill_its_scratch_with_empty_files_without_a_cgroup(
+    bench: ToolBench, folder: str
+) -> None:
+    bench.tool(
+        "filler",
+        FILLER,
+        command=["python3", "main.py", folder],
+        limits={"disk_mb": SCRATCH_DISK_MB, "timeout_ms": 30000},
+    )
+    answer = bench.runner().handle({"toolName": "filler", "options": {"retries": 0}})
+    assert answer["success"], answer
+    result = answer["result"]
+    assert result["refused"] == errno.ENOSPC, answer
+    assert result["mode"] == 0o1777, answer  # as bubblewrap's own tmpfs
+    assert {"nosuid", "nodev"} <= set(result["options"][-1].split(",")), answer
+    entries = max(1024, SCRATCH_DISK_MB * INODES_PER_MB)
+    assert entries // 2 <= result["made"] <= entries, answer
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="about a runner that is not root: scripts/test-rootless.sh")
+def test_a_kernel_refusing_the_bounded_tmpfs_fails_the_call_closed(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An option this kernel does not know stands for one that refuses the mount: the call
+    # is sandbox_unavailable, never run on bubblewrap's tmpfs bounded in size only.
+    from sandboxes.subprocess import _launch
+
+    script = _launch.USER_TMPFS_SCRIPT.replace("nr_inodes=", "nosuch=")
+    monkeypatch.setattr(_launch, "USER_TMPFS_SCRIPT", script)
+    bench.tool("filler", FILLER, command=["python3", "main.py", "/tmp"], limits={"disk_mb": SCRATCH_DISK_MB})
+    answer = bench.runner().handle({"toolName": "filler", "options": {"retries": 0}})
+    assert answer["success"] is False, answer
+    assert answer["error"]["details"]["reason"] == "sandbox_unavailable", answer["error"]
+    assert "nr_inodes" in answer["error"]["message"], answer["error"]
