@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,6 +59,8 @@ async def _run(server: HttpServer, token: str, scenario: str) -> tuple[int, str]
     port = int(server.url.rsplit(":", 1)[1].split("/", 1)[0])
     proxy = BearerProxy(port, token)
     await proxy.start()
+    # The suite writes a results/ folder where it runs: a throwaway one, not the caller's.
+    folder = tempfile.TemporaryDirectory(prefix="conformance-")
     try:
         suite = await asyncio.create_subprocess_exec(
             str(CONFORMANCE),
@@ -68,11 +71,13 @@ async def _run(server: HttpServer, token: str, scenario: str) -> tuple[int, str]
             scenario,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
+            cwd=folder.name,
         )
         output, _ = await asyncio.wait_for(suite.communicate(), 120)
         return await suite.wait(), output.decode(errors="replace")
     finally:
         await proxy.close()
+        folder.cleanup()
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
