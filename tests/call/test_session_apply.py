@@ -64,7 +64,12 @@ def test_the_runner_closes_every_session_and_its_audit_log_when_an_apply_fails(
     async def scenario() -> tuple[str, ...]:
         runner = bench.runner()
         close_audit = runner.audit.close
-        monkeypatch.setattr(runner.audit, "close", lambda: (audit_closed.append(True), close_audit()))
+
+        def closing() -> None:
+            audit_closed.append(True)
+            close_audit()
+
+        monkeypatch.setattr(runner.audit, "close", closing)
         sessions = [runner.session() for _ in range(3)]
         for session in sessions:
             await session.__aenter__()
