@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import os
 import stat
 import time
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import ToolBench
+from support.mcp_harness import audit_events
 
 from sandboxes import _staging, _workspace
 from sandboxes.base import LaunchSpec, Limits
@@ -36,11 +36,6 @@ print(json.dumps({"pid": os.getpid()}))
 
 def _full(*_: Any) -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
-def _events(bench: ToolBench, name: str) -> list[dict[str, Any]]:
-    lines = bench.audit_log.read_text().splitlines() if bench.audit_log.exists() else []
-    return [event for event in map(json.loads, lines) if event["event"] == name]
 
 
 @pytest.fixture
@@ -82,7 +77,7 @@ def test_the_runner_closes_every_session_and_its_audit_log_when_an_apply_fails(
         return tuple(session.id for session in sessions)
 
     ids = asyncio.run(scenario())
-    closed = _events(bench, "session.closed")
+    closed = audit_events(bench, event="session.closed")
     assert sorted(event["sessionId"] for event in closed) == sorted(ids)
     for event in closed:
         assert event["reason"] == "runner_closed"
@@ -109,7 +104,7 @@ def test_the_next_call_is_not_given_the_failed_apply_of_the_sandbox_before_it(
             assert again.to_wire()["metadata"]["sessionRestarted"] is True
 
     asyncio.run(scenario())
-    reloaded, ended = _events(bench, "session.closed")
+    reloaded, ended = audit_events(bench, event="session.closed")
     assert reloaded["reason"] == "reloaded"
     assert "No space left on device" in reloaded["workspaceNotApplied"]
     assert ended["reason"] == "ended"
