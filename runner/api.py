@@ -58,7 +58,7 @@ from runner.telemetry.labels import RunnerState
 from runner.tools.manifest import Tool
 from runner.tools.registry import Registry
 from sandboxes import Closable, Sandbox
-from sandboxes.cancellation import finish_each
+from sandboxes.cancellation import finish_each, finish_shielded
 
 if TYPE_CHECKING:
     from runner.telemetry.metrics import RunnerMetrics
@@ -285,8 +285,8 @@ class Runner:
             steps.append(self._sandbox_factory.aclose)
         # Idle by now, unless a validation outlived its call (it stops at its next keyword).
         steps.append(partial(asyncio.to_thread, self._threads.shutdown, wait=True))
-        try:  # each step whatever one before raised; the audit log closed on every path
-            await finish_each(steps)
+        try:  # each step, in order, whatever one before raised; the audit log closed on every path
+            await finish_shielded(finish_each(steps))
         finally:
             if self.metrics is not None:
                 self.metrics.unwatch(self._state)

@@ -96,7 +96,7 @@ def watch(kind: str, value: str = "") -> None:
 
 def watch_sandbox_init(pid: int, started: int) -> None:
     """Tell the watchdog a rootless sandbox's init (bubblewrap's pid 1: ``pid`` on the
-    host, started at ``started``, see ``start_time``), which it pins with a pidfd and
+    host, started at ``started``, see ``parent_and_start``), which it pins with a pidfd and
     kills should the runner die: its death takes the sandbox's whole pid namespace. The
     tool has the init's uid: through
     ``/proc/1/mem``, which no seccomp filter can refuse, it can erase ``OWNER_MARK`` from
@@ -115,16 +115,18 @@ def forget_sandbox_init(pid: int, started: int) -> None:
         _tell(f"init-gone\t{pid}:{started}\n")
 
 
-def start_time(pid: int) -> int:
-    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat``, readable
-    whoever owns the process and however it set itself): a pid and this name a process.
+def parent_and_start(pid: int) -> tuple[int, int]:
+    """The pid of its parent and when it started, in clock ticks since boot, from one read
+    of ``/proc/PID/stat`` (readable whoever owns the process and however it set itself;
+    two reads could be of two processes, should the pid be reused between them): a pid
+    and its start time name a process.
 
     Raises:
         OSError: no such process.
     """
-    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
     try:
-        return int(stat.rsplit(")", 1)[1].split()[19])
+        return int(fields[1]), int(fields[19])
     except (IndexError, ValueError) as exc:
         raise OSError(errno.ESRCH, f"unreadable status of {pid}") from exc
 
@@ -322,7 +324,7 @@ def _pin(value: str) -> int | None:
     except OSError:
         return None
     try:
-        if start_time(int(pid)) == int(started):  # read after the pin: the pin's process
+        if parent_and_start(int(pid))[1] == int(started):  # read after the pin: the pin's process
             return pinned
     except OSError:
         pass

@@ -44,17 +44,24 @@ async def finish_shielded(work: Awaitable[T]) -> T:
 
 async def finish_each(steps: Iterable[Callable[[], Awaitable[object]]]) -> None:
     """Await each of ``steps`` in turn, each whatever the ones before raised (a close loop:
-    one failure must not leave the rest open); then raise the first error, if any.
+    one failure must not leave the rest open); then raise what came first: a cancellation
+    (with the first error as its cause), else the first error. A caller that must keep the
+    steps in order under cancellation wraps this in ``finish_shielded``.
 
     Raises:
-        BaseException: the first that a step raised.
+        asyncio.CancelledError: a step was cancelled.
+        BaseException: the first error a step raised.
     """
     first: BaseException | None = None
+    cancelled: asyncio.CancelledError | None = None
     for step in steps:
         try:
             await step()
+        except asyncio.CancelledError as exc:  # held, as ``finish_shielded`` holds it
+            cancelled = cancelled or exc
         except BaseException as exc:  # raised once every step has run
-            if first is None:
-                first = exc
+            first = first or exc
+    if cancelled is not None:
+        raise cancelled from first
     if first is not None:
         raise first

@@ -16,11 +16,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
 from sandboxes._streams import TailBuffer
-from sandboxes._watchdog import forget_sandbox_init, start_time, watch_sandbox_init
+from sandboxes._watchdog import forget_sandbox_init, parent_and_start, watch_sandbox_init
 from sandboxes.base import Limits
 from sandboxes.events import StderrSplitter
 from sandboxes.subprocess._outcome import out_of_memory
@@ -61,12 +62,18 @@ class ProcessTree:
     def _note_init(self, members: list[psutil.Process]) -> None:
         """Have the watchdog kill the sandbox's init should the runner die: a tool can
         unmark it and clear its parent-death signal (``watch_sandbox_init``). The init is
-        bubblewrap's child (the launcher execs bubblewrap), found from the first look that
-        shows it, the first poll of the limits at the latest."""
+        bubblewrap's child: looked for once the launcher (which execs, never forks, on its
+        way there) is bubblewrap, not while its mounts run as its children; from the
+        first look that shows it, the first poll of the limits at the latest."""
+        try:
+            if Path(f"/proc/{self._root_pid}/comm").read_text().strip() != "bwrap":
+                return
+        except OSError:
+            return
         for member in members[1:]:
-            with contextlib.suppress(psutil.Error, OSError):
-                if member.ppid() == self._root_pid:
-                    started = start_time(member.pid)
+            with contextlib.suppress(OSError):
+                parent, started = parent_and_start(member.pid)
+                if parent == self._root_pid:
                     watch_sandbox_init(member.pid, started)
                     self._init = (member.pid, started)
                     return

@@ -59,8 +59,10 @@ class McpSessions:
 
     async def end(self, mcp_session: str) -> None:
         """The MCP session ended: so does its runner session (safe to call twice)."""
-        ended = [key for key in self._open if key[1] == mcp_session]
-        await finish_each(self._open.pop(key).aclose for key in ended)  # each, whatever one raised
+        keys = [key for key in self._open if key[1] == mcp_session]
+        ended = [self._open.pop(key) for key in keys]
+        await finish_each(session.aclose for session in ended)  # each, whatever one raised
 
     async def end_all(self) -> None:
-        await finish_each(self._open.pop(key).aclose for key in list(self._open))  # each, whatever one raised
+        ended, self._open = list(self._open.values()), {}
+        await finish_each(session.aclose for session in ended)  # each, whatever one raised

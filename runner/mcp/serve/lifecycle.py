@@ -41,8 +41,10 @@ async def run_until_stopped(service: ToolService, reloader: Reloader, transport:
     finally:
         service.close()
         with anyio.CancelScope(shield=True):
-            await service.sessions.end_all()  # their MCP sessions end with the server
-            await service.runner.aclose()
+            try:
+                await service.sessions.end_all()  # their MCP sessions end with the server
+            finally:
+                await service.runner.aclose()
 
 
 async def _on_signals(
