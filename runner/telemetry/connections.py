@@ -5,8 +5,10 @@ A local user without a token can open connections and send nothing. Unbounded, t
 up the process's file descriptors (the default soft ``RLIMIT_NOFILE`` is 1024) and the
 runner can no longer start a sandbox. So each listener has a ``ConnectionGate``:
 
-- at most ``max_open`` connections in all and ``max_per_peer`` from one IP address (at
-  most half of ``max_open``);
+- at most ``max_open`` connections in all and ``max_per_peer`` from one IP address, of
+  which at most half of ``max_open`` untrusted (below): a flood from one address then
+  never fills the listener, so it only ever evicts its own connections, never another
+  address's new one, while a proxy's trusted connections from one address may fill it;
 - a connection that has not yet been *trusted* (its request passed the token check, or a
   valid scrape on the metrics listener) is the first to go: when a cap is reached, a new
   connection closes the oldest idle untrusted one (of the same peer for the per-peer cap)
@@ -70,12 +72,10 @@ class ConnectionLimits:
 
     def within(self, descriptors: int, listeners: int) -> ConnectionLimits:
         """These limits, lowered so that ``listeners`` listeners together hold at most
-        ``LISTENERS_SHARE`` of ``descriptors``, and one address at most half of a
-        listener's: a flood from one address then never fills the listener, so it only
-        ever evicts its own connections, never another address's new one."""
+        ``LISTENERS_SHARE`` of ``descriptors``."""
         share = max(MIN_OPEN, int(descriptors * LISTENERS_SHARE) // max(1, listeners))
         most = min(self.max_open, share)
-        return replace(self, max_open=most, max_per_peer=min(self.max_per_peer, max(1, most // 2)))
+        return replace(self, max_open=most, max_per_peer=min(self.max_per_peer, most))
 
 
 def raise_descriptor_limit() -> int:
@@ -111,6 +111,7 @@ class ConnectionGate:
         self.limits = limits
         self._open: OrderedDict[Peer, _Held] = OrderedDict()  # oldest first
         self._per_host: Counter[str] = Counter()
+        self._untrusted: Counter[str] = Counter()  # per host
         self.refused = 0
         self.evicted = 0
 
@@ -125,7 +126,10 @@ class ConnectionGate:
         ``unread`` tells whether bytes it sent wait unread); False: refused, the caller
         closes it at once."""
         host = peer[0]
-        if self._per_host[host] >= self.limits.max_per_peer and not self._evict(host):
+        untrusted_cap = max(1, self.limits.max_open // 2)
+        if (
+            self._per_host[host] >= self.limits.max_per_peer or self._untrusted[host] >= untrusted_cap
+        ) and not self._evict(host):
             self.refused += 1
             return False
         if len(self._open) >= self.limits.max_open and not self._evict(None):
@@ -133,14 +137,16 @@ class ConnectionGate:
             return False
         self._open[peer] = _Held(owner, close, unread)
         self._per_host[host] += 1
+        self._untrusted[host] += 1
         return True
 
     def trust(self, peer: Peer) -> None:
         """The connection from ``peer`` was answered as a client with a token: it is no
         longer evicted for newer ones."""
         held = self._open.get(peer)
-        if held is not None:
+        if held is not None and not held.trusted:
             held.trusted = True
+            self._uncount(self._untrusted, peer[0])
 
     def busy(self, peer: Peer, busy: bool) -> None:
         """The connection from ``peer`` has a request in hand (``busy``) or is idle again: a
@@ -169,10 +175,16 @@ class ConnectionGate:
         return False
 
     def _forget(self, peer: Peer) -> None:
-        del self._open[peer]
-        self._per_host[peer[0]] -= 1
-        if not self._per_host[peer[0]]:
-            del self._per_host[peer[0]]
+        held = self._open.pop(peer)
+        self._uncount(self._per_host, peer[0])
+        if not held.trusted:
+            self._uncount(self._untrusted, peer[0])
+
+    @staticmethod
+    def _uncount(counter: Counter[str], host: str) -> None:
+        counter[host] -= 1
+        if not counter[host]:
+            del counter[host]
 
 
 def reset(transport: asyncio.BaseTransport) -> Callable[[], None]:

@@ -35,7 +35,7 @@ def test_a_new_connection_past_the_per_peer_cap_closes_that_peers_oldest_untrust
 
 
 def test_trusted_connections_are_kept_and_a_new_one_is_refused_once_every_slot_is_trusted() -> None:
-    gate = ConnectionGate(ConnectionLimits(max_open=2, max_per_peer=2))
+    gate = ConnectionGate(ConnectionLimits(max_open=4, max_per_peer=2))
     kept = [_admit(gate, "127.0.0.1", port)[1] for port in (1, 2)]
     gate.trust(("127.0.0.1", 1))
     admitted, newer = _admit(gate, "127.0.0.1", 3)  # evicts port 2, the untrusted one
@@ -54,20 +54,29 @@ def test_the_caps_are_fitted_to_half_the_descriptors_shared_by_the_listeners() -
     limits = ConnectionLimits(max_open=1024, max_per_peer=256)
     assert limits.within(1 << 20, listeners=2) == limits
     assert limits.within(1024, listeners=2).max_open == 256
-    assert limits.within(1024, listeners=2).max_per_peer == 128  # half of a listener's
+    assert limits.within(1024, listeners=2).max_per_peer == 256
     assert limits.within(40, listeners=2).max_open == MIN_OPEN
 
 
 def test_a_flood_from_one_address_never_evicts_another_addresss_new_connection() -> None:
     # A client's connection whose request has not arrived yet looks like the flood's; were
     # one address allowed every slot, the flood's newer connections would evict it.
-    limits = ConnectionLimits(max_open=8, max_per_peer=8).within(1 << 20, listeners=1)
-    gate = ConnectionGate(limits)
+    # So one address holds at most half of a listener's slots untrusted.
+    gate = ConnectionGate(ConnectionLimits(max_open=8, max_per_peer=8))
     fresh = _admit(gate, "127.0.0.1", 1)[1]
     for port in range(1, 100):
         assert _admit(gate, "127.0.0.2", port)[0]
     assert not fresh.closed
-    assert gate.open == 1 + limits.max_per_peer
+    assert gate.open == 1 + 8 // 2
+
+
+def test_trusted_connections_of_one_address_may_fill_the_listener() -> None:
+    # A TLS proxy on loopback: every client arrives from 127.0.0.1, each with a token.
+    gate = ConnectionGate(ConnectionLimits(max_open=8, max_per_peer=8))
+    for port in range(1, 9):
+        assert _admit(gate, "127.0.0.1", port)[0]
+        gate.trust(("127.0.0.1", port))
+    assert gate.open == 8 and gate.evicted == 0
 
 
 def test_a_connection_with_a_request_in_hand_is_not_evicted_until_its_answer_is_sent() -> None:
