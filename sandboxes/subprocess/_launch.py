@@ -79,7 +79,9 @@ scratch=$1 size=$2 inodes=$3
 shift 3
 for point in tmp shm; do
   mount -t tmpfs -o "size=$size,nr_inodes=$inodes,mode=1777,nosuid,nodev" tmpfs "$scratch/$point" || {
-    echo "runner-launch: cannot mount the sandbox's /tmp and /dev/shm bounded in entries (nr_inodes)" >&2
+    echo "runner-launch: cannot mount the sandbox's /tmp and /dev/shm bounded in entries (nr_inodes)" \
+      "in a user namespace of its own (Ubuntu 24.04 refuses it to unshare unless" \
+      "kernel.apparmor_restrict_unprivileged_userns=0; runner doctor checks it)" >&2
     exit 125
   }
 done
