@@ -17,6 +17,7 @@ tool opens a new one and says so (``sessionRestarted``). ``SessionCounts`` bound
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import secrets
 import threading
@@ -218,6 +219,13 @@ class CallSession:
         except BaseException:
             self.counts.release(self.owner)
             raise
+        if self.closed:  # closed while it opened: nothing would ever close this sandbox
+            try:
+                with contextlib.suppress(WorkspaceNotApplied):
+                    await finish_shielded(sandbox.close())
+            finally:
+                self.counts.release(self.owner)
+            raise SandboxUnavailable("the session has ended")
         if self._sweeper is None:  # expiry is watched on the loop of the session's calls
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         now = self.clock.monotonic()

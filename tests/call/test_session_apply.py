@@ -167,3 +167,39 @@ def test_a_failed_apply_leaves_a_read_only_workspace_folder_as_it_was(
         os.close(source)
         os.close(dest)
         (workspace / "sub").chmod(0o755)
+
+
+def test_a_sandbox_whose_session_closed_while_it_opened_is_closed_not_kept(bench: ToolBench) -> None:
+    # An MCP session can end while one of its calls is still opening the tool's sandbox:
+    # kept in the closed session, nothing would ever close it.
+    from runner.call.policy import SessionModel
+    from runner.call.sessions import CallSession
+    from sandboxes import SandboxUnavailable
+
+    closed: list[bool] = []
+
+    class Opened:
+        async def close(self) -> None:
+            closed.append(True)
+
+    async def scenario() -> None:
+        runner = bench.runner()
+        session = CallSession(runner._sessions, runner.audit, SessionModel, runner._clock)
+        opening, opened = asyncio.Event(), asyncio.Event()
+
+        async def open_() -> Opened:
+            opening.set()
+            await opened.wait()
+            return Opened()
+
+        backend = type("Backend", (), {"name": "fake"})()
+        taking = asyncio.ensure_future(session.take("tool", backend, open_, None))  # type: ignore[arg-type]
+        await opening.wait()
+        await session.aclose("ended")
+        opened.set()
+        with pytest.raises(SandboxUnavailable):
+            await taking
+        assert closed == [True]
+        await runner.aclose()
+
+    asyncio.run(scenario())
