@@ -35,6 +35,9 @@ READY_TIMEOUT_S = 10.0
 FULL_EXIT_WAIT_S = 10.0
 # A container create the runner sent just before dying may land after the first sweep.
 DOCKER_SWEEPS_S = (0.0, 0.5, 2.0)
+# How long the last sweep of the scratch folders tries while one is left (its sandbox
+# was killed, its namespaces are going).
+SCRATCH_GONE_S = 3.0
 
 
 class _Link:
@@ -237,6 +240,19 @@ def _sweep_scratch(owner: int, roots: Iterable[Path]) -> None:
         remove_folders(root, lambda name: name.startswith(f"{owner}-"))
 
 
+def _sweep_scratch_until_gone(owner: int, roots: list[Path], within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while True:
+        _sweep_scratch(owner, roots)
+        left = False
+        for root in roots:
+            with contextlib.suppress(OSError):
+                left = left or any(child.name.startswith(f"{owner}-") for child in root.iterdir())
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
+
+
 def _sweep_docker(owner: int) -> None:
     try:
         from docker import APIClient
@@ -391,6 +407,9 @@ def main(argv: list[str]) -> int:
         _sweep_processes(owner, cgroups, marked, inits)
     for thread in sweepers:
         thread.join()
+    # Again, until gone: a sandbox still alive at the first sweep kept its folder (without
+    # root, its /tmp and /dev/shm are mounted on it in the launcher's namespace).
+    _sweep_scratch_until_gone(owner, scratch, SCRATCH_GONE_S)
     # Last: a staged workspace may be unmounted only once no sandbox of ours can use it.
     for root in staging:
         remove_stale(root, lambda name: name.startswith(f"{owner}-"))
