@@ -85,26 +85,17 @@ def watch(kind: str, value: str = "") -> None:
     """
     if kind == "docker" and not value:
         value = os.pathsep.join(_import_path())
-    line = f"{kind}\t{value}\n"
-    with _link.lock:
-        if _link.owner != os.getpid():
-            _spawn()
-        if _link.ready_read >= 0:
-            _await_ready()
-        if line in _link.told:
-            return
-        os.write(_link.write_end, line.encode())
-        _link.told.add(line)
+    _tell(f"{kind}\t{value}\n", once=True)
 
 
 def watch_sandbox_init(pid: int, started: int) -> None:
     """Tell the watchdog a rootless sandbox's init (bubblewrap's pid 1: ``pid`` on the
     host, started at ``started``, see ``parent_and_start``), which it pins with a pidfd and
     kills should the runner die: its death takes the sandbox's whole pid namespace. The
-    tool has the init's uid: through
-    ``/proc/1/mem``, which no seccomp filter can refuse, it can erase ``OWNER_MARK`` from
-    the init's environment, clear its parent-death signal and make it non-dumpable, so
-    that nothing of the init can be read any more; a pidfd needs nothing read.
+    tool has the init's uid: through ``/proc/1/mem``, which no seccomp filter can refuse,
+    it can erase ``OWNER_MARK`` from the init's environment, clear its parent-death signal
+    and make it non-dumpable, so that nothing of the init can be read any more; a pidfd
+    needs nothing read.
 
     Raises:
         OSError: the watchdog could not be started.
@@ -134,14 +125,19 @@ def parent_and_start(pid: int) -> tuple[int, int]:
         raise OSError(errno.ESRCH, f"unreadable status of {pid}") from exc
 
 
-def _tell(line: str) -> None:
-    # Not remembered in ``told``: each is said once, of one sandbox.
+def _tell(line: str, once: bool = False) -> None:
+    """Write ``line`` to the watchdog, started first if need be; ``once``: unless it was
+    told already (a sandbox's init is told once anyway, and its pid comes back)."""
     with _link.lock:
         if _link.owner != os.getpid():
             _spawn()
         if _link.ready_read >= 0:
             _await_ready()
+        if once and line in _link.told:
+            return
         os.write(_link.write_end, line.encode())
+        if once:
+            _link.told.add(line)
 
 
 def _import_path() -> list[str]:
@@ -287,14 +283,9 @@ OWNER_MARK = "RUNNER_OWNER"
 
 
 def _sweep_marked(owner: int) -> None:
-    """Kill this user's processes whose environment holds ``RUNNER_OWNER=<owner>``."""
+    """Kill this user's processes whose environment holds ``RUNNER_OWNER=<owner>``, each
+    pinned by a pidfd before its environment is read."""
     needle = f"{OWNER_MARK}={owner}".encode()
-    _kill_where(lambda entry: needle in (entry / "environ").read_bytes().split(b"\0"))
-
-
-def _kill_where(wanted: Callable[[Path], bool]) -> None:
-    """SIGKILL each process whose ``/proc`` entry is ``wanted``, each pinned by a pidfd
-    before it is looked at (its pid may be another's by then: the pinned one is dead)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -303,10 +294,10 @@ def _kill_where(wanted: Callable[[Path], bool]) -> None:
         except OSError:
             continue
         try:
-            if wanted(entry):
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
         except OSError:
-            pass  # gone, or not ours to look at
+            pass  # gone, or not ours to read
         finally:
             os.close(fd)
 
