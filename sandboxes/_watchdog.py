@@ -49,6 +49,7 @@ class _Link:
         self.write_end = -1
         self.ready_read = -1  # until the watchdog said it is ready
         self.told: set[str] = set()
+        self.inits: set[str] = set()  # the init lines of sandboxes still there
 
 
 _link = _Link()
@@ -127,17 +128,55 @@ def parent_and_start(pid: int) -> tuple[int, int]:
 
 def _tell(line: str, once: bool = False) -> None:
     """Write ``line`` to the watchdog, started first if need be; ``once``: unless it was
-    told already (a sandbox's init is told once anyway, and its pid comes back)."""
+    told already (a sandbox's init is told once anyway, and its pid comes back). A
+    watchdog that died (killed by someone, or by the kernel short of memory) is started
+    again first (``ensure``).
+
+    Raises:
+        OSError: the watchdog could not be started.
+    """
     with _link.lock:
-        if _link.owner != os.getpid():
-            _spawn()
-        if _link.ready_read >= 0:
-            _await_ready()
+        _running()
         if once and line in _link.told:
             return
         os.write(_link.write_end, line.encode())
         if once:
             _link.told.add(line)
+        elif line.startswith("init\t"):
+            _link.inits.add(line)
+        elif line.startswith("init-gone\t"):
+            _link.inits.discard("init" + line.removeprefix("init-gone"))
+
+
+def ensure() -> None:
+    """Make sure this process's watchdog runs: one that died is started again, and told
+    again all it was told, before the caller starts another sandbox.
+
+    Raises:
+        OSError: it could not be started; the caller must not start a sandbox.
+    """
+    with _link.lock:
+        _running()
+
+
+def _running() -> None:
+    """``ensure``, called with the lock held."""
+    if _link.owner == os.getpid() and _link.ready_read < 0 and _gone():
+        os.close(_link.write_end)
+        _link.write_end, _link.owner = -1, 0
+    if _link.owner != os.getpid():
+        _spawn()
+    if _link.ready_read >= 0:
+        _await_ready()
+        for told in (*sorted(_link.told), *sorted(_link.inits)):  # a restarted one's due
+            os.write(_link.write_end, told.encode())
+
+
+def _gone() -> bool:
+    """Whether the watchdog's end of the pipe is closed: it died."""
+    poller = select.poll()
+    poller.register(_link.write_end, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 def _import_path() -> list[str]:
@@ -189,10 +228,11 @@ def _spawn() -> None:
             if inherited >= 0:
                 with contextlib.suppress(OSError):
                     os.close(inherited)
+        _link.told.clear()  # the parent's watchdog was told those, not this child's
+        _link.inits.clear()
     _link.owner = os.getpid()
     _link.write_end = write_end
     _link.ready_read = ready_read
-    _link.told.clear()
 
 
 def _await_ready() -> None:

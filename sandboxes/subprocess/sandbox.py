@@ -37,6 +37,7 @@ from sandboxes._owners import owner_alive, remove_folders
 from sandboxes._prepare import Preparers, prepare_in_thread, start_ahead
 from sandboxes._staging import STAGING_ROOT
 from sandboxes._staging import remove_stale as remove_stale_staging
+from sandboxes._watchdog import ensure as ensure_watchdog
 from sandboxes._watchdog import prestart as prestart_watchdog
 from sandboxes._watchdog import watch
 from sandboxes._workspace import GrantedWorkspace
@@ -202,6 +203,11 @@ class SubprocessSandbox:
         refused = []
         if self.watch_problem is not None:
             refused.append(self.watch_problem)
+        else:
+            try:
+                ensure_watchdog()  # one that died since is started again first
+            except OSError as exc:
+                refused.append(f"cannot start the runner's watchdog: {exc.strerror}")
         if os.geteuid() == 0 and self.setpriv is None:
             refused.append("setpriv is not installed (apt-get install util-linux)")
         return refused

@@ -7,9 +7,11 @@ moment; the test then looks through /proc (and the Docker daemon) for anything l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -272,3 +274,74 @@ def _describe_comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+def _watchdogs_of(pid: int) -> list[int]:
+    """The live watchdogs of the runner ``pid`` (a dead one, a zombie, has no command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                if b"from sandboxes._watchdog import main" in b" ".join(argv) and str(pid).encode() in argv:
+                    found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the attack writes x86-64 code")
+def test_a_runner_whose_watchdog_was_killed_starts_another_and_its_tools_still_die_with_it(
+    bench: ToolBench,
+) -> None:
+    token = f"unwatched-{uuid.uuid4().hex}"
+    bench.tool("unmarking", UNMARKING, command=["python3", "main.py", token], limits={"timeout_ms": 30000})
+    bench.tool("quick", "import sys\nsys.stdin.read()\nprint('{}')\n")
+    bench.runner()  # writes the policy file
+    script = (
+        "import sys\nfrom runner import Runner\n"
+        "runner = Runner.load(tools=sys.argv[1], policies=sys.argv[2], audit_log=sys.argv[3])\n"
+        "assert runner.handle({'toolName': 'quick', 'requestId': 'first'})['success']\n"
+        "print('ready', flush=True)\nsys.stdin.readline()\n"
+        "runner.handle({'toolName': 'unmarking', 'requestId': 'second', 'options': {'timeout': 30000}})\n"
+    )
+    argv = [
+        sys.executable,
+        "-c",
+        script,
+        str(bench.tools),
+        str(bench.root / "policies.yaml"),
+        str(bench.audit_log),
+    ]
+    runner = subprocess.Popen(argv, cwd=bench.root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert runner.stdin is not None and runner.stdout is not None
+    try:
+        assert runner.stdout.readline() == "ready\n"
+        first = _watchdogs_of(runner.pid)
+        assert len(first) == 1, first
+        os.kill(first[0], signal.SIGKILL)  # by an operator, or by the kernel short of memory
+        deadline = time.monotonic() + 10
+        while _watchdogs_of(runner.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        runner.stdin.write("go\n")
+        runner.stdin.flush()
+        names: set[str] = set()
+        deadline = time.monotonic() + 30
+        while not names & {"hidden", "unmarked", "not-unmarked"} and time.monotonic() < deadline:
+            time.sleep(0.1)
+            names = {_describe_comm(pid) for pid in _alive_with(token)}
+        second = _watchdogs_of(runner.pid)
+    finally:
+        runner.kill()
+        runner.wait()
+        runner.stdin.close()
+        runner.stdout.close()
+    time.sleep(GRACE_S)
+    left = _alive_with(token)
+    described = [_describe(pid) for pid in left]
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert names & {"hidden", "unmarked", "not-unmarked"}, "the tool never got as far as its attack"
+    assert second and second != first, "no new watchdog was started for the dead one"
+    assert described == [], (
+        f"the tool outlived its runner, whose watchdog had been killed (its attack: {names})"
+    )
