@@ -20,7 +20,7 @@ from runner.mcp.serve.lifecycle import Transport, run_until_stopped
 from runner.mcp.serve.local_socket import Where
 from runner.mcp.serve.reload import Reloader
 from runner.telemetry import RunnerMetrics
-from runner.telemetry.connections import ConnectionLimits, raise_descriptor_limit
+from runner.telemetry.connections import ConnectionLimits, listener_share, raise_descriptor_limit
 from runner.telemetry.tracing import configure_from_env
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -90,7 +90,8 @@ def serve(
         transport = _http_transport(runner, service, http, limits)
     if socket_path is not None:
         where = Where.of(policy_path, dirs, options["audit_log"])
-        transport = _with_socket(runner, service, transport, socket_path, where)
+        most = listener_share(descriptors, max(1, listeners))
+        transport = _with_socket(runner, service, transport, socket_path, where, most)
     if transport is None:
         runner.close()
         _fail_usage("serve needs --stdio, --http HOST:PORT or --socket [PATH]")
@@ -119,9 +120,10 @@ def _http_transport(runner: Runner, service: ToolService, http: str, limits: Con
 
 
 def _with_socket(
-    runner: Runner, service: ToolService, transport: Transport | None, path_text: str, where: Where
+    runner: Runner, service: ToolService, transport: Transport | None, path_text: str, where: Where, most: int
 ) -> Transport:
-    """The socket for ``runner exec`` (``path_text`` "": the default), beside ``transport``."""
+    """The socket for ``runner exec`` (``path_text`` "": the default), beside ``transport``,
+    holding at most ``most`` connections whatever the policy says (its descriptors' share)."""
     from runner.config.sockets import SocketPlaceError, default_socket
     from runner.mcp.serve.local_socket import Alongside, SocketTransport, bind
 
@@ -131,7 +133,12 @@ def _with_socket(
     except SocketPlaceError as exc:
         runner.close()
         _fail_usage(f"--socket: {exc}")
-    local = SocketTransport(service, listener, where)
+    local = SocketTransport(service, listener, where, most)
+    if runner.policy.model.serve.socket.max_open > most:
+        runner.audit.operator.warn(
+            f"serve: serve.socket.max_open lowered to {most} (RLIMIT_NOFILE is too low for more; "
+            "raise the hard limit, e.g. systemd's LimitNOFILE)"
+        )
     print(f"runner: serving runner exec at {local.path}", file=sys.stderr, flush=True)
     return local if transport is None else Alongside(transport, local)
 

@@ -52,6 +52,12 @@ UNLIMITED = 1 << 20
 MIN_OPEN = 16
 
 
+def listener_share(descriptors: int, listeners: int) -> int:
+    """The connections each of ``listeners`` listeners may hold, so that together they
+    hold at most ``LISTENERS_SHARE`` of ``descriptors`` (and each at least ``MIN_OPEN``)."""
+    return max(MIN_OPEN, int(descriptors * LISTENERS_SHARE) // max(1, listeners))
+
+
 @dataclass(frozen=True)
 class ConnectionLimits:
     """The bounds of one listener (see the module's docstring)."""
@@ -73,8 +79,7 @@ class ConnectionLimits:
     def within(self, descriptors: int, listeners: int) -> ConnectionLimits:
         """These limits, lowered so that ``listeners`` listeners together hold at most
         ``LISTENERS_SHARE`` of ``descriptors``."""
-        share = max(MIN_OPEN, int(descriptors * LISTENERS_SHARE) // max(1, listeners))
-        most = min(self.max_open, share)
+        most = min(self.max_open, listener_share(descriptors, listeners))
         return replace(self, max_open=most, max_per_peer=min(self.max_per_peer, most))
 
 

@@ -10,9 +10,10 @@ Who may call is decided by the peer's credentials (``SO_PEERCRED``), before a by
 the server's own user calls with the role it asks for (the policy's ``default_role`` when it
 asks for none, as ``runner exec`` would), a uid in ``serve.socket.uids`` with its role
 there, anyone else is refused (audited within a budget, like HTTP's refusals). What a peer
-can cost is bounded: ``serve.socket.max_open`` connections at once (more are closed
-unread), ``read_timeout_ms`` for the request line, ``MAX_REQUEST_BYTES`` for its size. A
-call whose client goes away (its connection ends, e.g. Ctrl-C) is cancelled.
+can cost is bounded: ``serve.socket.max_open`` connections at once, lowered to the
+listener's share of the descriptor limit (more are closed unread), ``read_timeout_ms``
+for the request line, ``MAX_REQUEST_BYTES`` for its size. A call whose client goes away
+(its connection ends, e.g. Ctrl-C) is cancelled.
 """
 
 from __future__ import annotations
@@ -141,8 +142,9 @@ def _live(path: Path) -> bool:
 class SocketTransport:
     """Serves ``runner exec`` calls on ``listener`` (see the module's docstring)."""
 
-    def __init__(self, service: ToolService, listener: Listener, where: Where) -> None:
+    def __init__(self, service: ToolService, listener: Listener, where: Where, most: int) -> None:
         self._service = service
+        self._most = most  # the descriptors' share: caps serve.socket.max_open, reloads included
         self._listener = listener
         self._where = where
         self._stopped = asyncio.Event()
@@ -189,8 +191,9 @@ class SocketTransport:
             uid = _peer_uid(writer)
             client = f"uid:{uid}"
             try:
-                if len(self._connections) > settings.max_open:
-                    self._refuse(client, "busy", f"serve.socket.max_open ({settings.max_open}) reached")
+                most = min(settings.max_open, self._most)
+                if len(self._connections) > most:
+                    self._refuse(client, "busy", f"serve.socket.max_open ({most}) reached")
                 role = self._role_of(uid, client)
                 if self._service.draining:
                     raise _Refused("draining", "the server is shutting down")

@@ -3,8 +3,10 @@ the socket may live, and what the audit trail says."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -190,6 +192,50 @@ def test_connections_beyond_the_cap_are_closed_unread_and_idle_ones_time_out(sha
             conn.close()
     reply = exchange(shared.socket, line(ADD, shared.folder).encode() + b"\n")
     assert reply is not None and reply["answer"]["result"] == 3
+
+
+def test_the_socket_holds_no_more_connections_than_its_share_of_the_descriptor_limit(tmp_path: Path) -> None:
+    folder = starter(
+        tmp_path / "project", "\nserve:\n  socket:\n    max_open: 4096\n    read_timeout_ms: 5000\n"
+    )
+    path = tmp_path / "serve.sock"
+    process = subprocess.Popen(
+        ["prlimit", "--nofile=128:128", sys.executable, "-m", "runner", "serve", "--socket", str(path)],
+        cwd=folder,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    held: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not path.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for _ in range(100):  # idle, as a local user's flood would hold them
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            held.append(conn)
+            conn.connect(str(path))
+        busy = 0
+        for conn in held:
+            conn.settimeout(2)
+            with contextlib.suppress(TimeoutError):  # else held by the server: a slot of its share
+                busy += b'"busy"' in conn.recv(1000)
+        # 128 descriptors: the listener may hold 64 (half); the rest are turned away at once.
+        assert busy >= 30, busy
+        for conn in held:
+            conn.close()
+        reply = exchange(path, line(ADD, folder).encode() + b"\n")
+        assert reply is not None and reply["answer"]["result"] == 3
+    finally:
+        for conn in held:
+            conn.close()
+        process.send_signal(signal.SIGTERM)
+        try:
+            _, err = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, err = process.communicate()
+    assert b"serve.socket.max_open lowered to 64" in err, err
 
 
 def test_a_request_line_over_the_bound_is_refused(shared: Served) -> None:
