@@ -171,6 +171,22 @@ def test_a_tool_cannot_fill_its_scratch_with_empty_files_without_a_cgroup(
     assert entries // 2 <= result["made"] <= entries, answer
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the root runner's cgroup charges the inodes")
+@pytest.mark.parametrize("folder", ["/tmp", "/dev/shm"])
+def test_with_a_cgroup_empty_files_in_the_scratch_count_against_the_memory_limit(
+    bench: ToolBench, folder: str
+) -> None:
+    # As root bubblewrap's tmpfs is bounded in size only; the inodes are the cgroup's.
+    bench.tool(
+        "filler",
+        FILLER,
+        command=["python3", "main.py", folder],
+        limits={"disk_mb": SCRATCH_DISK_MB, "memory_mb": 32, "timeout_ms": 60000},
+    )
+    answer = bench.runner().handle({"toolName": "filler", "options": {"retries": 0}})
+    assert not answer["success"] and answer["error"]["details"]["reason"] == "memory_limit", answer
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="about a runner that is not root: scripts/test-rootless.sh")
 def test_a_kernel_refusing_the_bounded_tmpfs_fails_the_call_closed(
     bench: ToolBench, monkeypatch: pytest.MonkeyPatch
