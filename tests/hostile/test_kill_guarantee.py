@@ -251,22 +251,45 @@ while True:
 def test_a_tool_that_unmarks_and_hides_its_init_and_clears_its_death_signal_still_dies_with_the_runner(
     bench: ToolBench,
 ) -> None:
-    token = f"unmarking-{uuid.uuid4().hex}"
-    bench.tool("unmarking", UNMARKING, command=["python3", "main.py", token], limits={"timeout_ms": 30000})
+    token = _unmarking_tool(bench, "unmarking")
     runner = bench.spawn_runner("unmarking", f"req-{token[-12:]}")
-    names: set[str] = set()
-    deadline = time.monotonic() + 30
-    while not names & {"hidden", "unmarked", "not-unmarked"} and time.monotonic() < deadline:
-        time.sleep(0.1)
-        names = {_describe_comm(pid) for pid in _alive_with(token)}
+    names = _attack_of(token)
     runner.kill()
     runner.wait()
+    described = _left_after_grace(token)
+    assert names & ATTACKED, "the tool never got as far as its attack"
+    assert described == [], f"the tool outlived its runner (its attack: {names})"
+
+
+ATTACKED = {"hidden", "unmarked", "not-unmarked"}  # the names UNMARKING gives itself once done
+
+
+def _unmarking_tool(bench: ToolBench, prefix: str) -> str:
+    """Writes the tool ``unmarking``; the token its processes carry (to find them by)."""
+    token = f"{prefix}-{uuid.uuid4().hex}"
+    bench.tool("unmarking", UNMARKING, command=["python3", "main.py", token], limits={"timeout_ms": 30000})
+    return token
+
+
+def _attack_of(token: str) -> set[str]:
+    """The names of the unmarking tool's processes once its attack is done (30 s at most)."""
+    names: set[str] = set()
+    deadline = time.monotonic() + 30
+    while not names & ATTACKED and time.monotonic() < deadline:
+        time.sleep(0.1)
+        names = {_describe_comm(pid) for pid in _alive_with(token)}
+    return names
+
+
+def _left_after_grace(token: str) -> list[str]:
+    """What of the tool ``token`` still runs ``GRACE_S`` after its runner died; killed then."""
     time.sleep(GRACE_S)
     left = _alive_with(token)
     described = [_describe(pid) for pid in left]
-    subprocess.run(["kill", "-9", *map(str, left)], check=False)
-    assert names & {"hidden", "unmarked", "not-unmarked"}, "the tool never got as far as its attack"
-    assert described == [], f"the tool outlived its runner (its attack: {names})"
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return described
 
 
 def _describe_comm(pid: int) -> str:
@@ -292,8 +315,7 @@ def _watchdogs_of(pid: int) -> list[int]:
 def test_a_runner_whose_watchdog_was_killed_starts_another_and_its_tools_still_die_with_it(
     bench: ToolBench,
 ) -> None:
-    token = f"unwatched-{uuid.uuid4().hex}"
-    bench.tool("unmarking", UNMARKING, command=["python3", "main.py", token], limits={"timeout_ms": 30000})
+    token = _unmarking_tool(bench, "unwatched")
     bench.tool("quick", "import sys\nsys.stdin.read()\nprint('{}')\n")
     bench.runner()  # writes the policy file
     script = (
@@ -323,24 +345,15 @@ def test_a_runner_whose_watchdog_was_killed_starts_another_and_its_tools_still_d
             time.sleep(0.05)
         runner.stdin.write("go\n")
         runner.stdin.flush()
-        names: set[str] = set()
-        deadline = time.monotonic() + 30
-        while not names & {"hidden", "unmarked", "not-unmarked"} and time.monotonic() < deadline:
-            time.sleep(0.1)
-            names = {_describe_comm(pid) for pid in _alive_with(token)}
+        names = _attack_of(token)
         second = _watchdogs_of(runner.pid)
     finally:
         runner.kill()
         runner.wait()
         runner.stdin.close()
         runner.stdout.close()
-    time.sleep(GRACE_S)
-    left = _alive_with(token)
-    described = [_describe(pid) for pid in left]
-    for pid in left:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    assert names & {"hidden", "unmarked", "not-unmarked"}, "the tool never got as far as its attack"
+    described = _left_after_grace(token)
+    assert names & ATTACKED, "the tool never got as far as its attack"
     assert second and second != first, "no new watchdog was started for the dead one"
     assert described == [], (
         f"the tool outlived its runner, whose watchdog had been killed (its attack: {names})"

@@ -150,18 +150,24 @@ print(json.dumps({"made": made, "refused": refused, "mode": mode, "options": opt
 SCRATCH_DISK_MB = 8
 
 
+def fill(bench: ToolBench, folder: str, limits: dict[str, int]) -> dict[str, Any]:
+    """The answer of FILLER run on ``folder`` with ``disk_mb`` SCRATCH_DISK_MB and ``limits``."""
+    bench.tool(
+        "filler",
+        FILLER,
+        command=["python3", "main.py", folder],
+        limits={"disk_mb": SCRATCH_DISK_MB, **limits},
+    )
+    answer: dict[str, Any] = bench.runner().handle({"toolName": "filler", "options": {"retries": 0}})
+    return answer
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="about a runner that is not root: scripts/test-rootless.sh")
 @pytest.mark.parametrize("folder", ["/tmp", "/dev/shm"])
 def test_a_tool_cannot_fill_its_scratch_with_empty_files_without_a_cgroup(
     bench: ToolBench, folder: str
 ) -> None:
-    bench.tool(
-        "filler",
-        FILLER,
-        command=["python3", "main.py", folder],
-        limits={"disk_mb": SCRATCH_DISK_MB, "timeout_ms": 30000},
-    )
-    answer = bench.runner().handle({"toolName": "filler", "options": {"retries": 0}})
+    answer = fill(bench, folder, {"timeout_ms": 30000})
     assert answer["success"], answer
     result = answer["result"]
     assert result["refused"] == errno.ENOSPC, answer
@@ -177,13 +183,7 @@ def test_with_a_cgroup_empty_files_in_the_scratch_count_against_the_memory_limit
     bench: ToolBench, folder: str
 ) -> None:
     # As root bubblewrap's tmpfs is bounded in size only; the inodes are the cgroup's.
-    bench.tool(
-        "filler",
-        FILLER,
-        command=["python3", "main.py", folder],
-        limits={"disk_mb": SCRATCH_DISK_MB, "memory_mb": 32, "timeout_ms": 60000},
-    )
-    answer = bench.runner().handle({"toolName": "filler", "options": {"retries": 0}})
+    answer = fill(bench, folder, {"memory_mb": 32, "timeout_ms": 60000})
     assert not answer["success"] and answer["error"]["details"]["reason"] == "memory_limit", answer
 
 
