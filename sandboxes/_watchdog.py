@@ -14,30 +14,29 @@ then exits.
 
 The launcher closes the remaining gap: it joins the call's cgroup first and then checks
 that its parent is still the runner, so a launcher the sweep missed exits by itself.
+
+A watchdog that dies before the runner (killed by someone, or by the kernel short of
+memory) is started again at once by a thread of the runner that waits on its pidfd, and
+told again all the dead one was told; every sandbox start checks it runs, too. This
+module is the runner's side; ``sandboxes._reaper`` is the watchdog process.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import os
 import select
-import signal
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterable
 from pathlib import Path
 
 READY_TIMEOUT_S = 10.0
-# How long a dead runner's last threads may take to leave the kernel (a v1 cgroup
-# operation waits out an RCU grace period) before the second sweep goes ahead anyway.
-FULL_EXIT_WAIT_S = 10.0
-# A container create the runner sent just before dying may land after the first sweep.
-DOCKER_SWEEPS_S = (0.0, 0.5, 2.0)
-# How long the last sweep of the scratch folders tries while one is left (its sandbox
-# was killed, its namespaces are going).
-SCRATCH_GONE_S = 3.0
+# Rootless sandboxes have no cgroup to sweep: their bubblewrap processes carry this
+# variable (the sandbox's own environment is cleared), and killing bubblewrap's init
+# takes the sandbox's whole pid namespace with it.
+OWNER_MARK = "RUNNER_OWNER"
 
 
 class _Link:
@@ -45,11 +44,14 @@ class _Link:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.owner = 0
+        self.owner = 0  # the process whose watchdog runs (0: none does)
+        self.home = 0  # the process whose lines ``told`` and ``inits`` are
+        self.pid = -1  # the watchdog's
         self.write_end = -1
         self.ready_read = -1  # until the watchdog said it is ready
-        self.told: set[str] = set()
-        self.inits: set[str] = set()  # the init lines of sandboxes still there
+        self.told: set[str] = set()  # the kinds to sweep, told to every watchdog it starts
+        self.inits: set[str] = set()  # the ``init`` lines of sandboxes still there, likewise
+        self.queue: collections.deque[str] = collections.deque()  # init lines not yet written
 
 
 _link = _Link()
@@ -59,7 +61,7 @@ _link = _Link()
 # whose folder arrives as argv[1].
 _BOOT = (
     "import sys; sys.path.insert(0, sys.argv[1]); "
-    "from sandboxes._watchdog import main; sys.exit(main(sys.argv))"
+    "from sandboxes._reaper import main; sys.exit(main(sys.argv))"
 )
 
 
@@ -86,7 +88,7 @@ def watch(kind: str, value: str = "") -> None:
     """
     if kind == "docker" and not value:
         value = os.pathsep.join(_import_path())
-    _tell(f"{kind}\t{value}\n", once=True)
+    _tell(f"{kind}\t{value}\n")
 
 
 def watch_sandbox_init(pid: int, started: int) -> None:
@@ -96,18 +98,16 @@ def watch_sandbox_init(pid: int, started: int) -> None:
     tool has the init's uid: through ``/proc/1/mem``, which no seccomp filter can refuse,
     it can erase ``OWNER_MARK`` from the init's environment, clear its parent-death signal
     and make it non-dumpable, so that nothing of the init can be read any more; a pidfd
-    needs nothing read.
-
-    Raises:
-        OSError: the watchdog could not be started.
-    """
-    _tell(f"init\t{pid}:{started}\n")
+    needs nothing read. Never waits (the event loop calls it): a watchdog being started
+    is told once it is ready."""
+    _link.queue.append(f"init\t{pid}:{started}\n")
+    _flush()
 
 
 def forget_sandbox_init(pid: int, started: int) -> None:
     """The sandbox of the init ``pid`` (which started at ``started``) is gone."""
-    with contextlib.suppress(OSError):
-        _tell(f"init-gone\t{pid}:{started}\n")
+    _link.queue.append(f"init-gone\t{pid}:{started}\n")
+    _flush()
 
 
 def parent_and_start(pid: int) -> tuple[int, int]:
@@ -126,26 +126,27 @@ def parent_and_start(pid: int) -> tuple[int, int]:
         raise OSError(errno.ESRCH, f"unreadable status of {pid}") from exc
 
 
-def _tell(line: str, once: bool = False) -> None:
-    """Write ``line`` to the watchdog, started first if need be; ``once``: unless it was
-    told already (a sandbox's init is told once anyway, and its pid comes back). A
-    watchdog that died (killed by someone, or by the kernel short of memory) is started
-    again first (``ensure``).
+def _tell(line: str) -> None:
+    """Write ``line`` to the watchdog, started first if need be (``ensure``), unless it was
+    told already; and to every watchdog started after it.
 
     Raises:
         OSError: the watchdog could not be started.
     """
     with _link.lock:
-        _running()
-        if once and line in _link.told:
-            return
-        os.write(_link.write_end, line.encode())
-        if once:
+        for attempt in (1, 2):
+            _running()
+            if line in _link.told:
+                break
+            try:
+                os.write(_link.write_end, line.encode())
+            except BrokenPipeError:
+                if attempt == 2:  # it died between the check and the write: once more
+                    raise
+                continue
             _link.told.add(line)
-        elif line.startswith("init\t"):
-            _link.inits.add(line)
-        elif line.startswith("init-gone\t"):
-            _link.inits.discard("init" + line.removeprefix("init-gone"))
+            break
+    _flush()
 
 
 def ensure() -> None:
@@ -157,6 +158,7 @@ def ensure() -> None:
     """
     with _link.lock:
         _running()
+    _flush()
 
 
 def _running() -> None:
@@ -168,8 +170,58 @@ def _running() -> None:
         _spawn()
     if _link.ready_read >= 0:
         _await_ready()
-        for told in (*sorted(_link.told), *sorted(_link.inits)):  # a restarted one's due
-            os.write(_link.write_end, told.encode())
+        for line in (*sorted(_link.told), *sorted(_link.inits)):  # a new one is told all
+            os.write(_link.write_end, line.encode())
+        pidfd = os.pidfd_open(_link.pid)
+        threading.Thread(
+            target=_monitor, args=(_link.pid, pidfd), name="watchdog-monitor", daemon=True
+        ).start()
+
+
+def _flush() -> None:
+    """Write the queued init lines, unless another thread holds the link: it writes them
+    (each holder flushes after it lets go, so none is left behind)."""
+    while _link.queue and _link.lock.acquire(blocking=False):
+        try:
+            if _link.owner != os.getpid() or _link.ready_read >= 0:
+                return  # not running here yet: whoever starts it writes the queue
+            while _link.queue:
+                line = _link.queue.popleft()
+                kind, _, value = line.partition("\t")
+                if kind == "init":
+                    _link.inits.add(line)
+                else:
+                    _link.inits.discard(f"init\t{value}")
+                with contextlib.suppress(OSError):  # died: the next one is told ``inits``
+                    os.write(_link.write_end, line.encode())
+        finally:
+            _link.lock.release()
+
+
+def _monitor(pid: int, pidfd: int) -> None:
+    """Wait until the watchdog ``pid`` is gone; then start another at once, so that the
+    sandboxes already running (a long call, a session, a pool) are guarded again without
+    waiting for the next one to start."""
+    try:
+        _readable(pidfd, None)
+    finally:
+        os.close(pidfd)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)  # ours (posix_spawn): reaped, no zombie is left
+    with _link.lock:
+        if _link.pid != pid or _link.owner != os.getpid():
+            return  # replaced already, or the runner let it go
+        with contextlib.suppress(OSError):  # else the next sandbox's ``ensure`` tries again
+            _running()
+    _flush()
+
+
+def _readable(fd: int, timeout_s: float | None) -> bool:
+    """Wait until ``fd`` is readable (None: however long); poll, not select: a server's
+    descriptors may number past select's 1024."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout_s is None else int(timeout_s * 1000)))
 
 
 def _gone() -> bool:
@@ -202,7 +254,7 @@ def _spawn() -> None:
     try:
         # posix_spawn rather than Popen: no object whose finalizer complains that the
         # watchdog still runs; it is meant to outlive every object of ours.
-        os.posix_spawn(
+        pid = os.posix_spawn(
             sys.executable,
             [sys.executable, "-I", "-S", "-c", _BOOT, package_root, str(os.getpid())],
             os.environ,
@@ -228,9 +280,12 @@ def _spawn() -> None:
             if inherited >= 0:
                 with contextlib.suppress(OSError):
                     os.close(inherited)
-        _link.told.clear()  # the parent's watchdog was told those, not this child's
+    if _link.home != os.getpid():  # a forked child: its parent's watchdog was told those
+        _link.told.clear()
         _link.inits.clear()
-    _link.owner = os.getpid()
+        _link.queue.clear()
+        _link.home = os.getpid()
+    _link.owner, _link.pid = os.getpid(), pid
     _link.write_end = write_end
     _link.ready_read = ready_read
 
@@ -245,8 +300,7 @@ def _await_ready() -> None:
     """
     ready_read = _link.ready_read
     try:
-        ready, _, _ = select.select([ready_read], [], [], READY_TIMEOUT_S)
-        if not ready or os.read(ready_read, 1) != b"r":
+        if not _readable(ready_read, READY_TIMEOUT_S) or os.read(ready_read, 1) != b"r":
             os.close(_link.write_end)  # its end-of-file: a late watchdog exits at once
             _link.write_end = -1
             _link.owner = 0
@@ -254,194 +308,3 @@ def _await_ready() -> None:
     finally:
         os.close(ready_read)
         _link.ready_read = -1
-
-
-# -- the watchdog process -----------------------------------------------------------------
-
-
-def _sweep_cgroups(owner: int, parents: Iterable[tuple[int, Path]]) -> None:
-    from sandboxes.subprocess._cgroup import remove_groups
-
-    by_version: dict[int, list[Path]] = {}
-    for version, parent in parents:
-        by_version.setdefault(version, []).append(parent)
-    for version, same in by_version.items():
-        remove_groups(version, same, lambda name: name.startswith(f"{owner}-"))
-
-
-def _sweep_scratch(owner: int, roots: Iterable[Path]) -> None:
-    from sandboxes._owners import remove_folders
-
-    for root in roots:
-        remove_folders(root, lambda name: name.startswith(f"{owner}-"))
-
-
-def _sweep_scratch_until_gone(owner: int, roots: list[Path], within_s: float) -> None:
-    deadline = time.monotonic() + within_s
-    while True:
-        _sweep_scratch(owner, roots)
-        left = False
-        for root in roots:
-            with contextlib.suppress(OSError):
-                left = left or any(child.name.startswith(f"{owner}-") for child in root.iterdir())
-        if not left or time.monotonic() > deadline:
-            return
-        time.sleep(0.1)
-
-
-def _sweep_docker(owner: int) -> None:
-    try:
-        from docker import APIClient
-        from docker.utils import kwargs_from_env
-
-        from sandboxes.docker._client import LABEL_OWNER
-    except ImportError:
-        return
-    try:
-        client = APIClient(**kwargs_from_env(), timeout=10)
-    except Exception:  # no daemon: nothing of ours can be running there
-        return
-    label = f"{LABEL_OWNER}={owner}"
-    for pause in DOCKER_SWEEPS_S:
-        time.sleep(pause)
-        with contextlib.suppress(Exception):
-            ids = [c["Id"] for c in client.containers(all=True, filters={"label": label})]
-            # Kill all first (what the guarantee is about), then remove at leisure.
-            killers = [threading.Thread(target=_quietly, args=(client.kill, cid)) for cid in ids]
-            for thread in killers:
-                thread.start()
-            for thread in killers:
-                thread.join()
-            for cid in ids:
-                _quietly(lambda cid: client.remove_container(cid, force=True), cid)
-
-
-# Rootless sandboxes have no cgroup to sweep: their bubblewrap processes carry this
-# variable (the sandbox's own environment is cleared), and killing bubblewrap's init
-# takes the sandbox's whole pid namespace with it.
-OWNER_MARK = "RUNNER_OWNER"
-
-
-def _sweep_marked(owner: int) -> None:
-    """Kill this user's processes whose environment holds ``RUNNER_OWNER=<owner>``, each
-    pinned by a pidfd before its environment is read."""
-    needle = f"{OWNER_MARK}={owner}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fd = os.pidfd_open(int(entry.name))
-        except OSError:
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-        except OSError:
-            pass  # gone, or not ours to read
-        finally:
-            os.close(fd)
-
-
-def _sweep_processes(
-    owner: int, cgroups: Iterable[tuple[int, Path]], marked: bool, inits: dict[str, int]
-) -> None:
-    _sweep_cgroups(owner, cgroups)
-    for pinned in list(inits.values()):  # each init's death ends its pid namespace
-        with contextlib.suppress(OSError):
-            signal.pidfd_send_signal(pinned, signal.SIGKILL)
-    if marked:
-        _sweep_marked(owner)
-
-
-def _note_init(inits: dict[str, int], alive: bool, value: str) -> None:
-    if not alive:
-        with contextlib.suppress(KeyError, OSError):
-            os.close(inits.pop(value))
-    elif value not in inits and (pinned := _pin(value)) is not None:
-        inits[value] = pinned
-
-
-def _pin(value: str) -> int | None:
-    """A pidfd of the process ``<pid>:<start time>`` if it is still that process."""
-    pid, _, started = value.partition(":")
-    if not (pid.isdigit() and started.isdigit()):
-        return None
-    try:
-        pinned = os.pidfd_open(int(pid))
-    except OSError:
-        return None
-    try:
-        if parent_and_start(int(pid))[1] == int(started):  # read after the pin: the pin's process
-            return pinned
-    except OSError:
-        pass
-    os.close(pinned)
-    return None
-
-
-def _quietly(action: Callable[[str], object], cid: str) -> None:
-    with contextlib.suppress(Exception):
-        action(cid)
-
-
-def main(argv: list[str]) -> int:
-    """The watchdog of the runner whose pid is ``argv[2]`` (``argv``: see ``_BOOT``)."""
-    owner = int(argv[2])
-    # Ours to ignore: only the end of the runner's pipe ends the watch.
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(signum, signal.SIG_IGN)
-    # Everything the sweep needs is loaded now, while the runner waits for "ready".
-    import sandboxes.subprocess._cgroup  # noqa: F401
-    from sandboxes._staging import remove_stale
-
-    with contextlib.suppress(OSError):  # a runner that never called watch() is gone already
-        os.write(1, b"r")
-        os.close(1)
-    try:
-        runner: int | None = os.pidfd_open(owner)  # readable once the whole process is gone
-    except OSError:
-        runner = None
-    cgroups: list[tuple[int, Path]] = []
-    told: dict[str, list[str]] = {"scratch": [], "staging": [], "marked": []}
-    inits: dict[str, int] = {}  # "<pid>:<start time>": its pidfd
-    docker_used = False
-    for raw in sys.stdin.buffer:
-        kind, _, value = raw.decode(errors="replace").rstrip("\n").partition("\t")
-        if kind in ("init", "init-gone"):
-            _note_init(inits, kind == "init", value)
-        elif kind == "cgroups":
-            version, _, parent = value.partition(":")
-            cgroups.append((int(version), Path(parent)))
-        elif kind in told:
-            told[kind].append(value)
-        elif kind == "docker" and not docker_used:
-            docker_used = True
-            sys.path.extend(entry for entry in value.split(os.pathsep) if entry and entry not in sys.path)
-            with contextlib.suppress(ImportError):
-                import docker  # noqa: F401 - loaded now rather than when time counts
-    scratch = [Path(value) for value in told["scratch"]]
-    staging = [Path(value) for value in told["staging"]]
-    marked = bool(told["marked"])
-    # End of file: the runner exited or was killed. Sweep what it may have left.
-    sweepers = [threading.Thread(target=_sweep_processes, args=(owner, cgroups, marked, inits))]
-    if docker_used:
-        sweepers.append(threading.Thread(target=_sweep_docker, args=(owner,)))
-    for thread in sweepers:
-        thread.start()
-    _sweep_scratch(owner, scratch)
-    sweepers[0].join()
-    # Its descriptors close before its last thread is gone, and until then its children
-    # still see it as their parent: a launcher can pass its parent check and join a cgroup
-    # after the first sweep. Once the whole process is gone nothing can; sweep again.
-    if runner is not None:
-        select.select([runner], [], [], FULL_EXIT_WAIT_S)
-        _sweep_processes(owner, cgroups, marked, inits)
-    for thread in sweepers:
-        thread.join()
-    # Again, until gone: a sandbox still alive at the first sweep kept its folder (without
-    # root, its /tmp and /dev/shm are mounted on it in the launcher's namespace).
-    _sweep_scratch_until_gone(owner, scratch, SCRATCH_GONE_S)
-    # Last: a staged workspace may be unmounted only once no sandbox of ours can use it.
-    for root in staging:
-        remove_stale(root, lambda name: name.startswith(f"{owner}-"))
-    return 0

@@ -162,7 +162,7 @@ def _watchdogs_of(pid: int) -> list[int]:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"from sandboxes._watchdog import main" in b" ".join(argv) and argv[-2:-1] == [
+            if b"from sandboxes._reaper import main" in b" ".join(argv) and argv[-2:-1] == [
                 str(pid).encode()
             ]:
                 found.append(int(entry.name))
