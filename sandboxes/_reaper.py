@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandboxes._watchdog import OWNER_MARK, parent_and_start
@@ -147,6 +148,39 @@ def _quietly(action: Callable[[str], object], cid: str) -> None:
         action(cid)
 
 
+@dataclass
+class _Told:
+    """What the runner told its watchdog, by the end of its pipe."""
+
+    cgroups: list[tuple[int, Path]] = field(default_factory=list)
+    kinds: dict[str, list[str]] = field(default_factory=lambda: {"scratch": [], "staging": [], "marked": []})
+    inits: dict[str, int] = field(default_factory=dict)  # "<pid>:<start time>": its pidfd
+    docker: bool = False
+
+    def nothing(self) -> bool:
+        return not (self.cgroups or self.inits or self.docker or any(self.kinds.values()))
+
+
+def _listen() -> _Told:
+    """Read the runner's lines until end-of-file: the runner is gone, or let this go."""
+    told = _Told()
+    for raw in sys.stdin.buffer:
+        kind, _, value = raw.decode(errors="replace").rstrip("\n").partition("\t")
+        if kind in ("init", "init-gone"):
+            _note_init(told.inits, kind == "init", value)
+        elif kind == "cgroups":
+            version, _, parent = value.partition(":")
+            told.cgroups.append((int(version), Path(parent)))
+        elif kind in told.kinds:
+            told.kinds[kind].append(value)
+        elif kind == "docker" and not told.docker:
+            told.docker = True
+            sys.path.extend(entry for entry in value.split(os.pathsep) if entry and entry not in sys.path)
+            with contextlib.suppress(ImportError):
+                import docker  # noqa: F401 - loaded now rather than when time counts
+    return told
+
+
 def main(argv: list[str]) -> int:
     """The watchdog of the runner whose pid is ``argv[2]`` (``argv``: see ``_BOOT``)."""
     owner = int(argv[2])
@@ -164,27 +198,13 @@ def main(argv: list[str]) -> int:
         runner: int | None = os.pidfd_open(owner)  # readable once the whole process is gone
     except OSError:
         runner = None
-    cgroups: list[tuple[int, Path]] = []
-    told: dict[str, list[str]] = {"scratch": [], "staging": [], "marked": []}
-    inits: dict[str, int] = {}  # "<pid>:<start time>": its pidfd
-    docker_used = False
-    for raw in sys.stdin.buffer:
-        kind, _, value = raw.decode(errors="replace").rstrip("\n").partition("\t")
-        if kind in ("init", "init-gone"):
-            _note_init(inits, kind == "init", value)
-        elif kind == "cgroups":
-            version, _, parent = value.partition(":")
-            cgroups.append((int(version), Path(parent)))
-        elif kind in told:
-            told[kind].append(value)
-        elif kind == "docker" and not docker_used:
-            docker_used = True
-            sys.path.extend(entry for entry in value.split(os.pathsep) if entry and entry not in sys.path)
-            with contextlib.suppress(ImportError):
-                import docker  # noqa: F401 - loaded now rather than when time counts
-    scratch = [Path(value) for value in told["scratch"]]
-    staging = [Path(value) for value in told["staging"]]
-    marked = bool(told["marked"])
+    told = _listen()
+    if told.nothing():
+        return 0  # the runner gave up waiting for it to start: there is nothing to sweep
+    cgroups, inits, docker_used = told.cgroups, told.inits, told.docker
+    scratch = [Path(value) for value in told.kinds["scratch"]]
+    staging = [Path(value) for value in told.kinds["staging"]]
+    marked = bool(told.kinds["marked"])
     # End of file: the runner exited or was killed. Sweep what it may have left.
     sweepers = [threading.Thread(target=_sweep_processes, args=(owner, cgroups, marked, inits))]
     if docker_used:

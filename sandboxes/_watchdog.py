@@ -16,7 +16,7 @@ The launcher closes the remaining gap: it joins the call's cgroup first and then
 that its parent is still the runner, so a launcher the sweep missed exits by itself.
 
 A watchdog that dies before the runner (killed by someone, or by the kernel short of
-memory) is started again at once by a thread of the runner that waits on its pidfd, and
+memory) is started again at once by a thread of the runner that watches its pipe, and
 told again all the dead one was told; every sandbox start checks it runs, too. This
 module is the runner's side; ``sandboxes._reaper`` is the watchdog process.
 """
@@ -30,9 +30,17 @@ import os
 import select
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 READY_TIMEOUT_S = 10.0
+# A watchdog that lived shorter than this is started again only once it has passed: one
+# that keeps dying (killed over and over, out of memory) does not take a core.
+RESTART_PAUSE_S = 1.0
+# How often the monitor looks for init lines a full pipe left queued (a watchdog that
+# was slow to read, or stopped) when nothing else woke it.
+MONITOR_POLL_S = 0.25
 # Rootless sandboxes have no cgroup to sweep: their bubblewrap processes carry this
 # variable (the sandbox's own environment is cleared), and killing bubblewrap's init
 # takes the sandbox's whole pid namespace with it.
@@ -44,11 +52,13 @@ class _Link:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.owner = 0  # the process whose watchdog runs (0: none does)
-        self.home = 0  # the process whose lines ``told`` and ``inits`` are
+        self.owner = 0  # the process whose watchdog runs (0: none is running)
         self.pid = -1  # the watchdog's
-        self.write_end = -1
+        self.started = 0.0  # when it was started (time.monotonic)
+        self.write_end = -1  # non-blocking: a stopped watchdog never blocks a writer
         self.ready_read = -1  # until the watchdog said it is ready
+        self.watched = -1  # the monitor's own copy of the write end
+        self.late: list[int] = []  # watchdogs that never said they were ready, to reap
         self.told: set[str] = set()  # the kinds to sweep, told to every watchdog it starts
         self.inits: set[str] = set()  # the ``init`` lines of sandboxes still there, likewise
         self.queue: collections.deque[str] = collections.deque()  # init lines not yet written
@@ -65,11 +75,42 @@ _BOOT = (
 )
 
 
+def _forked() -> None:
+    """In a child forked (not executed) from this process: its parent's watchdog and
+    sandboxes are not its own. The copies of the parent's pipe ends are closed (else the
+    parent's watchdog would not see end-of-file when the parent dies), the lock is new
+    (another thread may have held it at the fork), the kinds to sweep are kept (the
+    sweeps go by the owner's pid: the child's own) and the parent's inits are dropped."""
+    for inherited in (_link.write_end, _link.ready_read, _link.watched):
+        if inherited >= 0:
+            with contextlib.suppress(OSError):
+                os.close(inherited)
+    _link.lock = threading.Lock()
+    _link.owner, _link.pid, _link.write_end, _link.ready_read, _link.watched = 0, -1, -1, -1, -1
+    _link.late = []
+    _link.inits.clear()
+    _link.queue.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+@contextlib.contextmanager
+def _holding() -> Iterator[None]:
+    """The link's lock; once let go, the queued init lines are written (a line queued
+    while the lock was held is left for its holder)."""
+    try:
+        with _link.lock:
+            yield
+    finally:
+        _flush()
+
+
 def prestart() -> None:
     """Start this process's watchdog now without waiting for it, so that it boots while
     the caller goes on (loading tools); the first ``watch`` waits until it is ready. A
     failure to start is left for that ``watch`` to meet again and raise."""
-    with _link.lock:
+    with _holding():
         if _link.owner != os.getpid():
             with contextlib.suppress(OSError):
                 _spawn()
@@ -81,14 +122,27 @@ def watch(kind: str, value: str = "") -> None:
     ``kind`` is ``cgroups`` (value: ``<version>:<parent dir>``), ``scratch`` (a folder of
     ``<pid>-*`` entries), ``staging`` (a folder of staged workspaces), ``marked``
     (processes carrying ``OWNER_MARK``) or ``docker``; a sandbox's init is told by
-    ``watch_sandbox_init``.
+    ``watch_sandbox_init``. Every watchdog started later is told again.
 
     Raises:
         OSError: the watchdog could not be started; the caller must not start a sandbox.
     """
     if kind == "docker" and not value:
         value = os.pathsep.join(_import_path())
-    _tell(f"{kind}\t{value}\n")
+    line = f"{kind}\t{value}\n"
+    with _holding():
+        for attempt in (1, 2):
+            _running()
+            if line in _link.told:
+                return
+            try:
+                _write(line, READY_TIMEOUT_S)
+            except BrokenPipeError:
+                if attempt == 2:  # it died between the check and the write: once more
+                    raise
+                continue
+            _link.told.add(line)
+            return
 
 
 def watch_sandbox_init(pid: int, started: int) -> None:
@@ -98,8 +152,8 @@ def watch_sandbox_init(pid: int, started: int) -> None:
     tool has the init's uid: through ``/proc/1/mem``, which no seccomp filter can refuse,
     it can erase ``OWNER_MARK`` from the init's environment, clear its parent-death signal
     and make it non-dumpable, so that nothing of the init can be read any more; a pidfd
-    needs nothing read. Never waits (the event loop calls it): a watchdog being started
-    is told once it is ready."""
+    needs nothing read. Never waits (the event loop calls it): while another thread holds
+    the link (a watchdog being started), that thread writes it."""
     _link.queue.append(f"init\t{pid}:{started}\n")
     _flush()
 
@@ -108,6 +162,18 @@ def forget_sandbox_init(pid: int, started: int) -> None:
     """The sandbox of the init ``pid`` (which started at ``started``) is gone."""
     _link.queue.append(f"init-gone\t{pid}:{started}\n")
     _flush()
+
+
+def ensure() -> None:
+    """Make sure this process's watchdog runs: one that died and was not started again
+    yet (its monitor pauses after a short life) is started now, before the caller starts
+    another sandbox.
+
+    Raises:
+        OSError: it could not be started; the caller must not start a sandbox.
+    """
+    with _holding():
+        _running()
 
 
 def parent_and_start(pid: int) -> tuple[int, int]:
@@ -126,43 +192,14 @@ def parent_and_start(pid: int) -> tuple[int, int]:
         raise OSError(errno.ESRCH, f"unreadable status of {pid}") from exc
 
 
-def _tell(line: str) -> None:
-    """Write ``line`` to the watchdog, started first if need be (``ensure``), unless it was
-    told already; and to every watchdog started after it.
-
-    Raises:
-        OSError: the watchdog could not be started.
-    """
-    with _link.lock:
-        for attempt in (1, 2):
-            _running()
-            if line in _link.told:
-                break
-            try:
-                os.write(_link.write_end, line.encode())
-            except BrokenPipeError:
-                if attempt == 2:  # it died between the check and the write: once more
-                    raise
-                continue
-            _link.told.add(line)
-            break
-    _flush()
-
-
-def ensure() -> None:
-    """Make sure this process's watchdog runs: one that died is started again, and told
-    again all it was told, before the caller starts another sandbox.
-
-    Raises:
-        OSError: it could not be started; the caller must not start a sandbox.
-    """
-    with _link.lock:
-        _running()
-    _flush()
-
-
 def _running() -> None:
-    """``ensure``, called with the lock held."""
+    """``ensure``, called with the lock held. A new watchdog is told all the last one was:
+    the kinds at once, the inits through the queue."""
+    for late in list(_link.late):
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(late, os.WNOHANG)[0] == 0:
+                continue
+        _link.late.remove(late)
     if _link.owner == os.getpid() and _link.ready_read < 0 and _gone():
         os.close(_link.write_end)
         _link.write_end, _link.owner = -1, 0
@@ -170,58 +207,84 @@ def _running() -> None:
         _spawn()
     if _link.ready_read >= 0:
         _await_ready()
-        for line in (*sorted(_link.told), *sorted(_link.inits)):  # a new one is told all
-            os.write(_link.write_end, line.encode())
-        pidfd = os.pidfd_open(_link.pid)
-        threading.Thread(
-            target=_monitor, args=(_link.pid, pidfd), name="watchdog-monitor", daemon=True
-        ).start()
+        for line in sorted(_link.told):
+            _write(line, READY_TIMEOUT_S)
+        _link.queue.extendleft(sorted(_link.inits, reverse=True))
+        _link.watched = os.dup(_link.write_end)
+        monitor = threading.Thread(target=_monitor, args=(_link.pid, _link.watched), daemon=True)
+        monitor.start()
+
+
+def _write(line: str, wait_s: float | None) -> None:
+    """Write all of ``line``, waiting at most ``wait_s`` for room in the pipe (None: not at
+    all; a line under PIPE_BUF is then written whole or not at all).
+
+    Raises:
+        BlockingIOError: no room (a watchdog stopped, not dead).
+        BrokenPipeError: it died.
+    """
+    data = line.encode()
+    while data:
+        try:
+            data = data[os.write(_link.write_end, data) :]
+        except BlockingIOError:
+            poller = select.poll()
+            poller.register(_link.write_end, select.POLLOUT)
+            if wait_s is None or not poller.poll(int(wait_s * 1000)):
+                raise
 
 
 def _flush() -> None:
-    """Write the queued init lines, unless another thread holds the link: it writes them
-    (each holder flushes after it lets go, so none is left behind)."""
+    """Write the queued init lines, unless another thread holds the link (it writes them
+    once it lets go) or no watchdog runs yet (the one who starts it writes them)."""
     while _link.queue and _link.lock.acquire(blocking=False):
         try:
             if _link.owner != os.getpid() or _link.ready_read >= 0:
-                return  # not running here yet: whoever starts it writes the queue
+                return
             while _link.queue:
-                line = _link.queue.popleft()
+                line = _link.queue[0]
                 kind, _, value = line.partition("\t")
                 if kind == "init":
                     _link.inits.add(line)
                 else:
                     _link.inits.discard(f"init\t{value}")
-                with contextlib.suppress(OSError):  # died: the next one is told ``inits``
-                    os.write(_link.write_end, line.encode())
+                try:
+                    _write(line, None)
+                except BlockingIOError:
+                    return  # left queued: a stopped watchdog is never waited for here
+                except OSError:
+                    pass  # it died: the next one is told ``inits``
+                _link.queue.popleft()
         finally:
             _link.lock.release()
 
 
-def _monitor(pid: int, pidfd: int) -> None:
-    """Wait until the watchdog ``pid`` is gone; then start another at once, so that the
-    sandboxes already running (a long call, a session, a pool) are guarded again without
-    waiting for the next one to start."""
-    try:
-        _readable(pidfd, None)
-    finally:
-        os.close(pidfd)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)  # ours (posix_spawn): reaped, no zombie is left
-    with _link.lock:
+def _monitor(pid: int, watched: int) -> None:
+    """Wait until the watchdog ``pid`` is gone (the pipe shows an error once its reader
+    is); then start another, so that the sandboxes already running (a long call, a
+    session, a pool) are guarded again without waiting for the next one to start. Till
+    then, write the init lines a full pipe left queued as soon as there is room."""
+    poller = select.poll()
+    while True:
+        poller.register(watched, select.POLLOUT if _link.queue else 0)  # errors come unasked
+        events = [mask for _, mask in poller.poll(int(MONITOR_POLL_S * 1000))]
+        if any(mask & (select.POLLERR | select.POLLHUP) for mask in events):
+            break
+        if _link.queue:
+            _flush()
+    deadline = time.monotonic() + 1.0
+    with contextlib.suppress(ChildProcessError):  # ours (posix_spawn): reaped, not a zombie
+        while os.waitpid(pid, os.WNOHANG)[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # its descriptors close just before it exits
+    time.sleep(max(0.0, _link.started + RESTART_PAUSE_S - time.monotonic()))
+    with _holding():
+        if _link.watched == watched:
+            os.close(watched)
+            _link.watched = -1
         if _link.pid != pid or _link.owner != os.getpid():
-            return  # replaced already, or the runner let it go
+            return  # replaced already
         with contextlib.suppress(OSError):  # else the next sandbox's ``ensure`` tries again
             _running()
-    _flush()
-
-
-def _readable(fd: int, timeout_s: float | None) -> bool:
-    """Wait until ``fd`` is readable (None: however long); poll, not select: a server's
-    descriptors may number past select's 1024."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(None if timeout_s is None else int(timeout_s * 1000)))
 
 
 def _gone() -> bool:
@@ -273,19 +336,8 @@ def _spawn() -> None:
     finally:
         os.close(read_end)
         os.close(ready_write)
-    if _link.owner not in (0, os.getpid()):
-        # A forked child's copies of its parent's ends: closing them here is what lets the
-        # parent's watchdog see end-of-file when the parent dies.
-        for inherited in (_link.write_end, _link.ready_read):
-            if inherited >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(inherited)
-    if _link.home != os.getpid():  # a forked child: its parent's watchdog was told those
-        _link.told.clear()
-        _link.inits.clear()
-        _link.queue.clear()
-        _link.home = os.getpid()
-    _link.owner, _link.pid = os.getpid(), pid
+    os.set_blocking(write_end, False)
+    _link.owner, _link.pid, _link.started = os.getpid(), pid, time.monotonic()
     _link.write_end = write_end
     _link.ready_read = ready_read
 
@@ -300,10 +352,12 @@ def _await_ready() -> None:
     """
     ready_read = _link.ready_read
     try:
-        if not _readable(ready_read, READY_TIMEOUT_S) or os.read(ready_read, 1) != b"r":
-            os.close(_link.write_end)  # its end-of-file: a late watchdog exits at once
-            _link.write_end = -1
-            _link.owner = 0
+        poller = select.poll()
+        poller.register(ready_read, select.POLLIN)  # not select(): descriptors past 1024
+        if not poller.poll(int(READY_TIMEOUT_S * 1000)) or os.read(ready_read, 1) != b"r":
+            os.close(_link.write_end)  # its end-of-file: told nothing, it exits at once
+            _link.late.append(_link.pid)
+            _link.write_end, _link.owner = -1, 0
             raise OSError(errno.ETIMEDOUT, "the watchdog did not start")
     finally:
         os.close(ready_read)
