@@ -173,11 +173,12 @@ def _listen() -> _Told:
             told.cgroups.append((int(version), Path(parent)))
         elif kind in told.kinds:
             told.kinds[kind].append(value)
-        elif kind == "docker" and not told.docker:
+        elif kind == "docker":  # the SDK's import path, in one line or several
             told.docker = True
             sys.path.extend(entry for entry in value.split(os.pathsep) if entry and entry not in sys.path)
-            with contextlib.suppress(ImportError):
-                import docker  # noqa: F401 - loaded now rather than when time counts
+            if "docker" not in sys.modules:
+                with contextlib.suppress(ImportError):
+                    import docker  # noqa: F401 - loaded now rather than when time counts
     return told
 
 

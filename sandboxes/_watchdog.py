@@ -16,8 +16,9 @@ The launcher closes the remaining gap: it joins the call's cgroup first and then
 that its parent is still the runner, so a launcher the sweep missed exits by itself.
 
 A watchdog that dies before the runner (killed by someone, or by the kernel short of
-memory) is started again at once by a thread of the runner that watches its pipe, and
-told again all the dead one was told; every sandbox start checks it runs, too. This
+memory) is started again by a thread of the runner that watches its pipe (at once, or a
+second after the dead one started), and told again all the dead one was told; every
+sandbox start checks it runs, too. This
 module is the runner's side; ``sandboxes._reaper`` is the watchdog process.
 """
 
@@ -57,7 +58,7 @@ class _Link:
         self.started = 0.0  # when it was started (time.monotonic)
         self.write_end = -1  # non-blocking: a stopped watchdog never blocks a writer
         self.ready_read = -1  # until the watchdog said it is ready
-        self.watched = -1  # the monitor's own copy of the write end
+        self.private: set[int] = set()  # more of ours a forked child must close (see _forked)
         self.late: list[int] = []  # watchdogs that never said they were ready, to reap
         self.told: set[str] = set()  # the kinds to sweep, told to every watchdog it starts
         self.inits: set[str] = set()  # the ``init`` lines of sandboxes still there, likewise
@@ -81,12 +82,13 @@ def _forked() -> None:
     parent's watchdog would not see end-of-file when the parent dies), the lock is new
     (another thread may have held it at the fork), the kinds to sweep are kept (the
     sweeps go by the owner's pid: the child's own) and the parent's inits are dropped."""
-    for inherited in (_link.write_end, _link.ready_read, _link.watched):
+    for inherited in (_link.write_end, _link.ready_read, *_link.private):
         if inherited >= 0:
             with contextlib.suppress(OSError):
                 os.close(inherited)
     _link.lock = threading.Lock()
-    _link.owner, _link.pid, _link.write_end, _link.ready_read, _link.watched = 0, -1, -1, -1, -1
+    _link.owner, _link.pid, _link.write_end, _link.ready_read = 0, -1, -1, -1
+    _link.private = set()
     _link.late = []
     _link.inits.clear()
     _link.queue.clear()
@@ -127,22 +129,42 @@ def watch(kind: str, value: str = "") -> None:
     Raises:
         OSError: the watchdog could not be started; the caller must not start a sandbox.
     """
-    if kind == "docker" and not value:
-        value = os.pathsep.join(_import_path())
-    line = f"{kind}\t{value}\n"
+    lines = _lines(kind, value)
     with _holding():
         for attempt in (1, 2):
             _running()
-            if line in _link.told:
-                return
             try:
-                _write(line, READY_TIMEOUT_S)
+                for line in lines:
+                    if line not in _link.told:
+                        _write(line, READY_TIMEOUT_S)
+                        _link.told.add(line)
+                return
             except BrokenPipeError:
                 if attempt == 2:  # it died between the check and the write: once more
                     raise
-                continue
-            _link.told.add(line)
-            return
+
+
+def _lines(kind: str, value: str) -> list[str]:
+    """The lines that tell ``kind``/``value``, each shorter than PIPE_BUF (so written whole
+    or not at all): the Docker SDK's import path may take several.
+
+    Raises:
+        OSError: a value too long for one line.
+    """
+    if kind != "docker" or value:
+        lines = [f"{kind}\t{value}\n"]
+    else:
+        lines, entries = [], _import_path()
+        while entries:
+            count = 1
+            while count < len(entries) and len(os.pathsep.join(entries[: count + 1])) < select.PIPE_BUF // 2:
+                count += 1
+            lines.append(f"docker\t{os.pathsep.join(entries[:count])}\n")
+            entries = entries[count:]
+        lines = lines or ["docker\t\n"]
+    if any(len(line.encode()) >= select.PIPE_BUF for line in lines):
+        raise OSError(errno.ENAMETOOLONG, f"a {kind} path too long for the watchdog")
+    return lines
 
 
 def watch_sandbox_init(pid: int, started: int) -> None:
@@ -201,36 +223,36 @@ def _running() -> None:
                 continue
         _link.late.remove(late)
     if _link.owner == os.getpid() and _link.ready_read < 0 and _gone():
-        os.close(_link.write_end)
-        _link.write_end, _link.owner = -1, 0
+        dead, _link.write_end, _link.owner = _link.write_end, -1, 0
+        os.close(dead)
     if _link.owner != os.getpid():
         _spawn()
     if _link.ready_read >= 0:
         _await_ready()
-        for line in sorted(_link.told):
-            _write(line, READY_TIMEOUT_S)
         _link.queue.extendleft(sorted(_link.inits, reverse=True))
-        _link.watched = os.dup(_link.write_end)
-        monitor = threading.Thread(target=_monitor, args=(_link.pid, _link.watched), daemon=True)
-        monitor.start()
+        watched = os.dup(_link.write_end)
+        _link.private.add(watched)
+        threading.Thread(target=_monitor, args=(_link.pid, watched), daemon=True).start()
+        for line in sorted(_link.told):  # should it die meanwhile, the monitor starts another
+            _write(line, READY_TIMEOUT_S)
 
 
 def _write(line: str, wait_s: float | None) -> None:
-    """Write all of ``line``, waiting at most ``wait_s`` for room in the pipe (None: not at
-    all; a line under PIPE_BUF is then written whole or not at all).
+    """Write ``line`` (shorter than PIPE_BUF: whole or not at all), waiting at most
+    ``wait_s`` for room in the pipe (None: not at all).
 
     Raises:
         BlockingIOError: no room (a watchdog stopped, not dead).
         BrokenPipeError: it died.
     """
-    data = line.encode()
-    while data:
+    for attempt in (1, 2):
         try:
-            data = data[os.write(_link.write_end, data) :]
+            os.write(_link.write_end, line.encode())
+            return
         except BlockingIOError:
             poller = select.poll()
             poller.register(_link.write_end, select.POLLOUT)
-            if wait_s is None or not poller.poll(int(wait_s * 1000)):
+            if attempt == 2 or wait_s is None or not poller.poll(int(wait_s * 1000)):
                 raise
 
 
@@ -272,15 +294,20 @@ def _monitor(pid: int, watched: int) -> None:
             break
         if _link.queue:
             _flush()
-    deadline = time.monotonic() + 1.0
-    with contextlib.suppress(ChildProcessError):  # ours (posix_spawn): reaped, not a zombie
-        while os.waitpid(pid, os.WNOHANG)[0] == 0 and time.monotonic() < deadline:
+    reaped, deadline = False, time.monotonic() + 1.0
+    while not reaped and time.monotonic() < deadline:  # ours (posix_spawn): not a zombie
+        try:
+            reaped = os.waitpid(pid, os.WNOHANG)[0] != 0
+        except ChildProcessError:
+            reaped = True
+        if not reaped:
             time.sleep(0.01)  # its descriptors close just before it exits
     time.sleep(max(0.0, _link.started + RESTART_PAUSE_S - time.monotonic()))
     with _holding():
-        if _link.watched == watched:
-            os.close(watched)
-            _link.watched = -1
+        _link.private.discard(watched)
+        os.close(watched)
+        if not reaped:
+            _link.late.append(pid)
         if _link.pid != pid or _link.owner != os.getpid():
             return  # replaced already
         with contextlib.suppress(OSError):  # else the next sandbox's ``ensure`` tries again
@@ -301,7 +328,10 @@ def _import_path() -> list[str]:
     return [
         entry
         for entry in sys.path
-        if Path(entry).is_absolute() and entry != here and not set(entry) & {os.pathsep, "\t", "\n"}
+        if Path(entry).is_absolute()
+        and entry != here
+        and not set(entry) & {os.pathsep, "\t", "\n"}
+        and len(entry.encode()) < select.PIPE_BUF // 2
     ]
 
 
@@ -312,7 +342,9 @@ def _spawn() -> None:
         OSError: it could not be spawned.
     """
     read_end, write_end = os.pipe()  # both close-on-exec: no launcher inherits them
+    _link.private.update((read_end, write_end))
     ready_read, ready_write = os.pipe()
+    _link.private.update((ready_read, ready_write))
     package_root = str(Path(__file__).resolve().parent.parent)
     try:
         # posix_spawn rather than Popen: no object whose finalizer complains that the
@@ -330,16 +362,22 @@ def _spawn() -> None:
             setsid=True,
         )
     except OSError:
-        os.close(write_end)
-        os.close(ready_read)
+        _close(write_end, ready_read)
         raise
     finally:
-        os.close(read_end)
-        os.close(ready_write)
+        _close(read_end, ready_write)
     os.set_blocking(write_end, False)
     _link.owner, _link.pid, _link.started = os.getpid(), pid, time.monotonic()
-    _link.write_end = write_end
-    _link.ready_read = ready_read
+    _link.write_end, _link.ready_read = write_end, ready_read
+    _link.private -= {write_end, ready_read}
+
+
+def _close(*fds: int) -> None:
+    """Close descriptors of ``private``: dropped from it first (a fork meanwhile must not
+    close a number already reused)."""
+    _link.private -= set(fds)
+    for fd in fds:
+        os.close(fd)
 
 
 def _await_ready() -> None:
@@ -355,10 +393,10 @@ def _await_ready() -> None:
         poller = select.poll()
         poller.register(ready_read, select.POLLIN)  # not select(): descriptors past 1024
         if not poller.poll(int(READY_TIMEOUT_S * 1000)) or os.read(ready_read, 1) != b"r":
-            os.close(_link.write_end)  # its end-of-file: told nothing, it exits at once
+            unready, _link.write_end, _link.owner = _link.write_end, -1, 0
+            os.close(unready)  # its end-of-file: told nothing, it exits at once
             _link.late.append(_link.pid)
-            _link.write_end, _link.owner = -1, 0
             raise OSError(errno.ETIMEDOUT, "the watchdog did not start")
     finally:
-        os.close(ready_read)
         _link.ready_read = -1
+        os.close(ready_read)

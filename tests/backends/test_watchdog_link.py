@@ -5,11 +5,17 @@ starts its own. Each case runs in a fresh interpreter, which has a watchdog of i
 from __future__ import annotations
 
 import json
+import os
+import select
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+from sandboxes._watchdog import _lines
 
 REPO = Path(__file__).resolve().parents[2]
 PRELUDE = """
@@ -138,3 +144,15 @@ def test_a_forked_child_starts_a_watchdog_of_its_own_told_its_kinds_not_its_pare
         print(os.read(read, 65536).decode())
     """)
     assert found == {"owner": 0, "inits": 0, "told": ["scratch\t/nonexistent-scratch\n"], "mine": 1}, found
+
+
+def test_the_docker_sdks_import_path_is_told_in_lines_the_pipe_writes_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    entries = [f"/opt/venvs/{n:04d}/" + "x" * 60 + "/site-packages" for n in range(400)]
+    monkeypatch.setattr(sys, "path", entries)
+    lines = _lines("docker", "")
+    assert len(lines) > 1
+    assert all(len(line.encode()) < select.PIPE_BUF and line.startswith("docker\t") for line in lines)
+    told = [entry for line in lines for entry in line[len("docker\t") : -1].split(os.pathsep)]
+    assert told == entries
