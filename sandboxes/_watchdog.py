@@ -18,8 +18,8 @@ that its parent is still the runner, so a launcher the sweep missed exits by its
 A watchdog that dies before the runner (killed by someone, or by the kernel short of
 memory) is started again by a thread of the runner that watches its pipe (at once, or a
 second after the dead one started), and told again all the dead one was told; every
-sandbox start checks it runs, too. This
-module is the runner's side; ``sandboxes._reaper`` is the watchdog process.
+sandbox start checks it runs, too. This module is the runner's side; ``sandboxes._reaper``
+is the watchdog process.
 """
 
 from __future__ import annotations
