@@ -7,10 +7,11 @@ at -1). Runs three batches of ``add_numbers`` calls, each under ``perf record -a
 ``python3 main.py`` spawns, cold ``Runner`` calls and pooled ones (``pool: N``). Each
 sample is charged to the process that was on the CPU (by its name at that moment, so a
 launcher that execs ``setpriv`` then ``bwrap`` is split into its three steps) and the
-totals are printed as milliseconds of CPU per call: the runner process itself, the
-tool's interpreter, bubblewrap, the shells, ``setpriv``, the kernel's own threads (e.g.
-the work of freeing a network namespace, done in a worker) and the rest. Run it on an
-otherwise idle machine: everything the machine does in a batch is charged to its calls.
+totals are printed as milliseconds of CPU per call: this process (the runner; for bare
+spawns, the spawner), the tool's interpreter, bubblewrap, the shells, ``setpriv``, the
+kernel's own threads (e.g. the work of freeing a network namespace, done in a worker)
+and the rest. Run it on an otherwise idle machine: everything the machine does in a
+batch is charged to its calls. The batches are ``load.py``'s.
 """
 
 from __future__ import annotations
@@ -21,57 +22,27 @@ import collections
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import yaml
+from load import STARTER, bare_rate, load, pooled_runner
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from runner import Runner
 
-from _timing import bare_env, starter_folder  # noqa: E402
-
-from runner import Runner  # noqa: E402
-
-STARTER = starter_folder()
-TOOL = STARTER / "tools" / "add_numbers"
-PAYLOAD = b'{"params": {"a": 1, "b": 2}, "context": {"requestId": "b", "toolName": "add_numbers"}}'
 KERNEL_THREADS = ("kworker", "ksoftirqd", "rcu_", "migration", "kthreadd", "kdamond", "kcompactd")
 GROUPS = ("this process", "tool interpreter", "bwrap", "sh", "setpriv", "kernel threads", "other")
 
 
-def bare_batch(calls: int, concurrency: int) -> None:
-    env = bare_env()
-
-    def one(_: int) -> None:
-        subprocess.run(
-            ["/usr/bin/python3", "main.py"], input=PAYLOAD, capture_output=True, cwd=TOOL, check=True, env=env
-        )
-
-    with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(one, range(calls)))
-
-
 def runner_batch(runner: Runner, calls: int, concurrency: int) -> None:
-    async def run() -> None:
-        gate = asyncio.Semaphore(concurrency)
-
-        async def one(i: int) -> None:
-            async with gate:
-                result = await runner.acall("add_numbers", {"a": i, "b": 1}, timeout=30000, deadline=60000)
-                if not (result.success and result.result == i + 1):
-                    raise SystemExit(f"call {i} went wrong: {result.error}")
-
-        await asyncio.gather(*(one(i) for i in range(calls)))
-
-    asyncio.run(run())
+    """``calls`` calls of ``add_numbers`` through ``runner`` (``load.load``), each answer checked."""
+    _, correct = asyncio.run(load(runner, range(calls), concurrency))
+    if correct != calls:
+        raise SystemExit(f"{calls - correct} of {calls} calls went wrong")
 
 
-def profiled(name: str, work: Callable[[], None], folder: Path) -> Path:
+def profiled(name: str, work: Callable[[], object], folder: Path) -> Path:
     """Runs ``work`` while ``perf record -a`` samples every CPU; the recording's path."""
     data = folder / f"{name}.data"
     perf = subprocess.Popen(
@@ -133,16 +104,11 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="runner-cpu-share-"))
     try:
         cold = Runner.load(tools=STARTER / "tools", policies=STARTER / "policies.yaml", audit_log=os.devnull)
-        policy = yaml.safe_load((STARTER / "policies.yaml").read_text())
-        policy.setdefault("tools", {}).setdefault("add_numbers", {})["pool"] = args.pool
-        (STARTER / "policies-pooled.yaml").write_text(yaml.safe_dump(policy))
-        pooled = Runner.load(
-            tools=STARTER / "tools", policies=STARTER / "policies-pooled.yaml", audit_log=os.devnull
-        )
+        pooled = pooled_runner(args.pool, Path(os.devnull))
         runner_batch(pooled, args.pool, 1)  # the pool's first filling is not charged to the batch
         time.sleep(2)
         batches = {
-            "bare spawns": lambda: bare_batch(args.calls, args.concurrency),
+            "bare spawns": lambda: bare_rate(args.calls, args.concurrency),
             "cold calls": lambda: runner_batch(cold, args.calls, args.concurrency),
             f"pooled calls (pool: {args.pool})": lambda: runner_batch(pooled, args.calls, args.concurrency),
         }
