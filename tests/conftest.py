@@ -221,6 +221,23 @@ def our_cgroups(pid: int) -> list[Path]:
     ]
 
 
+def watchdogs_of(pid: int) -> list[int]:
+    """The live watchdog processes of the runner ``pid`` (a dead one, a zombie, has no
+    command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"from sandboxes._reaper import main" in b" ".join(argv) and argv[-2:-1] == [
+                str(pid).encode()
+            ]:
+                found.append(int(entry.name))
+    return found
+
+
 def runner_argv(bench: ToolBench, *args: str) -> list[str]:
     """``python -m runner`` over the bench's tools and policy file, then ``args``."""
     return [sys.executable, "-m", "runner", "--tools", str(bench.tools), "--policies",

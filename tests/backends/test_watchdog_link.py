@@ -19,19 +19,14 @@ from sandboxes._watchdog import _lines
 
 REPO = Path(__file__).resolve().parents[2]
 PRELUDE = """
-import json, os, signal, threading, time
+import json, os, signal, sys, threading, time
+sys.path.insert(0, "tests")
+from conftest import watchdogs_of
 from sandboxes import _watchdog as w
 from sandboxes._watchdog import parent_and_start
 
 def watchdog_pids():
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_ours(p)]
-
-def _is_ours(p):
-    try:
-        argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\\0")
-    except OSError:
-        return False
-    return b"sandboxes._reaper" in b" ".join(argv) and str(os.getpid()).encode() in argv
+    return watchdogs_of(os.getpid())
 
 def zombies():
     found = []

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ToolBench, starter_dir, write_tool
+from conftest import ToolBench, starter_dir, watchdogs_of, write_tool
 
 from runner.tools.cache import CACHE_FILE, ManifestCache
 from runner.tools.manifest import ManifestError, load_tool
@@ -154,21 +154,6 @@ def test_a_corrupt_or_unwritable_cache_only_means_checking_from_scratch(tmp_path
     assert len(Registry.load([tmp_path / "tools"], cache=ManifestCache.open(blocked))) == 1
 
 
-def _watchdogs_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"from sandboxes._reaper import main" in b" ".join(argv) and argv[-2:-1] == [
-                str(pid).encode()
-            ]:
-                found.append(int(entry.name))
-    return found
-
-
 def test_a_watchdog_started_for_a_call_that_never_ran_ends_with_the_runner(bench: ToolBench) -> None:
     # runner exec starts the watchdog before it knows the tool; an unknown tool ends the
     # command before any sandbox, and the watchdog must not outlive it.
@@ -179,10 +164,10 @@ def test_a_watchdog_started_for_a_call_that_never_ran_ends_with_the_runner(bench
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     time.sleep(0.05)
-    seen = _watchdogs_of(done.pid)
+    seen = watchdogs_of(done.pid)
     out, err = done.communicate(timeout=30)
     assert json.loads(out)["error"]["code"] == "TOOL_NOT_FOUND", err
     deadline = time.monotonic() + 2
-    while _watchdogs_of(done.pid) and time.monotonic() < deadline:
+    while watchdogs_of(done.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _watchdogs_of(done.pid) == [], f"watchdog outlived its runner (seen while running: {seen})"
+    assert watchdogs_of(done.pid) == [], f"watchdog outlived its runner (seen while running: {seen})"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ToolBench
+from conftest import ToolBench, watchdogs_of
 from docker import APIClient
 
 HERE = Path(__file__).resolve().parents[1] / "support"
@@ -299,18 +299,6 @@ def _describe_comm(pid: int) -> str:
         return ""
 
 
-def _watchdogs_of(pid: int) -> list[int]:
-    """The live watchdogs of the runner ``pid`` (a dead one, a zombie, has no command line)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-                if b"from sandboxes._reaper import main" in b" ".join(argv) and str(pid).encode() in argv:
-                    found.append(int(entry.name))
-    return found
-
-
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the attack writes x86-64 code")
 def test_a_watchdog_killed_mid_call_is_started_again_at_once_and_the_tool_still_dies_with_the_runner(
     bench: ToolBench,
@@ -321,14 +309,14 @@ def test_a_watchdog_killed_mid_call_is_started_again_at_once_and_the_tool_still_
     runner = bench.spawn_runner("unmarking", f"req-{token[-12:]}")
     try:
         names = _attack_of(token)
-        first = _watchdogs_of(runner.pid)
+        first = watchdogs_of(runner.pid)
         assert len(first) == 1, first
         os.kill(first[0], signal.SIGKILL)  # by an operator, or by the kernel short of memory
         second: list[int] = []
         deadline = time.monotonic() + 20
         while second in ([], first) and time.monotonic() < deadline:
             time.sleep(0.05)
-            second = _watchdogs_of(runner.pid)
+            second = watchdogs_of(runner.pid)
         time.sleep(0.5)  # the new one reads what it is told
     finally:
         runner.kill()

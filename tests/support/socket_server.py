@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,9 +52,10 @@ def starter(folder: Path, policy_extra: str = "") -> Path:
     return folder
 
 
-def start(folder: Path, socket_path: Path, *args: str) -> subprocess.Popen[bytes]:
+def start(folder: Path, socket_path: Path, *args: str, prefix: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """``runner serve --socket`` on ``folder`` (``prefix``: a command to run it under)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "runner", "serve", "--socket", str(socket_path), *args],
+        [*prefix, sys.executable, "-m", "runner", "serve", "--socket", str(socket_path), *args],
         cwd=folder,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

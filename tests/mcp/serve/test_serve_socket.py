@@ -199,13 +199,7 @@ def test_the_socket_holds_no_more_connections_than_its_share_of_the_descriptor_l
         tmp_path / "project", "\nserve:\n  socket:\n    max_open: 4096\n    read_timeout_ms: 5000\n"
     )
     path = tmp_path / "serve.sock"
-    process = subprocess.Popen(
-        ["prlimit", "--nofile=128:128", sys.executable, "-m", "runner", "serve", "--socket", str(path)],
-        cwd=folder,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    process = start(folder, path, prefix=["prlimit", "--nofile=128:128"])
     held: list[socket.socket] = []
     try:
         deadline = time.monotonic() + 60
