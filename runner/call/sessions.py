@@ -8,8 +8,9 @@ ends when its session ends (``ended``), after ``session.idle_ms`` without a call
 (``idle``), ``session.max_ms`` after it opened (``max_ms``), when a call broke a limit,
 timed out or was cut short (``limit``: the backend killed it whole), or when the runner
 closes (``runner_closed``). A hosted MCP server's tools marked so share one run of the
-server per session (``runner.call.hosted_sessions``), keyed by the server's name; a
-server that ends by itself closes with ``server_died``. The session's next call of that
+server per session (``runner.call.hosted_sessions``), keyed by the server's name apart
+from the tools' (a tool and a server of one name never share a sandbox); a server that
+ends by itself closes with ``server_died``. The session's next call of that
 tool opens a new one and says so (``sessionRestarted``). ``SessionCounts`` bounds the open sandboxes, in all
 (``session.max_total``) and per client (``session.max_per_token``).
 """
@@ -47,9 +48,11 @@ from sandboxes import (
 )
 from sandboxes.cancellation import finish_each, finish_shielded
 from sandboxes.events import EventSink
+from sandboxes.session import BETWEEN_CALLS_POLL_S
 
 # How often expiry is looked at, as a share of the shortest of idle_ms and max_ms, within
-# these bounds: a sandbox outlives its expiry by at most that much.
+# these bounds (and at least every ``BETWEEN_CALLS_POLL_S``, when a sandbox also looks at
+# its limits): a sandbox outlives its expiry, or a reload, by at most that much.
 SWEEP_SHARE = 0.25
 SWEEP_MIN_S = 0.05
 SWEEP_MAX_S = 5.0
@@ -128,6 +131,9 @@ class _Held:
 
 
 Opener = Callable[[], Awaitable[_Kept]]
+# What a session holds a sandbox for: ("tool", a plain tool's name) or ("server", a hosted
+# server's name). Apart, so that neither can be handed the other's sandbox.
+Key = tuple[str, str]
 
 
 @dataclass
@@ -155,9 +161,9 @@ class CallSession:
     owner: str | None = None
     id: str = field(default_factory=lambda: "ses_" + secrets.token_hex(12))
     closed: bool = False
-    _held: dict[str, _Held] = field(default_factory=dict)
-    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-    _lost: set[str] = field(default_factory=set)  # tools whose last sandbox ended unasked
+    _held: dict[Key, _Held] = field(default_factory=dict)
+    _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
+    _lost: set[Key] = field(default_factory=set)  # those whose last sandbox ended unasked
     _sweeper: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -168,8 +174,8 @@ class CallSession:
         """The backend a call of ``tool`` in this session runs on: the session's sandbox
         of the tool, or the session's run of its hosted server (shared by its tools)."""
         if tool.hosted is not None:
-            return _HostedBackend(self, tool.hosted.server, backend, hosted)
-        return _SessionBackend(self, tool.name, backend)
+            return _HostedBackend(self, ("server", tool.hosted.server), backend, hosted)
+        return _SessionBackend(self, ("tool", tool.name), backend)
 
     async def aclose(self, reason: str = "ended") -> None:
         """End the session: every sandbox of it is killed and released. Safe to call twice."""
@@ -181,7 +187,7 @@ class CallSession:
         await finish_each(functools.partial(self._drop, name, reason) for name in list(self._held))
 
     async def take(
-        self, tool_name: str, backend: Sandbox, open_: Opener, note: SessionNote | None
+        self, key: Key, backend: Sandbox, open_: Opener, note: SessionNote | None
     ) -> tuple[_Held, asyncio.Lock]:
         """The tool's sandbox in this session, opened if need be, with its lock held (the
         caller releases it when its call is over).
@@ -190,27 +196,24 @@ class CallSession:
             SandboxUnavailable: the session has ended, the backend keeps no sessions, a
                 bound is reached, or the sandbox could not be opened.
         """
-        lock = self._locks.setdefault(tool_name, asyncio.Lock())
+        lock = self._locks.setdefault(key, asyncio.Lock())
         await lock.acquire()
         try:
-            held = self._held.get(tool_name)
-            if held is not None and (why := self._expired(held) or _end_reason(held)) is not None:
-                await self._drop(tool_name, why)
-                held = None
-            if held is not None and held.generation != self.counts.generation:
-                await self._drop(tool_name, "reloaded")
+            held = self._held.get(key)
+            if held is not None and (why := self._ends(held)) is not None:
+                await self._drop(key, why)
                 held = None
             if held is None:
-                held = await self._open(tool_name, backend, open_)
-                if note is not None and tool_name in self._lost:
+                held = await self._open(key, backend, open_)
+                if note is not None and key in self._lost:
                     note.restarted = True
-                self._lost.discard(tool_name)
+                self._lost.discard(key)
         except BaseException:
             lock.release()
             raise
         return held, lock
 
-    async def _open(self, tool_name: str, backend: Sandbox, open_: Opener) -> _Held:
+    async def _open(self, key: Key, backend: Sandbox, open_: Opener) -> _Held:
         if self.closed:
             raise SandboxUnavailable("the session has ended")
         self.counts.reserve(self.owner, self.settings())
@@ -230,44 +233,51 @@ class CallSession:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         now = self.clock.monotonic()
         held = _Held(sandbox, backend.name, now, now, self.counts.generation)
-        self._held[tool_name] = held
-        restarted = tool_name in self._lost
+        self._held[key] = held
+        restarted = key in self._lost
         self.audit.emit(
-            "session.opened", sessionId=self.id, toolName=tool_name, sandbox=backend.name, restarted=restarted
+            "session.opened", sessionId=self.id, toolName=key[1], sandbox=backend.name, restarted=restarted
         )
         return held
 
-    async def ended_call(self, tool_name: str, held: _Held) -> None:
+    async def ended_call(self, key: Key, held: _Held) -> None:
         """After a call in ``held``: close it if the call ended it."""
         held.calls += 1
         held.used = self.clock.monotonic()
         why = _end_reason(held)
-        if why is not None and self._held.get(tool_name) is held:
-            await self._drop(tool_name, why)
+        if why is not None and self._held.get(key) is held:
+            await self._drop(key, why)
 
-    async def _drop(self, tool_name: str, reason: str) -> None:
-        held = self._held.pop(tool_name, None)
+    async def _drop(self, key: Key, reason: str) -> None:
+        held = self._held.pop(key, None)
         if held is None:
             return
         if reason != "ended":
-            self._lost.add(tool_name)
+            self._lost.add(key)
         not_applied: dict[str, Any] = {}
         try:
             await finish_shielded(held.sandbox.close())
         except WorkspaceNotApplied as exc:  # the session's writes, no one call's: told here alone
             not_applied["workspaceNotApplied"] = exc.message
-            self.audit.operator.warn(f"session {self.id} tool {tool_name}: {exc.message}")
+            self.audit.operator.warn(f"session {self.id} {key[0]} {key[1]}: {exc.message}")
         finally:
             self.counts.release(self.owner)
             self.audit.emit(
                 "session.closed",
                 sessionId=self.id,
-                toolName=tool_name,
+                toolName=key[1],
                 reason=reason,
                 calls=held.calls,
                 duration=round((self.clock.monotonic() - held.opened) * 1000),
                 **not_applied,
             )
+
+    def _ends(self, held: _Held) -> str | None:
+        """Why ``held`` is to be closed now (``session.closed``'s reason); None if not."""
+        why = self._expired(held) or _end_reason(held)
+        if why is None and held.generation != self.counts.generation:
+            why = "reloaded"  # even if no call of the tool comes: it holds what was revoked
+        return why
 
     def _expired(self, held: _Held) -> str | None:
         settings, now = self.settings(), self.clock.monotonic()
@@ -278,23 +288,23 @@ class CallSession:
         return None
 
     async def _sweep(self) -> None:
-        """Close the sandboxes that expired, or ended by themselves, while no call came (a
-        call finds them too)."""
+        """Close the sandboxes that expired, ended by themselves, passed a limit or were
+        opened before a reload, while no call came (a call finds them too)."""
         while True:
             settings = self.settings()
             every = min(settings.idle_ms, settings.max_ms) / 1000 * SWEEP_SHARE
-            await asyncio.sleep(max(SWEEP_MIN_S, min(SWEEP_MAX_S, every)))
-            for tool_name, held in list(self._held.items()):
-                lock = self._locks.get(tool_name)
-                why = self._expired(held) or _end_reason(held)
+            await asyncio.sleep(max(SWEEP_MIN_S, min(SWEEP_MAX_S, BETWEEN_CALLS_POLL_S, every)))
+            for key, held in list(self._held.items()):
+                lock = self._locks.get(key)
+                why = self._ends(held)
                 if lock is None or lock.locked() or why is None:
                     continue
                 try:
                     async with lock:
-                        if self._held.get(tool_name) is held:
-                            await self._drop(tool_name, why)
+                        if self._held.get(key) is held:
+                            await self._drop(key, why)
                 except Exception as exc:  # a fault of the runner: told, and the sweep goes on
-                    self.audit.operator.fault(exc, sessionId=self.id, toolName=tool_name)
+                    self.audit.operator.fault(exc, sessionId=self.id, toolName=key[1])
 
 
 def _end_reason(held: _Held) -> str | None:
@@ -308,10 +318,10 @@ def _end_reason(held: _Held) -> str | None:
 class _SessionBackend:
     """A call's backend in a session: its "prepared sandbox" is the session's own."""
 
-    def __init__(self, session: CallSession, tool_name: str, backend: Sandbox) -> None:
+    def __init__(self, session: CallSession, key: Key, backend: Sandbox) -> None:
         self.name = backend.name
         self._session = session
-        self._tool_name = tool_name
+        self._key = key
         self._backend = backend
 
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSandbox:
@@ -322,15 +332,15 @@ class _SessionBackend:
                 raise SandboxUnavailable(f"the {backend.name} backend cannot keep a sandbox for a session")
             return await backend.open_session(spec, limits)
 
-        held, lock = await self._session.take(self._tool_name, backend, open_, NOTE.get())
-        return _SessionRun(self._session, self._tool_name, held, lock, limits)
+        held, lock = await self._session.take(self._key, backend, open_, NOTE.get())
+        return _SessionRun(self._session, self._key, held, lock, limits)
 
 
 class _HostedBackend:
     """A call's backend in a session, for a hosted server's tool: its "prepared sandbox"
     is the session's run of the server."""
 
-    def __init__(self, session: CallSession, server: str, backend: Sandbox, hosted: HostedWork) -> None:
+    def __init__(self, session: CallSession, server: Key, backend: Sandbox, hosted: HostedWork) -> None:
         self.name = backend.name
         self._session = session
         self._server = server
@@ -371,10 +381,10 @@ class _SessionRun:
     ended it, closes it)."""
 
     def __init__(
-        self, session: CallSession, tool_name: str, held: _Held, lock: asyncio.Lock, limits: Limits
+        self, session: CallSession, key: Key, held: _Held, lock: asyncio.Lock, limits: Limits
     ) -> None:
         self._session = session
-        self._tool_name = tool_name
+        self._key = key
         self.held = held
         self._lock: asyncio.Lock | None = lock
         self.limits = limits
@@ -393,6 +403,6 @@ class _SessionRun:
         if lock is None:
             return
         try:
-            await self._session.ended_call(self._tool_name, self.held)
+            await self._session.ended_call(self._key, self.held)
         finally:
             lock.release()

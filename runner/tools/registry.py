@@ -69,7 +69,9 @@ class Registry:
                 if _admitted(entry, backend_problems, problems):
                     _add(tools, entry, problems)
         admitted = [
-            server for server in servers if _admitted(server_as_tool(server), backend_problems, problems)
+            server
+            for server in _unshared_names(servers, problems)
+            if _admitted(server_as_tool(server), backend_problems, problems)
         ]
         hosted = _hosted_tools(admitted, cache, lister, problems)
         plain = set(tools)
@@ -140,6 +142,21 @@ def _hosted_tools(
         tools += server_tools
         problems += server_problems
     return tools
+
+
+def _unshared_names(servers: list[ServerEntry], problems: list[LoadProblem]) -> list[ServerEntry]:
+    """The servers whose name no other server's folder uses. A server's name is what its
+    tools' calls, its session run and its grants go by: two folders of one name (a
+    third-party one named as a trusted one) serve neither, whatever their order."""
+    folders: dict[str, list[ServerEntry]] = {}
+    for server in servers:
+        folders.setdefault(server.manifest.name, []).append(server)
+    for name, sharing in folders.items():
+        if len(sharing) > 1:
+            where = ", ".join(str(server.directory) for server in sharing)
+            reason = f"MCP server name {name!r} is used by more than one folder ({where}): left out of all"
+            problems.extend(LoadProblem(server.directory / MANIFEST_FILE, reason, name) for server in sharing)
+    return [server for server in servers if len(folders[server.manifest.name]) == 1]
 
 
 def _drop_contested(
