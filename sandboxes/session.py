@@ -17,6 +17,11 @@ from typing import Protocol, runtime_checkable
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome
 from sandboxes.events import EventSink
 
+# Between calls nothing else polls a session sandbox's limits: ``ended`` looks at them
+# at most this often (the session's sweeper asks it at least this often), so a process a
+# call left behind passes a limit by at most that long.
+BETWEEN_CALLS_POLL_S = 0.5
+
 
 class SessionEnd(enum.StrEnum):
     """Why a session sandbox serves no more calls (besides its ``close``)."""
@@ -39,7 +44,9 @@ class SessionSandbox(Protocol):
         ...
 
     def ended(self) -> SessionEnd | None:
-        """None while the sandbox can serve a call; else why it cannot. Never blocks."""
+        """None while the sandbox can serve a call; else why it cannot. Never blocks.
+        Between calls, it also looks at the limits of the sandbox as a whole (at most
+        every ``BETWEEN_CALLS_POLL_S``): one passed ends it (``LIMIT``)."""
         ...
 
     async def close(self) -> None:

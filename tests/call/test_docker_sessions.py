@@ -40,12 +40,22 @@ if params.get("burn"):  # CPU time, in this call alone under the limit
 if params.get("hog"):
     hoard = bytearray(400 * 1024 * 1024)
     hoard[::4096] = b"x" * len(hoard[::4096])
+if params.get("spinner") and os.fork() == 0:  # left running after the call
+    os.setsid()
+    os.closerange(0, 1024)
+    while True:
+        pass
 home = os.environ.get("HOME", "")
 print(json.dumps({"count": count, "host": socket.gethostname(), "home": home}))
 """
 PARAMS = {
     "type": "object",
-    "properties": {"hang": {"type": "boolean"}, "hog": {"type": "boolean"}, "burn": {"type": "number"}},
+    "properties": {
+        "hang": {"type": "boolean"},
+        "hog": {"type": "boolean"},
+        "burn": {"type": "number"},
+        "spinner": {"type": "boolean"},
+    },
     "additionalProperties": False,
 }
 IMAGE = "runner/python-tools:latest"
@@ -176,6 +186,24 @@ def test_cpu_time_adds_up_over_the_session_and_its_breach_ends_it(
 
     asyncio.run(scenario())
     assert [e["reason"] for e in _events(bench, "session.closed")] == ["limit", "ended"]
+
+
+def test_a_spinner_a_call_left_that_passes_the_cpu_budget_between_calls_ends_the_session(
+    bench_tools: ToolBench, docker_client: APIClient
+) -> None:
+    bench = bench_tools
+    bench.policy["limits"]["cpu_seconds"] = 2
+
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            assert _answer(await session.acall("dcount", {"spinner": True}, timeout=TIMEOUT_MS))["count"] == 1
+            deadline = time.monotonic() + 30
+            while not _events(bench, "session.closed") and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert [e["reason"] for e in _events(bench, "session.closed")] == ["limit"]
+            assert _ours(docker_client) == []
+
+    asyncio.run(scenario())
 
 
 def test_an_idle_session_container_is_removed(bench_tools: ToolBench, docker_client: APIClient) -> None:

@@ -41,6 +41,16 @@ if params.get("burn"):  # CPU time, in this call alone under the limit
 if params.get("hog"):
     hoard = bytearray(400 * 1024 * 1024)
     hoard[::4096] = b"x" * len(hoard[::4096])
+for _ in range(4 if params.get("leave") == "hoarders" else 1 if params.get("leave") else 0):
+    if os.fork() == 0:  # left running after the call: a spinner, or 4 x 50 MB
+        os.setsid()
+        os.closerange(0, 1024)
+        if params["leave"] == "hoarders":
+            hoard = bytearray(50 * 1024 * 1024)
+            hoard[::4096] = b"x" * len(hoard[::4096])
+            time.sleep(600)
+        while True:
+            pass
 namespaces = [os.readlink(f"/proc/self/ns/{kind}") for kind in ("net", "mnt", "pid")]
 print(json.dumps({"count": count, "pid": os.getpid(), "namespaces": namespaces}))
 """
@@ -51,6 +61,7 @@ PARAMS = {
         "hog": {"type": "boolean"},
         "kill_agent": {"type": "boolean"},
         "burn": {"type": "number"},
+        "leave": {"enum": ["spinner", "hoarders"]},
     },
     "additionalProperties": False,
 }
@@ -336,3 +347,53 @@ def test_a_reload_opens_session_sandboxes_anew_with_the_new_settings(bench: Tool
 
     asyncio.run(scenario())
     assert [event["reason"] for event in _events(bench, "session.closed")] == ["reloaded", "ended"]
+
+
+@pytest.mark.parametrize("left", ["spinner", "hoarders"])
+def test_processes_a_call_left_that_pass_a_limit_between_calls_end_the_session(
+    bench: ToolBench, mark: str, left: str
+) -> None:
+    # Nothing polls a session's limits while no call runs but the sandbox itself: left
+    # alone, a spinner used CPU until idle_ms, and rootless hoarders held any memory.
+    bench.policy["limits"]["cpu_seconds"] = 2
+
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            assert _count(await session.acall("counter", {"leave": left})) == 1
+            for _ in range(300):
+                if _events(bench, "session.closed"):
+                    break
+                await asyncio.sleep(0.1)
+            assert [event["reason"] for event in _events(bench, "session.closed")] == ["limit"]
+            for _ in range(100):
+                if not processes_with_env(f"SESSION_MARK={mark}"):
+                    break
+                await asyncio.sleep(0.05)
+            assert processes_with_env(f"SESSION_MARK={mark}") == []
+            answer = await session.acall("counter")
+            assert _count(answer) == 1
+            assert answer.metadata.extra["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+
+
+def test_a_reload_closes_session_sandboxes_even_of_a_tool_no_longer_called(bench: ToolBench, mark: str) -> None:
+    # A tool the new policy refuses is never called again in the session: its sandbox
+    # (its secrets, its background processes) must not wait for idle_ms to go.
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            assert _count(await session.acall("counter")) == 1
+            bench.policy["whitelist"] = ["plain"]
+            policy_file = bench.root / "policies.yaml"
+            policy_file.write_text(yaml.safe_dump(bench.policy))
+            runner.reload([bench.tools], policy_file)
+            refused = await session.acall("counter")
+            assert refused.error is not None and refused.error.code.value == "PERMISSION_DENIED"
+            for _ in range(200):
+                if not processes_with_env(f"SESSION_MARK={mark}"):
+                    break
+                await asyncio.sleep(0.05)
+            assert processes_with_env(f"SESSION_MARK={mark}") == []
+            assert [event["reason"] for event in _events(bench, "session.closed")] == ["reloaded"]
+
+    asyncio.run(scenario())
