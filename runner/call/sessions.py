@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
+import hashlib
 import secrets
 import threading
 from collections.abc import Awaitable, Callable
@@ -131,9 +133,10 @@ class _Held:
 
 
 Opener = Callable[[], Awaitable[_Kept]]
-# What a session holds a sandbox for: ("tool", a plain tool's name) or ("server", a hosted
-# server's name). Apart, so that neither can be handed the other's sandbox.
-Key = tuple[str, str]
+# What a session holds a sandbox for: ("tool", a plain tool's name, "") or ("server", a
+# hosted server's name, what shapes its run). Apart, so that neither can be handed the
+# other's sandbox, nor a server's tool a run started with another tool's settings.
+Key = tuple[str, str, str]
 
 
 @dataclass
@@ -174,8 +177,8 @@ class CallSession:
         """The backend a call of ``tool`` in this session runs on: the session's sandbox
         of the tool, or the session's run of its hosted server (shared by its tools)."""
         if tool.hosted is not None:
-            return _HostedBackend(self, ("server", tool.hosted.server), backend, hosted)
-        return _SessionBackend(self, ("tool", tool.name), backend)
+            return _HostedBackend(self, tool.hosted.server, backend, hosted)
+        return _SessionBackend(self, ("tool", tool.name, ""), backend)
 
     async def aclose(self, reason: str = "ended") -> None:
         """End the session: every sandbox of it is killed and released. Safe to call twice."""
@@ -340,7 +343,7 @@ class _HostedBackend:
     """A call's backend in a session, for a hosted server's tool: its "prepared sandbox"
     is the session's run of the server."""
 
-    def __init__(self, session: CallSession, server: Key, backend: Sandbox, hosted: HostedWork) -> None:
+    def __init__(self, session: CallSession, server: str, backend: Sandbox, hosted: HostedWork) -> None:
         self.name = backend.name
         self._session = session
         self._server = server
@@ -354,8 +357,28 @@ class _HostedBackend:
         async def open_() -> _Kept:
             return await HostedServer.open(backend, spec, limits, held_dialogue(), max_ms)
 
-        held, lock = await self._session.take(self._server, backend, open_, NOTE.get())
-        return _HostedRun(_SessionRun(self._session, self._server, held, lock, limits))
+        key = ("server", self._server, _run_settings(backend, spec, limits))
+        held, lock = await self._session.take(key, backend, open_, NOTE.get())
+        return _HostedRun(_SessionRun(self._session, key, held, lock, limits))
+
+
+def _run_settings(backend: Sandbox, spec: LaunchSpec, limits: Limits) -> str:
+    """A digest of what shapes a hosted server's run beyond one call (its backend, runtime,
+    image, workspace, grants, secrets and limits, not the call's own timeout and output
+    cap): the tools of one server whose policy differs in it never share a run, so no
+    call runs with another tool's isolation or grants."""
+    shape = (
+        backend.name,
+        spec.command,
+        spec.image,
+        spec.runtime,
+        str(spec.workspace),
+        spec.workspace_mode,
+        spec.egress is not None,
+        sorted(spec.secrets.items()),
+        dataclasses.replace(limits, timeout_ms=0, max_output_bytes=0),
+    )
+    return hashlib.sha256(repr(shape).encode()).hexdigest()
 
 
 class _HostedRun:

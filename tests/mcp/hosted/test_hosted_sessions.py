@@ -272,3 +272,20 @@ def test_a_plain_session_tool_named_as_a_server_keeps_a_sandbox_of_its_own(bench
     opened = [(event["toolName"], event["sandbox"]) for event in _events(bench, "session.opened")]
     assert opened == [("st", "subprocess"), ("st", "subprocess")]
     _nothing_left(mark)
+
+
+def test_tools_of_one_server_with_other_settings_never_share_its_run(bench: ToolBench, mark: str) -> None:
+    """A server's run is started with its first call's settings (backend, limits, grants):
+    a tool of it that the policy treats otherwise gets a run of its own in the session,
+    never one with another tool's isolation."""
+    bench.policy["tools"] = {"st_count": {"memory_mb": 200}}
+
+    async def scenario() -> None:
+        async with bench.runner(warm_pools=False) as runner, runner.session() as session:
+            assert _seen(await session.acall("st_count"))["count"] == 1
+            assert (await session.acall("st_structured", {"n": 2})).success
+            assert _seen(await session.acall("st_count"))["count"] == 2
+
+    asyncio.run(scenario())
+    assert [event["toolName"] for event in _events(bench, "session.opened")] == ["st", "st"]
+    _nothing_left(mark)
