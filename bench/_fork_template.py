@@ -4,6 +4,7 @@ the runner: no tool is ever run this way by it.
 
     python3 -s _fork_template.py TOOL_DIR CONTROL_FD LOOP_SO
     python3 -s _fork_template.py TOOL_DIR CONTROL_FD --python-loop FILTER_FD
+    python3 -s _fork_template.py TOOL_DIR --frozen
 
 The template compiles (never runs) the tool's ``main.py``, imports its helper and then
 enters ``runner_fork_loop`` of LOOP_SO (``bench/_fork_loop.c``), which never comes back
@@ -28,8 +29,10 @@ sealed, and only then receives stdin, stdout and stderr, restores the signal mas
 runs the interpreter's after-fork work (``PyOS_AfterFork_Child``: the tool's at-fork
 callbacks run there, sealed) before Python runs the tool's ``main.py``.
 
-``--python-loop`` is the earlier loop, in Python, with the filter from FILTER_FD: kept
-so that ``bench/test_fork_hostile.py`` can show what each of its probes catches there.
+``--frozen`` only imports, says ready and blocks: ``bench/_frozen.py`` clones each call
+from it with ptrace, and it never runs again. ``--python-loop`` is the earlier loop, in
+Python, with the filter from FILTER_FD: kept so that ``bench/test_fork_hostile.py`` can
+show what each of its probes catches there.
 """
 
 from __future__ import annotations
@@ -157,10 +160,26 @@ def _run(code: types.CodeType) -> None:
     os._exit(0)
 
 
+def _frozen(code: types.CodeType) -> None:
+    """The frozen template (``bench/_frozen.py``): import, say ready, block in a read. The
+    benchmark stops it there for good; each call's process returns from that read."""
+    import runner_tool  # type: ignore[import-not-found]  # noqa: F401 - the tool's imports, done once here
+
+    gc.freeze()
+    os.write(1, b"r")
+    os.read(0, 1)  # in the template: never returns (nothing is written, and it is stopped)
+    _run(code)
+
+
 def main() -> None:
-    tool_dir, control_fd, loop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    tool_dir = sys.argv[1]
     os.chdir(tool_dir)
     sys.path.insert(0, tool_dir)
+    if sys.argv[2] == "--frozen":
+        with open("main.py", "rb") as file:
+            source = file.read()
+        _frozen(compile(source, "main.py", "exec"))
+    control_fd, loop = int(sys.argv[2]), sys.argv[3]
     # Compiled and resolved before the import, so that none of the tool's code runs around
     # them; what still runs after the import is the ctypes call into the loop (the gap
     # docs/performance.md describes: the import can take that over).

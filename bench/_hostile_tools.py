@@ -5,7 +5,9 @@ to a later call. ``main.py`` answers with what ``probe`` found: a call's answer 
 another call's secret is a leak.
 
 Modes: ``audit`` (an audit hook on ``os.fork``), ``patch`` (``os.fork`` replaced),
-``atfork`` (``os.register_at_fork(before=...)``), ``signal`` (a SIGCHLD handler) and
+``atfork`` (``os.register_at_fork(before=...)``), ``signal`` (a SIGCHLD handler),
+``ticks`` (a timer's handler that counts in the template's memory, which each call
+inherits: the count moves between calls only if the template ran in between) and
 ``thread`` (a thread started at import) each take calls' sockets in the template and play
 the call's part themselves, if any Python runs there after the import; ``takeover``
 never returns from the import and serves the control socket itself; ``shared`` maps
@@ -30,6 +32,7 @@ HOSTILE = r'''
 import array, ctypes, json, mmap, signal, socket, struct, sys, threading, time
 
 _TEMPLATE = os.getpid()
+FROZEN = sys.argv[2:3] == ["--frozen"]  # bench/_frozen.py's template: no fork of its own
 CARRIED = []  # inputs the template took: every call forked later holds them
 SOL, RIGHTS = socket.SOL_SOCKET, socket.SCM_RIGHTS
 
@@ -95,8 +98,25 @@ def _thread():
         _take_next(found.f_locals["control"])
 
 
+def _takeover_frozen():
+    """Never returns: says ready and waits where the template waits (the benchmark stops
+    a template anywhere else), to go on as a call's process cloned from there; then
+    serves the call itself (what it carried of earlier calls included)."""
+    os.write(1, b"r")
+    os.read(0, 1)
+    chunks = []
+    while chunk := os.read(0, 65536):
+        chunks.append(chunk)
+    request = json.loads(b"".join(chunks))
+    os.write(1, json.dumps({"answer": request["secret"], "carried": list(CARRIED)}).encode())
+    CARRIED.append(request["secret"])
+    os._exit(0)
+
+
 def _takeover():
     """Never returns: closes what the runner's check would see, says ready, serves calls."""
+    if FROZEN:
+        _takeover_frozen()
     control = int(sys.argv[2])
     os.closerange(0, control)
     os.closerange(control + 1, 4096)
@@ -195,7 +215,7 @@ def _courier_client():
     return client
 
 
-def _grab():
+def _grab(courier=True, signal_them=True):
     if GRABBED:  # once: not again in the call's init, nor in the courier
         return
     GRABBED["forking"] = True
@@ -204,15 +224,16 @@ def _grab():
             GRABBED[path] = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
             pass
-    if MODE == "files":
+    if MODE == "files" and courier:
         GRABBED["courier"] = _courier_client()
     pidfds, signalled = [], []
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) != os.getpid():
             try:
                 pidfds.append(os.pidfd_open(int(name)))
-                os.kill(int(name), 0)  # where the callback runs: could it signal them?
-                signalled.append(int(name))
+                if signal_them:
+                    os.kill(int(name), 0)  # where the callback runs: could it signal them?
+                    signalled.append(int(name))
             except OSError:
                 pass
     GRABBED["pidfds"], GRABBED["signalled"] = pidfds, signalled
@@ -236,9 +257,12 @@ def _files(secret):
                 file.write(secret)
         except OSError:
             pass
-    courier = GRABBED["courier"]
-    found["courier"] = courier.recv(64).rstrip(b"\0").decode()
-    courier.sendall(secret.encode())
+    try:  # the frozen template's import could start none: the call's own, then
+        courier = GRABBED.get("courier") or _courier_client()
+        found["courier"] = courier.recv(64).rstrip(b"\0").decode()
+        courier.sendall(secret.encode())
+    except OSError:  # its descriptor closed before the call
+        found["courier"] = ""
     return found
 
 
@@ -259,9 +283,13 @@ def _procs():
     return {"reached": reached, "kill_all": kill_all, "visible": visible, "at_fork": GRABBED["signalled"]}
 
 
+# (e) a timer: its handler counts in the template's memory, which each call inherits.
+TICKS = [0]
+
+
 def probe(request):
     secret = request["secret"]
-    found = {"answer": secret, "carried": list(CARRIED)}
+    found = {"answer": secret, "carried": list(CARRIED), "ticks": TICKS[0]}
     if MODE == "shared":
         found["mmap"] = _swap(SHARED["mmap"][1], secret)
         found["sysv"] = _swap(SHARED["sysv"][1], secret)
@@ -289,6 +317,11 @@ elif MODE == "takeover" and os.getpid() == _TEMPLATE:
     _takeover()
 elif MODE == "shared":
     _share()
+elif MODE == "ticks":  # counts every 10 ms for as long as the template runs any code
+    signal.signal(signal.SIGALRM, lambda *_: TICKS.__setitem__(0, TICKS[0] + 1))
+    signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)
+elif MODE in ("files", "procs") and FROZEN:  # no fork in the template: grabbed at import
+    _grab(courier=False, signal_them=False)
 elif MODE in ("files", "procs"):
     os.register_at_fork(after_in_child=_grab)
 '''

@@ -37,6 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from _frozen import UNKNOWN_STATUS, FrozenTemplate  # noqa: E402
 from _timing import ADD_PAYLOAD, PYTHON, bare_env, print_table, timed_together  # noqa: E402
 
 from sandboxes.subprocess._cgroup import CgroupFactory  # noqa: E402
@@ -70,6 +71,30 @@ def tool_copy(source: Path = TOOL_SOURCE) -> Path:
     return tool
 
 
+def sandbox_argv(tool: Path, read_only: bool = True) -> list[str]:
+    """The template's sandbox: bubblewrap as an unprivileged uid, fresh namespaces.
+
+    Read-only: a call's own mounts cover /tmp, /dev/shm and /dev/pts, but a file it could
+    write in the template's /dev or /tmp (reached by ../ from its cwd) would be there for
+    the next call. The Python loop is kept as it was, without."""
+    return [
+        "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
+        "bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
+        "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--die-with-parent", "--new-session",
+        "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
+        "--tmpfs", "/tmp", "--ro-bind", str(tool.parent), str(tool.parent),
+        *(["--remount-ro", "/tmp", "--remount-ro", "/dev"] if read_only else []), "--clearenv",
+    ]  # fmt: skip
+
+
+def start_template(tool: Path, loop: str) -> AnyTemplate:
+    """The template of ``loop``: ``c``, ``python`` or ``frozen`` (``bench/_frozen.py``)."""
+    if loop == "frozen":
+        script = tool.parent / TEMPLATE.name
+        return FrozenTemplate(tool, sandbox_argv(tool), PYTHON, script, SANDBOX_UID, (MEMORY_MB, MAX_PIDS))
+    return Template(tool, loop == "python")
+
+
 class TemplateRefused(RuntimeError):
     """The template ended, or failed a check, before taking calls."""
 
@@ -87,15 +112,9 @@ class Template:
         # Read-only: a call's own mounts cover /tmp, /dev/shm and /dev/pts, but a file it
         # could write in the template's /dev or /tmp (reached by ../ from its cwd) would be
         # there for the next call. The Python loop is kept as it was, without.
-        read_only = [] if python_loop else ["--remount-ro", "/tmp", "--remount-ro", "/dev"]
         argv = [
-            "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
-            "bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
-            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
-            "--tmpfs", "/tmp", "--ro-bind", str(tool.parent), str(tool.parent), *read_only, "--clearenv",
-            "--", PYTHON, "-s", str(tool.parent / TEMPLATE.name),
-            str(tool), str(theirs.fileno()), *loop,
+            *sandbox_argv(tool, read_only=not python_loop),
+            "--", PYTHON, "-s", str(tool.parent / TEMPLATE.name), str(tool), str(theirs.fileno()), *loop,
         ]  # fmt: skip
         self.process = subprocess.Popen(argv, pass_fds=(theirs.fileno(), seccomp), stdin=subprocess.DEVNULL)
         control_inode = os.fstat(theirs.fileno()).st_ino
@@ -159,6 +178,9 @@ class Template:
         self.process.wait(timeout=10)
 
 
+AnyTemplate = Template | FrozenTemplate
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -177,7 +199,7 @@ def _sandboxed(bwrap: int) -> tuple[int, int, list[int]]:
     return init, others[0] if others else -1, others[1:]
 
 
-def _untrustworthy(sandbox: tuple[int, int, list[int]], control_inode: int) -> str | None:
+def _untrustworthy(sandbox: tuple[int, int, list[int]], control_inode: int | None) -> str | None:
     """What the import left that would outlive it in the template, if anything."""
     init, template, others = sandbox
     if template < 0:
@@ -188,7 +210,10 @@ def _untrustworthy(sandbox: tuple[int, int, list[int]], control_inode: int) -> s
         if os.stat(f"/proc/{template}/ns/{kind}").st_ino != os.stat(f"/proc/{init}/ns/{kind}").st_ino:
             return f"the template left bubblewrap's {kind} namespace"
     fds = os.listdir(f"/proc/{template}/fd")
-    if len(fds) != 1 or os.readlink(f"/proc/{template}/fd/{fds[0]}") != f"socket:[{control_inode}]":
+    if control_inode is None:  # the frozen template keeps none
+        if fds:
+            return f"descriptors left: {fds}"
+    elif len(fds) != 1 or os.readlink(f"/proc/{template}/fd/{fds[0]}") != f"socket:[{control_inode}]":
         return f"descriptors besides the control socket: {fds}"
     maps = Path(f"/proc/{template}/maps").read_text().splitlines()
     if any(line.split()[1][3] == "s" for line in maps):
@@ -237,14 +262,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--python-loop", action="store_true", help="the earlier loop, in Python")
+    parser.add_argument("--frozen", action="store_true", help="the frozen template, cloned by ptrace")
     args = parser.parse_args()
     tool = tool_copy()
-    template = Template(tool, args.python_loop)
+    template = start_template(tool, "frozen" if args.frozen else "python" if args.python_loop else "c")
     try:
 
         def forked() -> None:
             answer, status = template.call(ADD_PAYLOAD)
-            if answer != b"3" or status != 0:
+            if answer != b"3" or status not in (0, UNKNOWN_STATUS):
                 raise RuntimeError(f"a forked call answered {answer!r}, status {status}")
 
         def spawned() -> None:

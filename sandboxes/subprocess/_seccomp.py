@@ -60,6 +60,8 @@ MODE_SETTERS = (
 )  # fmt: skip
 
 SCMP_ACT_ALLOW = 0x7FFF0000
+# Hands the call to a ptrace tracer, and fails it (ENOSYS) when none is attached.
+SCMP_ACT_TRACE = 0x7FF00000
 SCMP_CMP_MASKED_EQ = 7
 
 
@@ -84,10 +86,13 @@ def _masked(arg: int, bits: int) -> _ArgCmp:
     return _ArgCmp(arg, SCMP_CMP_MASKED_EQ, bits, bits)
 
 
-@functools.lru_cache(maxsize=2)
-def compiled_filter(*, memory_counted: bool) -> bytes:
+@functools.lru_cache(maxsize=4)
+def compiled_filter(*, memory_counted: bool, traced: bool = False) -> bytes:
     """The BPF program (one per process and mode; it depends on nothing of a call).
     ``memory_counted``: a cgroup charges the tool's memory (else ``UNCOUNTED_MEMORY``).
+    ``traced``: ``mount`` and ``clone`` into new namespaces go to a ptrace tracer instead
+    of failing (with no tracer attached they fail, ENOSYS): for ``bench/fork_floor.py``'s
+    frozen template, whose tracer makes those calls in it and in the calls it clones.
 
     Raises:
         SeccompUnavailable: libseccomp cannot be loaded or rejects a rule.
@@ -119,7 +124,7 @@ def compiled_filter(*, memory_counted: bool) -> bytes:
             raise SeccompUnavailable(f"libseccomp refused the rule for {name}: {os.strerror(-result)}")
 
     try:
-        _add_rules(rule, memory_counted)
+        _add_rules(rule, memory_counted, traced)
         sink = os.memfd_create("runner-seccomp-export", os.MFD_CLOEXEC)
         try:
             result = lib.seccomp_export_bpf(ctx, sink)
@@ -133,14 +138,14 @@ def compiled_filter(*, memory_counted: bool) -> bytes:
     return program
 
 
-def _add_rules(rule: Callable[..., None], memory_counted: bool) -> None:
+def _add_rules(rule: Callable[..., None], memory_counted: bool, traced: bool) -> None:
     eperm = _errno_action(errno.EPERM)
     for name in (*DOCKER_DENIED, *EXTRA_DENIED, *(() if memory_counted else UNCOUNTED_MEMORY)):
-        rule(eperm, name)
+        rule(SCMP_ACT_TRACE if traced and name == "mount" else eperm, name)
     for name in FALLBACK:
         rule(_errno_action(errno.ENOSYS), name)
     for flag in NAMESPACE_FLAGS:
-        rule(eperm, "clone", _masked(0, flag))
+        rule(SCMP_ACT_TRACE if traced else eperm, "clone", _masked(0, flag))
     for name, mode_arg, flags_arg in MODE_SETTERS:
         for bit in (S_ISUID, S_ISGID):
             if flags_arg is None:

@@ -1,0 +1,328 @@
+"""A frozen template: the tool imported once in its sandbox, then stopped for good, and each
+call cloned from it by the benchmark, from outside, with ptrace. Run by
+``bench/fork_floor.py --frozen`` and ``FORK_LOOP=frozen bench/test_fork_hostile.py``.
+
+The template (``bench/_fork_template.py --frozen``) imports the tool's helper, says ready
+on its stdout and blocks in a read. From then on none of its code runs again: the
+benchmark seizes and interrupts it, checks it from outside (the only process in its
+sandbox, one thread, still bubblewrap's namespaces), closes every descriptor it has and
+unmaps every shared mapping, by system calls it makes in it. For each call it makes the
+template run one more, a ``clone`` into fresh user, mount, pid, IPC, network and UTS
+namespaces (the child a sibling of the template, so bubblewrap's init reaps it), and,
+before the child runs any instruction of its own: puts it in a fresh call cgroup, maps
+its uid, mounts a fresh ``/tmp``, ``/dev/shm`` and ``/proc``, connects its stdin and
+stdout to a socket of the benchmark's and its stderr to another, and drops every
+capability it holds in its user namespace. Then the child returns from the template's
+read and runs the tool's ``main.py``.
+
+The template's seccomp filter is the sandbox's, except that ``mount`` and ``clone`` into
+new namespaces go to the tracer rather than failing: made by the benchmark (the only
+tracer there ever is) they go through, and made by the tool's code, untraced, they fail
+(ENOSYS).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import select
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from _ptrace import (
+    CONT,
+    DETACH,
+    EVENT_STOP,
+    INTERRUPT,
+    O_EXITKILL,
+    O_TRACECLONE,
+    O_TRACEFORK,
+    O_TRACESECCOMP,
+    SEIZE,
+    Injector,
+    Regs,
+    TraceError,
+    regs_of,
+    request,
+    stop_of,
+)
+
+from sandboxes.subprocess._cgroup import CgroupFactory
+from sandboxes.subprocess._seccomp import compiled_filter, sealed_memfd
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+FRESH = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS
+CLONE_PARENT, SIGCHLD = 0x8000, 17
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+SYS_READ, SYS_CLOSE, SYS_MUNMAP, SYS_DUP2, SYS_SOCKET, SYS_CONNECT = 0, 3, 11, 33, 41, 42
+SYS_CLONE, SYS_WRITE, SYS_CAPSET, SYS_MOUNT, SYS_OPENAT = 56, 1, 126, 165, 257
+AT_FDCWD, O_WRONLY = -100, 1
+CAPABILITY_V3 = 0x20080522
+# PIDFD_GET_INFO (Linux 6.13): the exit status of a process that is not our child. On 6.18
+# it answered ESRCH, never the status, for a call's process (the init of its own pid
+# namespace, reaped by bubblewrap's init): the status is then UNKNOWN_STATUS.
+PIDFD_GET_INFO, PIDFD_INFO_EXIT, PIDFD_INFO_SIZE = 0xC040FF0B, 1 << 3, 64
+UNKNOWN_STATUS = -1
+READY_TIMEOUT_S, CALL_TIMEOUT_S = 30, 20
+STOP_TRIES = 200  # 10 ms apart: a template not found in its read by then is refused
+
+
+class FrozenTemplate:
+    """The tool's frozen template in its sandbox, and the calls cloned from it; a
+    ``Template`` of ``bench/fork_floor.py`` in what it offers."""
+
+    def __init__(
+        self, tool: Path, sandbox: list[str], python: str, script: Path, uid: int, limits: tuple[int, int]
+    ):
+        self._cgroups = CgroupFactory()
+        self._limits = limits
+        self._uid = uid
+        # In the folder bound into the sandbox (read-only: a socket is still reached), the
+        # calls' sockets, by names that cannot be listed.
+        self._calls = Path(tempfile.mkdtemp(prefix="calls-", dir=tool.parent))
+        self._calls.chmod(0o711)
+        seccomp = sealed_memfd("runner-seccomp", compiled_filter(memory_counted=True, traced=True))
+        argv = [*sandbox, "--seccomp", str(seccomp), "--", python, "-s", str(script), str(tool), "--frozen"]
+        self.process = subprocess.Popen(
+            argv, pass_fds=(seccomp,), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        os.close(seccomp)
+        self._jobs: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]] | None] = (
+            queue.Queue()
+        )
+        ready: Future[None] = Future()
+        self._tracer = threading.Thread(target=self._trace, args=(ready,), daemon=True, name="frozen-tracer")
+        self._tracer.start()
+        try:
+            ready.result()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- the tracer's thread: every ptrace request comes from it ------------------------
+
+    def _trace(self, ready: Future[None]) -> None:
+        try:
+            self._template, self._base = self._freeze()
+        except BaseException as exc:
+            ready.set_exception(exc)
+            return
+        ready.set_result(None)
+        try:
+            while (job := self._jobs.get()) is not None:
+                work, args, done = job
+                try:
+                    done.set_result(work(*args))
+                except BaseException as exc:
+                    done.set_exception(exc)
+        finally:
+            os.kill(self._template, 9)
+
+    def _freeze(self) -> tuple[int, Regs]:
+        from fork_floor import TemplateRefused, _sandboxed, _untrustworthy
+
+        assert self.process.stdout is not None
+        readable, _, _ = select.select([self.process.stdout], [], [], READY_TIMEOUT_S)
+        if not readable or os.read(self.process.stdout.fileno(), 1) != b"r":
+            raise TemplateRefused("no ready from the template")
+        sandbox = _sandboxed(self.process.pid)
+        template = sandbox[1]
+        request(SEIZE, template, 0, O_TRACEFORK | O_TRACECLONE | O_TRACESECCOMP | O_EXITKILL)
+        # The tracer and the template on one CPU: the thirty-odd round trips of a call's
+        # setup then never wait for an idle core to wake up (docs/performance.md).
+        self._cpus = os.sched_getaffinity(0)
+        pinned = {min(self._cpus)}
+        os.sched_setaffinity(0, pinned)  # this thread only
+        os.sched_setaffinity(template, pinned)
+        base = self._stop_in_read(template)
+        # Stopped for good: what is checked now cannot change any more.
+        threads = os.listdir(f"/proc/{template}/task")
+        if len(threads) != 1:
+            raise TemplateRefused(f"the import left {len(threads)} threads")
+        try:
+            frozen = Injector(template, base)
+        except TraceError as exc:
+            raise TemplateRefused(str(exc)) from exc
+        for fd in os.listdir(f"/proc/{template}/fd"):
+            frozen.checked(SYS_CLOSE, int(fd))
+        for low, high in _shared_mappings(template):
+            frozen.checked(SYS_MUNMAP, low, high - low)
+        problem = _untrustworthy(_sandboxed(self.process.pid), None)
+        if problem:
+            raise TemplateRefused(problem)
+        return template, base
+
+    def _stop_in_read(self, template: int) -> Regs:
+        """Stop the template in its read of stdin (its ready comes just before: it may
+        not be there yet), where each call's process returns from with nothing read."""
+        from fork_floor import TemplateRefused
+
+        for _ in range(STOP_TRIES):
+            request(INTERRUPT, template)
+            event, sig = stop_of(template)
+            while event != EVENT_STOP:  # a signal on its way first: it gets it, as untraced
+                request(CONT, template, 0, sig)
+                request(INTERRUPT, template)
+                event, sig = stop_of(template)
+            regs = regs_of(template)
+            if regs.orig_rax == SYS_READ and regs.rdi == 0:
+                return regs
+            request(CONT, template)
+            time.sleep(0.01)
+        raise TemplateRefused("the template never waited in its read of stdin")
+
+    def _clone(self, tasks: list[Path], stdio: str, stderr: str) -> tuple[int, int]:
+        """A call's process, cloned and set up, let go: its host pid and a pidfd of it."""
+        template = Injector(self._template, self._base)
+        template.checked(SYS_CLONE, FRESH | CLONE_PARENT | SIGCHLD, 0, 0, 0, 0)
+        (child,) = template.children
+        if stop_of(child)[0] != EVENT_STOP:
+            raise TraceError(0, f"the call's process {child} did not stop at its start")
+        for path in tasks:  # joined before it runs anything
+            path.write_text(str(child))
+        call = Injector(child, self._base)
+        for name, line in (
+            ("uid_map", f"{self._uid} {self._uid} 1"),
+            ("setgroups", "deny"),
+            ("gid_map", f"{self._uid} {self._uid} 1"),
+        ):
+            fd = call.checked(SYS_OPENAT, AT_FDCWD, call.text(f"/proc/self/{name}"), O_WRONLY)
+            call.checked(SYS_WRITE, fd, call.text(line), len(line))
+            call.checked(SYS_CLOSE, fd)
+        for path, numbers in ((stdio, (0, 1)), (stderr, (2,))):  # before /tmp is covered
+            sock = call.checked(SYS_SOCKET, socket.AF_UNIX, socket.SOCK_STREAM, 0)
+            address = struct.pack("H", socket.AF_UNIX) + path.encode() + b"\0"
+            call.checked(SYS_CONNECT, sock, call.put(address), len(address))
+            for number in numbers:
+                if sock != number:
+                    call.checked(SYS_DUP2, sock, number)
+            if sock not in numbers:
+                call.checked(SYS_CLOSE, sock)
+        call.checked(SYS_MOUNT, call.text("none"), call.text("/"), 0, MS_REC | MS_PRIVATE, 0)
+        tmpfs, options = call.text("tmpfs"), call.text("size=16m,mode=1777")
+        for target in ("/tmp", "/dev/shm"):
+            call.checked(SYS_MOUNT, tmpfs, call.text(target), tmpfs, MS_NOSUID | MS_NODEV, options)
+        proc = call.text("proc")  # its own pid namespace's: only itself
+        call.checked(SYS_MOUNT, proc, call.text("/proc"), proc, MS_NOSUID | MS_NODEV | MS_NOEXEC, 0)
+        header = call.put(struct.pack("Ii", CAPABILITY_V3, 0))
+        call.checked(SYS_CAPSET, header, call.put(bytes(24)))  # nothing, in its user namespace
+        pidfd = os.pidfd_open(child)
+        os.sched_setaffinity(child, self._cpus)  # the call runs on any
+        call.close(result=0)  # it returns from the template's read, with nothing read
+        request(DETACH, child)
+        return child, pidfd
+
+    # -- any thread ---------------------------------------------------------------------
+
+    def _on_tracer(self, work: Callable[..., Any], *args: Any) -> Any:
+        done: Future[Any] = Future()
+        self._jobs.put((work, args, done))
+        return done.result()
+
+    def call(self, payload: bytes) -> tuple[bytes, int]:
+        """Stdout and the wait status (``UNKNOWN_STATUS`` when the kernel does not tell
+        it) of one call."""
+        group = self._cgroups.create(*self._limits)
+        name = os.urandom(16).hex()
+        listeners = []
+        try:
+            for end in ("io", "err"):
+                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                listeners.append(listener)
+                listener.bind(str(self._calls / f"{name}.{end}"))
+                os.chmod(self._calls / f"{name}.{end}", 0o666)
+                listener.listen(1)
+            paths = [listener.getsockname() for listener in listeners]
+            child, pidfd = self._on_tracer(self._clone, group.join_files, *paths)
+            try:
+                io, err = (_accept_from(listener, child) for listener in listeners)
+                with io, err:
+                    io.sendall(payload)
+                    io.shutdown(socket.SHUT_WR)
+                    answer = _read_all(io)
+                    _read_all(err)
+                select.select([pidfd], [], [], 5)
+                return answer, _exit_status(pidfd)
+            finally:
+                os.close(pidfd)
+        finally:
+            for listener in listeners:
+                listener.close()
+                with _quiet():
+                    os.unlink(listener.getsockname())
+            group.remove()  # kills what is left first
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._tracer.join(10)
+        with _quiet():
+            self.process.kill()
+        self.process.wait(timeout=10)
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                pipe.close()
+        shutil.rmtree(self._calls, ignore_errors=True)
+
+
+class _quiet:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, *_: object) -> bool:
+        return kind is not None and issubclass(kind, OSError)  # type: ignore[arg-type]
+
+
+def _shared_mappings(pid: int) -> list[tuple[int, int]]:
+    found = []
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        span, perms = line.split()[:2]
+        if perms[3] == "s":
+            low, high = (int(part, 16) for part in span.split("-"))
+            found.append((low, high))
+    return found
+
+
+def _accept_from(listener: socket.socket, pid: int) -> socket.socket:
+    """The connection of process ``pid`` (by the kernel's word, SO_PEERCRED); any other
+    is closed unread."""
+    deadline = time.monotonic() + CALL_TIMEOUT_S
+    while (left := deadline - time.monotonic()) > 0:
+        listener.settimeout(left)
+        connection, _ = listener.accept()
+        peer = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        if peer == pid:
+            connection.settimeout(CALL_TIMEOUT_S)
+            return connection
+        connection.close()
+    raise TimeoutError(f"the call's process {pid} never connected")
+
+
+def _read_all(connection: socket.socket) -> bytes:
+    chunks = []
+    while chunk := connection.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _exit_status(pidfd: int) -> int:
+    import fcntl
+
+    info = bytearray(PIDFD_INFO_SIZE)
+    struct.pack_into("Q", info, 0, PIDFD_INFO_EXIT)
+    try:
+        fcntl.ioctl(pidfd, PIDFD_GET_INFO, info)
+    except OSError:
+        return UNKNOWN_STATUS  # before 6.13; or reaped and not recorded
+    if struct.unpack_from("Q", info, 0)[0] & PIDFD_INFO_EXIT:
+        return int(struct.unpack_from("i", info, 60)[0])
+    return UNKNOWN_STATUS  # exited, not reaped yet: not waited for
