@@ -4,11 +4,18 @@ timeout on each request's head; uvicorn's ``timeout_keep_alive`` is the idle tim
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from runner.telemetry.connections import ConnectionGate, reset, unread
+
+# uvicorn's own log lines (a request it cannot parse, a traceback): at most this many per
+# window, so that no peer can make the operator's log grow without bound.
+LOG_BURST = 20
+LOG_WINDOW_S = 60.0
 
 
 class GatedH11Protocol(H11Protocol):
@@ -54,6 +61,19 @@ class GatedH11Protocol(H11Protocol):
             self._await_head()  # the next request's head (a pipelined one stops it at once)
         super().on_response_complete()
 
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn answers a request whose body it cannot parse (a malformed chunk) itself,
+        # while the app may still answer it: that answer then met an ended response and
+        # raised, a traceback in the log per request, which anyone could send. The app's
+        # sends are dropped instead (as for a client that left).
+        cycle = self.cycle
+        if cycle is not None:
+            cycle.disconnected = True
+            if cycle.response_started:  # too late for a 400: the connection just ends
+                self.transport.close()
+                return
+        super().send_400_response(msg)
+
     def _peer(self) -> tuple[str, int]:
         return self.client or ("", id(self))
 
@@ -72,5 +92,33 @@ class GatedH11Protocol(H11Protocol):
 
 
 def gated_h11(gate: ConnectionGate) -> type[GatedH11Protocol]:
-    """The protocol class to give uvicorn (``Config(http=...)``) for one listener."""
+    """The protocol class to give uvicorn (``Config(http=...)``) for one listener; uvicorn's
+    own log is bounded from now on (``BoundedLog``)."""
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(existing, BoundedLog) for existing in logger.filters):
+        logger.addFilter(BoundedLog())
     return type("GatedH11Protocol", (GatedH11Protocol,), {"gate": gate})
+
+
+class BoundedLog(logging.Filter):
+    """uvicorn logs a line for each request it cannot parse or upgrade, whoever sends it:
+    at most ``LOG_BURST`` lines per ``LOG_WINDOW_S``, then one line saying how many were
+    left out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._window = 0.0
+        self._passed = 0
+        self._dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if now - self._window >= LOG_WINDOW_S:
+            if self._dropped:
+                record.msg = f"({self._dropped} lines of this log left out in the last minute) {record.msg}"
+            self._window, self._passed, self._dropped = now, 0, 0
+        if self._passed >= LOG_BURST:
+            self._dropped += 1
+            return False
+        self._passed += 1
+        return True

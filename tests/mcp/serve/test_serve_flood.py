@@ -6,6 +6,7 @@ the client with a token is the MCP SDK's."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -175,3 +176,32 @@ def test_a_metrics_token_variable_that_is_unset_is_a_usage_error(bench: ToolBenc
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, "NO_SUCH": ""})
     assert done.returncode == 2
     assert "--metrics-token-env NO_SUCH" in done.stderr and "Traceback" not in done.stderr
+
+
+async def test_malformed_bodies_without_a_token_leave_no_traceback_and_a_bounded_log(
+    bench: ToolBench, tools: str
+) -> None:
+    # uvicorn answered the malformed chunk with a 400 itself and the 401 that followed met
+    # an ended response: a traceback of thirty lines in the operator's log per request.
+    server = HttpServer(bench)
+    port = port_of(server.url)
+    requests = 40  # uvicorn's own line for each would be 40 alone
+
+    def malformed() -> None:
+        for _ in range(requests):
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+                sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+                with contextlib.suppress(OSError):
+                    sock.recv(4096)
+
+    try:
+        await anyio.to_thread.run_sync(malformed)
+        with anyio.fail_after(THROUGH_S):
+            async with server.client(tools) as client:
+                result = await client.call_tool("echo", {"word": "through"})
+    finally:
+        assert server.stop() == 0
+    log = "".join(server.stderr)
+    assert "Traceback" not in log, log[-2000:]
+    assert log.count("Invalid HTTP request received") <= 20, log[-2000:]
+    assert not result.is_error
