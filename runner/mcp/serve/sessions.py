@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import pydantic_core
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http import StreamableHTTPServerTransport
@@ -25,13 +26,14 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, Streamable
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runner.api import Runner
 from runner.mcp.serve.auth import BearerAuth, send_jsonrpc_error, token_of
 
 # JSON-RPC error (implementation-defined range) for a token at its cap of open sessions.
 TOO_MANY_SESSIONS = -32012  # -32002 is MCP's own "resource not found"
+INVALID_REQUEST = -32600  # JSON-RPC's own
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 # The SDK's hooks this module relies on; checked at start, so that an SDK that renamed
@@ -63,6 +65,10 @@ class TokenSessionManager(StreamableHTTPSessionManager):
         self._runner = runner
         self._on_cap = on_cap
         self._on_end = on_end  # the runner session of an MCP session ends with it
+        # (session, request id) of the requests being answered: the SDK keeps one stream
+        # per id, and a second request with the id of one in flight took over its stream,
+        # leaving the first unanswered and its connection held open for good.
+        self._in_flight: set[tuple[str, str]] = set()
         if not isinstance(getattr(self, "_session_owners", None), dict):
             raise RuntimeError("mcp's session manager records no session owners; this runner needs mcp 2.3")
 
@@ -78,6 +84,19 @@ class TokenSessionManager(StreamableHTTPSessionManager):
         return super()._admit_session(requestor)
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        claimed = None
+        if scope.get("method") == "POST":
+            body, receive = await _buffered(receive)
+            claimed = _request_key(scope, body)
+            if claimed is not None and claimed in self._in_flight:
+                message = (
+                    f"a request with id {claimed[1]} is already in flight in this session:"
+                    " give each request of a session its own id"
+                )
+                await send_jsonrpc_error(send, 409, INVALID_REQUEST, message)
+                return
+            if claimed is not None:
+                self._in_flight.add(claimed)
         try:
             await super()._handle_stateful_request(scope, receive, send)
         except _AtCap as refused:  # raised before anything was sent
@@ -89,6 +108,9 @@ class TokenSessionManager(StreamableHTTPSessionManager):
                 f" {cap}); end one (HTTP DELETE) or let one expire, then open a new one"
             )
             await send_jsonrpc_error(send, 429, TOO_MANY_SESSIONS, message)
+        finally:
+            if claimed is not None:
+                self._in_flight.discard(claimed)
 
     async def _discard_session(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
         try:
@@ -143,3 +165,43 @@ def http_app(
 
 async def _nothing(_: str) -> None:
     return None
+
+
+async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
+    """The request's body (the SDK's body limit has already read it into memory), and a
+    ``receive`` that gives it again, then what comes after."""
+    chunks = []
+    after: Message | None = None  # a disconnect that came instead of the rest
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            after = message
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    replayed = False
+
+    async def again() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return after if after is not None else await receive()
+
+    return body, again
+
+
+def _request_key(scope: Scope, body: bytes) -> tuple[str, str] | None:
+    """(session id, request id as the SDK keys it) of a JSON-RPC request to a session."""
+    session = next((value for name, value in scope.get("headers", []) if name == b"mcp-session-id"), None)
+    if session is None:
+        return None
+    try:
+        parsed = pydantic_core.from_json(body)  # the SDK's parser: the same id, duplicate keys alike
+    except ValueError:
+        return None  # the SDK answers it
+    if not isinstance(parsed, dict) or "method" not in parsed or parsed.get("id") is None:
+        return None  # a notification or a response: no stream of its own
+    return session.decode("latin-1"), str(parsed["id"])

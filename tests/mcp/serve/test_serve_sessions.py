@@ -159,3 +159,36 @@ def test_bad_session_settings_are_refused_with_the_setting_named(
     with pytest.raises(ConfigError) as refused:
         Policy.load(policy)
     assert f"serve.{next(iter(serve))}" in str(refused.value)
+
+
+async def test_a_second_request_with_the_id_of_one_in_flight_is_refused_and_the_first_still_answered(
+    bench: ToolBench,
+) -> None:
+    # The SDK keeps one answer stream per request id: the second took over the first's,
+    # which then was never answered and held its (trusted, busy) connection open for good.
+    bench.tool("sleepy", "import json, sys, time\nsys.stdin.read()\ntime.sleep(2)\nprint(json.dumps({'slept': 2}))")
+    bench.policy["roles"] = {"user": {"allow": ["sleepy"]}}
+    alice = add_token(bench, "alice", "user")
+    server = HttpServer(bench)
+    request = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "sleepy", "arguments": {}}}
+    answers: dict[str, httpx2.Response] = {}
+    try:
+        async with httpx2.AsyncClient(timeout=30) as http:
+            session = await open_session(http, server.url, alice)
+
+            async def post(name: str) -> None:
+                answers[name] = await http.post(server.url, json=request, headers=headers(alice, session))
+
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(post, "first")
+                    await anyio.sleep(0.5)
+                    tasks.start_soon(post, "second")
+            again = await http.post(server.url, json=request, headers=headers(alice, session))
+    finally:
+        assert server.stop() == 0
+    assert answers["second"].status_code == 409
+    assert "already in flight" in jsonrpc_error(answers["second"])["message"]
+    first = message(answers["first"])
+    assert first["id"] == 7 and "slept" in first["result"]["content"][0]["text"], first
+    assert again.status_code == 200 and message(again)["id"] == 7  # once answered, the id is free
