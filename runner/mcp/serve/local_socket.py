@@ -12,7 +12,8 @@ asks for none, as ``runner exec`` would), a uid in ``serve.socket.uids`` with it
 there, anyone else is refused (audited within a budget, like HTTP's refusals). What a peer
 can cost is bounded: ``serve.socket.max_open`` connections at once, lowered to the
 listener's share of the descriptor limit (more are closed unread), ``read_timeout_ms``
-for the request line, ``MAX_REQUEST_BYTES`` for its size. A call whose client goes away
+for the request line, ``MAX_REQUEST_BYTES`` for its size and ``MAX_CONTAINERS`` for the
+objects and arrays in it (what parsing it costs). A call whose client goes away
 (its connection ends, e.g. Ctrl-C) is cancelled.
 """
 
@@ -31,6 +32,12 @@ from typing import Any
 from pydantic.alias_generators import to_camel
 
 from runner.config.sockets import MAX_REQUEST_BYTES, SocketPlaceError, prepare_folder
+
+# Objects and arrays in a request line, counted (as opening brackets, those in strings
+# too) before it is parsed. Parsing holds the interpreter's lock, whatever thread it runs
+# in: 16 MiB of "{}," took 6 s and 1.1 GB, every other client of the server waiting.
+# A million takes about a third of a second; a tool call carries far fewer.
+MAX_CONTAINERS = 1_000_000
 from runner.mcp.serve.app import ToolService
 from runner.mcp.serve.lifecycle import Transport
 from runner.mcp.serve.refusals import RefusalBudget
@@ -237,6 +244,8 @@ class SocketTransport:
             raise _Refused("too_large", f"a request line is at most {MAX_REQUEST_BYTES} bytes") from None
         if not line.endswith(b"\n"):
             raise _Refused("bad_request", "the request line ended early")
+        if line.count(b"{") + line.count(b"[") > MAX_CONTAINERS:
+            raise _Refused("too_large", f"a request line holds at most {MAX_CONTAINERS} objects and arrays")
         try:
             document = json.loads(line, parse_constant=_no_constant)
         except (ValueError, RecursionError):
