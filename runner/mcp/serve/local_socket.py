@@ -32,16 +32,16 @@ from typing import Any
 from pydantic.alias_generators import to_camel
 
 from runner.config.sockets import MAX_REQUEST_BYTES, SocketPlaceError, prepare_folder
-
-# Objects and arrays in a request line, counted (as opening brackets, those in strings
-# too) before it is parsed. Parsing holds the interpreter's lock, whatever thread it runs
-# in: 16 MiB of "{}," took 6 s and 1.1 GB, every other client of the server waiting.
-# A million takes about a third of a second; a tool call carries far fewer.
-MAX_CONTAINERS = 1_000_000
 from runner.mcp.serve.app import ToolService
 from runner.mcp.serve.lifecycle import Transport
 from runner.mcp.serve.refusals import RefusalBudget
 from runner.telemetry.connections import ACCEPT_BACKLOG
+
+# Objects and arrays in a request line, counted (as opening brackets, those in strings
+# too) before it is parsed: parsing holds the interpreter's lock whatever thread it runs
+# in, and what it costs grows with them (docs/performance.md). A tool call carries far
+# fewer.
+MAX_CONTAINERS = 1_000_000
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _PROBE_S = 1.0  # how long the check for a live server at the socket's path may wait
