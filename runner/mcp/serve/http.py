@@ -124,6 +124,9 @@ class HttpTransport:
         config = uvicorn.Config(
             CloseRefused(app),
             http=gated_h11(self.gate),
+            # MCP is plain HTTP: an upgrade to a WebSocket would pass the bearer check
+            # (an ASGI "websocket", not "http") and leave the gate's count of its connection.
+            ws="none",
             log_level="warning",
             lifespan="on",
             timeout_keep_alive=math.ceil(limits.idle_timeout_s),

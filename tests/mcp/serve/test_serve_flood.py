@@ -205,3 +205,21 @@ async def test_malformed_bodies_without_a_token_leave_no_traceback_and_a_bounded
     assert "Traceback" not in log, log[-2000:]
     assert log.count("Invalid HTTP request received") <= 20, log[-2000:]
     assert not result.is_error
+
+
+async def test_a_websocket_upgrade_without_a_token_is_answered_as_plain_http_and_closed(
+    bench: ToolBench, tools: str
+) -> None:
+    server = HttpServer(bench)
+    port = port_of(server.url)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(
+                b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            )
+            answer = _read_all(sock, 10.0)
+    finally:
+        assert server.stop() == 0
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]  # the bearer check saw it
+    assert b"101 Switching" not in answer
