@@ -44,6 +44,7 @@ from runner.mcp.serve.call_sessions import McpSessions, mcp_session_id
 from runner.mcp.serve.client_limits import gives_up_first
 from runner.mcp.serve.disconnect import cancel_when_gone
 from runner.mcp.serve.events import EventRelay, LogLevels
+from runner.mcp.serve.slots import FairSlots
 from runner.telemetry.labels import role_label
 from runner.telemetry.tracing import TRACEPARENT, TRACESTATE
 from runner.tools.definitions import mcp_definition
@@ -80,7 +81,7 @@ class ToolService:
     def __init__(self, runner: Runner, caller_of: CallerOf, max_concurrent: int) -> None:
         self.runner = runner
         self._caller_of = caller_of
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._slots = FairSlots(max_concurrent)
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -229,9 +230,10 @@ class ToolService:
             return await self.runner.ahandle(request)
         deadline_ms = resolve_plan(tool, self.runner.policy, CallOptions()).deadline_ms
         started = time.monotonic()
+        client = AUDIT_CLIENT.get()
         try:
             async with asyncio.timeout(deadline_ms / 1000):
-                await self._slots.acquire()
+                await self._slots.acquire(client)
         except TimeoutError:
             return self._queued_out(request, deadline_ms)
         try:
@@ -245,7 +247,7 @@ class ToolService:
                 request["options"] = {**options, "deadline": left}
             return await self.runner.ahandle(request, relay.heard if relay is not None else None)
         finally:
-            self._slots.release()
+            self._slots.release(client)
 
     def _queued_out(self, request: dict[str, Any], deadline_ms: int) -> dict[str, Any]:
         """The answer of a call whose deadline ran out while it waited for a slot."""
