@@ -330,7 +330,7 @@ class Runner:
         )
         with self._lock:
             self.policy, self.registry = policy, registry
-            self._sessions.generation += 1  # session sandboxes open anew, as they are now
+            self._sessions.generation = policy.generation = self._sessions.generation + 1
 
     def tool_definitions(self, format: str, role: str | None = None, *, strict: bool = False) -> list[Any]:
         """The tools ``role`` may call as definitions for an agent, in a format and strictness
@@ -444,7 +444,7 @@ class Runner:
         self._follow_pools()
         session = CURRENT.get()
         if session is not None and is_session_tool(tool, policy):
-            return session.backend(tool, self._sandbox_factory(plan.sandbox), MCP_WORK)
+            return session.backend(tool, self._sandbox_factory(plan.sandbox), MCP_WORK, policy.generation)
         return dispatched_sandbox(policy, tool, plan.sandbox) or self._pools.sandbox_for(
             tool.name, self._sandbox_factory(plan.sandbox)
         )

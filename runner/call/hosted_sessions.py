@@ -75,9 +75,10 @@ class HostedServer:
             self._end = SessionEnd.DIED
         return self._end
 
-    async def call(self, dialogue: HostedDialogue, timeout_ms: int) -> SandboxOutcome:
-        """Speak ``dialogue`` with the server within ``timeout_ms``: an outcome as a call's
-        own run would give (``settled`` by the dialogue after).
+    async def call(self, dialogue: HostedDialogue, timeout_ms: int, max_output_bytes: int) -> SandboxOutcome:
+        """Speak ``dialogue`` with the server within ``timeout_ms``, reading at most
+        ``max_output_bytes`` for it (the calling tool's own cap, whichever tool opened the
+        run): an outcome as a call's own run would give (``settled`` by the dialogue after).
 
         Raises:
             SandboxUnavailable: the server has ended.
@@ -86,6 +87,7 @@ class HostedServer:
         if self.ended() is not None:
             raise SandboxUnavailable("the session's server has ended")
         started = time.monotonic()
+        self._held.cap_calls(max_output_bytes)  # calls take turns: this is the next one served
         speaking = asyncio.ensure_future(self._held.serve(dialogue))
         try:
             done, _ = await asyncio.wait(

@@ -251,6 +251,7 @@ class Policy:
         self.model = model
         self.base_dir = base_dir
         self.source = source  # the file it came from, for messages
+        self.generation = 0  # the runner's reload it came with (session sandboxes go by it)
         self._roles = {name: _expand_role(model.roles, name, ()) for name in model.roles}
 
     @classmethod

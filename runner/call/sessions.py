@@ -166,19 +166,22 @@ class CallSession:
     closed: bool = False
     _held: dict[Key, _Held] = field(default_factory=dict)
     _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
-    _lost: set[Key] = field(default_factory=set)  # those whose last sandbox ended unasked
+    _lost: set[tuple[str, str]] = field(default_factory=set)  # (kind, name): ended unasked
     _sweeper: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         """Register with the runner, which closes the session should it close first."""
         self.counts.sessions.add(self)
 
-    def backend(self, tool: Tool, backend: Sandbox, hosted: HostedWork) -> Sandbox:
+    def backend(self, tool: Tool, backend: Sandbox, hosted: HostedWork, generation: int) -> Sandbox:
         """The backend a call of ``tool`` in this session runs on: the session's sandbox
-        of the tool, or the session's run of its hosted server (shared by its tools)."""
+        of the tool, or the session's run of its hosted server (shared by its tools).
+        ``generation``: the reload whose policy the call goes by (a sandbox it opens is
+        stamped with it, so one opened by a call that began before a reload is closed
+        after it, as the ones already open are)."""
         if tool.hosted is not None:
-            return _HostedBackend(self, tool.hosted.server, backend, hosted)
-        return _SessionBackend(self, ("tool", tool.name, ""), backend)
+            return _HostedBackend(self, tool.hosted.server, backend, hosted, generation)
+        return _SessionBackend(self, ("tool", tool.name, ""), backend, generation)
 
     async def aclose(self, reason: str = "ended") -> None:
         """End the session: every sandbox of it is killed and released. Safe to call twice."""
@@ -190,7 +193,7 @@ class CallSession:
         await finish_each(functools.partial(self._drop, name, reason) for name in list(self._held))
 
     async def take(
-        self, key: Key, backend: Sandbox, open_: Opener, note: SessionNote | None
+        self, key: Key, backend: Sandbox, open_: Opener, note: SessionNote | None, generation: int
     ) -> tuple[_Held, asyncio.Lock]:
         """The tool's sandbox in this session, opened if need be, with its lock held (the
         caller releases it when its call is over).
@@ -207,16 +210,16 @@ class CallSession:
                 await self._drop(key, why)
                 held = None
             if held is None:
-                held = await self._open(key, backend, open_)
-                if note is not None and key in self._lost:
+                held = await self._open(key, backend, open_, generation)
+                if note is not None and key[:2] in self._lost:
                     note.restarted = True
-                self._lost.discard(key)
+                self._lost.discard(key[:2])
         except BaseException:
             lock.release()
             raise
         return held, lock
 
-    async def _open(self, key: Key, backend: Sandbox, open_: Opener) -> _Held:
+    async def _open(self, key: Key, backend: Sandbox, open_: Opener, generation: int) -> _Held:
         if self.closed:
             raise SandboxUnavailable("the session has ended")
         self.counts.reserve(self.owner, self.settings())
@@ -235,9 +238,9 @@ class CallSession:
         if self._sweeper is None:  # expiry is watched on the loop of the session's calls
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         now = self.clock.monotonic()
-        held = _Held(sandbox, backend.name, now, now, self.counts.generation)
+        held = _Held(sandbox, backend.name, now, now, generation)
         self._held[key] = held
-        restarted = key in self._lost
+        restarted = key[:2] in self._lost
         self.audit.emit(
             "session.opened", sessionId=self.id, toolName=key[1], sandbox=backend.name, restarted=restarted
         )
@@ -256,7 +259,7 @@ class CallSession:
         if held is None:
             return
         if reason != "ended":
-            self._lost.add(key)
+            self._lost.add(key[:2])  # a server's next run may have other settings
         not_applied: dict[str, Any] = {}
         try:
             await finish_shielded(held.sandbox.close())
@@ -321,11 +324,12 @@ def _end_reason(held: _Held) -> str | None:
 class _SessionBackend:
     """A call's backend in a session: its "prepared sandbox" is the session's own."""
 
-    def __init__(self, session: CallSession, key: Key, backend: Sandbox) -> None:
+    def __init__(self, session: CallSession, key: Key, backend: Sandbox, generation: int) -> None:
         self.name = backend.name
         self._session = session
         self._key = key
         self._backend = backend
+        self._generation = generation
 
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSandbox:
         backend = self._backend
@@ -335,7 +339,7 @@ class _SessionBackend:
                 raise SandboxUnavailable(f"the {backend.name} backend cannot keep a sandbox for a session")
             return await backend.open_session(spec, limits)
 
-        held, lock = await self._session.take(self._key, backend, open_, NOTE.get())
+        held, lock = await self._session.take(self._key, backend, open_, NOTE.get(), self._generation)
         return _SessionRun(self._session, self._key, held, lock, limits)
 
 
@@ -343,12 +347,15 @@ class _HostedBackend:
     """A call's backend in a session, for a hosted server's tool: its "prepared sandbox"
     is the session's run of the server."""
 
-    def __init__(self, session: CallSession, server: str, backend: Sandbox, hosted: HostedWork) -> None:
+    def __init__(
+        self, session: CallSession, server: str, backend: Sandbox, hosted: HostedWork, generation: int
+    ) -> None:
         self.name = backend.name
         self._session = session
         self._server = server
         self._backend = backend
         self._hosted = hosted
+        self._generation = generation
 
     async def prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSandbox:
         backend, held_dialogue = self._backend, self._hosted.held
@@ -358,7 +365,7 @@ class _HostedBackend:
             return await HostedServer.open(backend, spec, limits, held_dialogue(), max_ms)
 
         key = ("server", self._server, _run_settings(backend, spec, limits))
-        held, lock = await self._session.take(key, backend, open_, NOTE.get())
+        held, lock = await self._session.take(key, backend, open_, NOTE.get(), self._generation)
         return _HostedRun(_SessionRun(self._session, key, held, lock, limits))
 
 
@@ -393,7 +400,8 @@ class _HostedRun:
     async def converse(self, dialogue: Dialogue) -> SandboxOutcome:
         server = self._run.held.sandbox
         assert isinstance(server, HostedServer)
-        return await server.call(cast(HostedDialogue, dialogue), self._run.limits.timeout_ms)
+        limits = self._run.limits
+        return await server.call(cast(HostedDialogue, dialogue), limits.timeout_ms, limits.max_output_bytes)
 
     async def close(self) -> None:
         await self._run.close()

@@ -193,7 +193,8 @@ def test_a_sandbox_whose_session_closed_while_it_opened_is_closed_not_kept(bench
             return Opened()
 
         backend = type("Backend", (), {"name": "fake"})()
-        taking = asyncio.ensure_future(session.take("tool", backend, open_, None))  # type: ignore[arg-type]
+        key = ("tool", "tool", "")
+        taking = asyncio.ensure_future(session.take(key, backend, open_, None, 0))  # type: ignore[arg-type]
         await opening.wait()
         await session.aclose("ended")
         opened.set()

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from conftest import ToolBench, docker_ready, our_cgroups, wait_for
 
+from runner.call.sessions import CallSession
 from sandboxes.testing import processes_with_env
 
 # A notebook of one variable: a count kept in the sandbox's /tmp. ``hang`` leaves a child
@@ -397,3 +398,35 @@ def test_a_reload_closes_session_sandboxes_even_of_a_tool_no_longer_called(bench
             assert [event["reason"] for event in _events(bench, "session.closed")] == ["reloaded"]
 
     asyncio.run(scenario())
+
+
+def test_a_sandbox_opened_by_a_call_that_began_before_a_reload_is_closed_after_it(
+    bench: ToolBench, mark: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reload lands while the first call is on its way (its policy read, its sandbox not
+    # yet opened): the sandbox it opens holds the old settings, and was taken as current.
+    original = CallSession.take
+    reloaded: list[bool] = []
+
+    async def take(self: CallSession, *args: Any) -> Any:
+        if not reloaded:
+            reloaded.append(True)
+            bench.policy["limits"]["memory_mb"] = 96
+            policy_file = bench.root / "policies.yaml"
+            policy_file.write_text(yaml.safe_dump(bench.policy))
+            runner.reload([bench.tools], policy_file)
+        return await original(self, *args)
+
+    monkeypatch.setattr(CallSession, "take", take)
+    runner = bench.runner()
+
+    async def scenario() -> None:
+        async with runner, runner.session() as session:
+            assert _count(await session.acall("counter")) == 1
+            await asyncio.sleep(1.2)  # more than the sweep's half second
+            again = await session.acall("counter")
+            assert _count(again) == 1
+            assert again.metadata.extra["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [event["reason"] for event in _events(bench, "session.closed")] == ["reloaded", "ended"]

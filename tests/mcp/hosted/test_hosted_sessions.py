@@ -289,3 +289,38 @@ def test_tools_of_one_server_with_other_settings_never_share_its_run(bench: Tool
     asyncio.run(scenario())
     assert [event["toolName"] for event in _events(bench, "session.opened")] == ["st", "st"]
     _nothing_left(mark)
+
+
+def test_each_call_reads_no_more_than_its_own_tools_output_cap_whoever_opened_the_run(
+    bench: ToolBench, mark: str
+) -> None:
+    # The run's per-call cap was fixed by its first call: a tool with a small cap got the
+    # opener's big one (and the other way round).
+    bench.policy["tools"] = {"st_chatty": {"max_output_bytes": 4096}}
+
+    async def scenario() -> None:
+        async with bench.runner(warm_pools=False) as runner, runner.session() as session:
+            assert _seen(await session.acall("st_count"))["count"] == 1
+            chatty = await session.acall("st_chatty")
+            assert chatty.error is not None and "more than 4096 bytes" in chatty.error.message, chatty.error
+
+    asyncio.run(scenario())
+    _nothing_left(mark)
+
+
+def test_a_reload_that_changes_a_servers_settings_says_its_state_is_gone(bench: ToolBench, mark: str) -> None:
+    async def scenario() -> None:
+        async with bench.runner(warm_pools=False) as runner, runner.session() as session:
+            assert [_seen(await session.acall("st_count"))["count"] for _ in range(2)] == [1, 2]
+            bench.policy["limits"]["memory_mb"] = 200  # another run of the server, after
+            policy_file = bench.root / "policies.yaml"
+            policy_file.write_text(yaml.safe_dump(bench.policy))
+            runner.reload([bench.tools], policy_file)
+            await asyncio.sleep(1.2)  # the sweep closes the run opened before
+            again = await session.acall("st_count")
+            assert _seen(again)["count"] == 1
+            assert again.to_wire()["metadata"]["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [event["restarted"] for event in _events(bench, "session.opened")] == [False, True]
+    _nothing_left(mark)
