@@ -48,6 +48,7 @@ from _ptrace import (
     O_TRACEFORK,
     O_TRACESECCOMP,
     SEIZE,
+    SETOPTIONS,
     Injector,
     Regs,
     TraceError,
@@ -74,6 +75,7 @@ CAPABILITY_V3 = 0x20080522
 PIDFD_GET_INFO, PIDFD_INFO_EXIT, PIDFD_INFO_SIZE = 0xC040FF0B, 1 << 3, 64
 UNKNOWN_STATUS = -1
 READY_TIMEOUT_S, CALL_TIMEOUT_S = 30, 20
+MOUNTS = 5  # made in each call's process: /, /tmp, /dev/shm, /dev/pts, /proc
 STOP_TRIES = 200  # 10 ms apart: a template not found in its read by then is refused
 
 
@@ -137,7 +139,9 @@ class FrozenTemplate:
             raise TemplateRefused("no ready from the template")
         sandbox = _sandboxed(self.process.pid)
         template = sandbox[1]
-        request(SEIZE, template, 0, O_TRACEFORK | O_TRACECLONE | O_TRACESECCOMP | O_EXITKILL)
+        # Seized with no event to trace yet: until it is frozen, the tool's own mount or
+        # clone into new namespaces meets a tracer that does not take them (ENOSYS).
+        request(SEIZE, template, 0, O_EXITKILL)
         # The tracer and the template on one CPU: the thirty-odd round trips of a call's
         # setup then never wait for an idle core to wake up (docs/performance.md).
         self._cpus = os.sched_getaffinity(0)
@@ -149,6 +153,9 @@ class FrozenTemplate:
         threads = os.listdir(f"/proc/{template}/task")
         if len(threads) != 1:
             raise TemplateRefused(f"the import left {len(threads)} threads")
+        if _status(template, "Seccomp_filters") != "1" or _status(template, "NoNewPrivs") != "1":
+            raise TemplateRefused("the import loaded a system-call filter of its own")
+        request(SETOPTIONS, template, 0, O_TRACEFORK | O_TRACECLONE | O_TRACESECCOMP | O_EXITKILL)
         try:
             frozen = Injector(template, base)
         except TraceError as exc:
@@ -212,10 +219,18 @@ class FrozenTemplate:
         tmpfs, options = call.text("tmpfs"), call.text("size=16m,mode=1777")
         for target in ("/tmp", "/dev/shm"):
             call.checked(SYS_MOUNT, tmpfs, call.text(target), tmpfs, MS_NOSUID | MS_NODEV, options)
+        devpts, pts = call.text("devpts"), call.text("newinstance,ptmxmode=0666,mode=0620")
+        call.checked(
+            SYS_MOUNT, devpts, call.text("/dev/pts"), devpts, MS_NOSUID | MS_NOEXEC, pts
+        )  # /dev/ptmx: a link
         proc = call.text("proc")  # its own pid namespace's: only itself
         call.checked(SYS_MOUNT, proc, call.text("/proc"), proc, MS_NOSUID | MS_NODEV | MS_NOEXEC, 0)
         header = call.put(struct.pack("Ii", CAPABILITY_V3, 0))
         call.checked(SYS_CAPSET, header, call.put(bytes(24)))  # nothing, in its user namespace
+        # Checked from outside: each mount went through the tracer (a filter of the tool's
+        # own could fake them: the template may have none, ``_freeze``), and no capability is left.
+        if template.approved != 1 or call.approved != MOUNTS or _capabilities(child) != 0:
+            raise TraceError(0, f"the call's process {child} was not set up as asked")
         pidfd = os.pidfd_open(child)
         os.sched_setaffinity(child, self._cpus)  # the call runs on any
         call.close(result=0)  # it returns from the template's read, with nothing read
@@ -280,6 +295,17 @@ class _quiet:
 
     def __exit__(self, kind: object, *_: object) -> bool:
         return kind is not None and issubclass(kind, OSError)  # type: ignore[arg-type]
+
+
+def _status(pid: int, field: str) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def _capabilities(pid: int) -> int:
+    return int(_status(pid, "CapEff") or "0", 16) | int(_status(pid, "CapPrm") or "0", 16)
 
 
 def _shared_mappings(pid: int) -> list[tuple[int, int]]:
