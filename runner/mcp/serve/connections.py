@@ -67,7 +67,7 @@ class GatedH11Protocol(H11Protocol):
         # raised, a traceback in the log per request, which anyone could send. The app's
         # sends are dropped instead (as for a client that left).
         cycle = self.cycle
-        if cycle is not None:
+        if cycle is not None and not cycle.response_complete:  # not a finished earlier request's
             cycle.disconnected = True
             if cycle.response_started:  # too late for a 400: the connection just ends
                 self.transport.close()
@@ -102,23 +102,22 @@ def gated_h11(gate: ConnectionGate) -> type[GatedH11Protocol]:
 
 class BoundedLog(logging.Filter):
     """uvicorn logs a line for each request it cannot parse or upgrade, whoever sends it:
-    at most ``LOG_BURST`` lines per ``LOG_WINDOW_S``, then one line saying how many were
-    left out."""
+    at most ``LOG_BURST`` lines per ``LOG_WINDOW_S`` of each level (warnings cannot crowd
+    out errors), then the next line passed says how many were left out before it."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._window = 0.0
-        self._passed = 0
-        self._dropped = 0
+        self._windows: dict[int, list[float]] = {}  # level: [start, passed, dropped]
 
     def filter(self, record: logging.LogRecord) -> bool:
         now = time.monotonic()
-        if now - self._window >= LOG_WINDOW_S:
-            if self._dropped:
-                record.msg = f"({self._dropped} lines of this log left out in the last minute) {record.msg}"
-            self._window, self._passed, self._dropped = now, 0, 0
-        if self._passed >= LOG_BURST:
-            self._dropped += 1
+        window = self._windows.setdefault(record.levelno, [now, 0, 0])
+        if now - window[0] >= LOG_WINDOW_S:
+            if window[2]:
+                record.msg = f"({int(window[2])} lines of this level left out before this one) {record.msg}"
+            window[:] = [now, 0, 0]
+        if window[1] >= LOG_BURST:
+            window[2] += 1
             return False
-        self._passed += 1
+        window[1] += 1
         return True

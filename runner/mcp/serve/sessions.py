@@ -19,7 +19,11 @@ from typing import Any
 
 import anyio
 import pydantic_core
-from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
+from mcp.server.auth.middleware.bearer_auth import (
+    AuthenticatedUser,
+    AuthorizationContext,
+    authorization_context,
+)
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
@@ -88,6 +92,8 @@ class TokenSessionManager(StreamableHTTPSessionManager):
         if scope.get("method") == "POST":
             body, receive = await _buffered(receive)
             claimed = _request_key(scope, body)
+            if claimed is not None and not self._owns(scope, claimed[0]):
+                claimed = None  # the SDK answers it 404, as for a session that does not exist
             if claimed is not None and claimed in self._in_flight:
                 message = (
                     f"a request with id {claimed[1]} is already in flight in this session:"
@@ -97,6 +103,7 @@ class TokenSessionManager(StreamableHTTPSessionManager):
                 return
             if claimed is not None:
                 self._in_flight.add(claimed)
+                send = _releasing(send, lambda: self._in_flight.discard(claimed))
         try:
             await super()._handle_stateful_request(scope, receive, send)
         except _AtCap as refused:  # raised before anything was sent
@@ -111,6 +118,12 @@ class TokenSessionManager(StreamableHTTPSessionManager):
         finally:
             if claimed is not None:
                 self._in_flight.discard(claimed)
+
+    def _owns(self, scope: Scope, session_id: str) -> bool:
+        """Whether the request's token opened that session (the SDK's own test)."""
+        user = scope.get("user")
+        requestor = authorization_context(user) if isinstance(user, AuthenticatedUser) else None
+        return session_id in self._session_owners and self._session_owners[session_id] == requestor
 
     async def _discard_session(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
         try:
@@ -186,11 +199,23 @@ async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
     async def again() -> Message:
         nonlocal replayed
         if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
+            replayed = True  # a body cut short stays cut short: the disconnect follows
+            return {"type": "http.request", "body": body, "more_body": after is not None}
         return after if after is not None else await receive()
 
     return body, again
+
+
+def _releasing(send: Send, release: Callable[[], None]) -> Send:
+    """``send``, which calls ``release`` just before the answer's last bytes go out: the
+    client, once answered, may use the id again at once."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            release()
+        await send(message)
+
+    return sending
 
 
 def _request_key(scope: Scope, body: bytes) -> tuple[str, str] | None:

@@ -44,7 +44,7 @@ class FairSlots:
         except BaseException:
             if waiting.granted.done() and not waiting.granted.cancelled():
                 self.release(client)  # granted as it was cancelled: handed on
-            else:
+            elif waiting in self._waiting:
                 self._waiting.remove(waiting)
             raise
 
@@ -53,6 +53,8 @@ class FairSlots:
         if self._running[client] <= 0:
             del self._running[client]
         self._free += 1
+        # A waiter cancelled in this turn of the loop is not handed a slot it cannot take.
+        self._waiting = [waiting for waiting in self._waiting if not waiting.granted.done()]
         while self._free > 0 and self._waiting:
             for waiting in self._waiting:
                 waiting.running = self._running[waiting.client]

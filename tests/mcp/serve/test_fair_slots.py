@@ -63,6 +63,23 @@ def test_a_cancelled_waiter_holds_no_slot_even_if_granted_as_it_was_cancelled() 
     assert asyncio.run(scenario()) == (True, False)
 
 
+def test_a_waiter_cancelled_in_the_turn_a_slot_is_freed_neither_takes_it_nor_breaks_the_release() -> None:
+    async def scenario() -> tuple[bool, bool]:
+        slots = FairSlots(1)
+        await slots.acquire("a")
+        waiter = asyncio.ensure_future(slots.acquire("b"))
+        await asyncio.sleep(0)
+        waiter.cancel()  # its deadline, in the same turn as the running call's end
+        slots.release("a")
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        third = asyncio.ensure_future(slots.acquire("c"))
+        await asyncio.sleep(0)
+        return third.done(), bool(slots._waiting)
+
+    assert asyncio.run(scenario()) == (True, False)
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_one_client_queueing_many_calls_delays_anothers_by_one_call_not_by_its_queue(

@@ -168,7 +168,7 @@ async def test_a_second_request_with_the_id_of_one_in_flight_is_refused_and_the_
     # which then was never answered and held its (trusted, busy) connection open for good.
     bench.tool("sleepy", "import json, sys, time\nsys.stdin.read()\ntime.sleep(2)\nprint(json.dumps({'slept': 2}))")
     bench.policy["roles"] = {"user": {"allow": ["sleepy"]}}
-    alice = add_token(bench, "alice", "user")
+    alice, mallory = add_token(bench, "alice", "user"), add_token(bench, "mallory", "user")
     server = HttpServer(bench)
     request = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "sleepy", "arguments": {}}}
     answers: dict[str, httpx2.Response] = {}
@@ -176,17 +176,19 @@ async def test_a_second_request_with_the_id_of_one_in_flight_is_refused_and_the_
         async with httpx2.AsyncClient(timeout=30) as http:
             session = await open_session(http, server.url, alice)
 
-            async def post(name: str) -> None:
-                answers[name] = await http.post(server.url, json=request, headers=headers(alice, session))
+            async def post(name: str, token: str = alice) -> None:
+                answers[name] = await http.post(server.url, json=request, headers=headers(token, session))
 
             with anyio.fail_after(20):
                 async with anyio.create_task_group() as tasks:
                     tasks.start_soon(post, "first")
                     await anyio.sleep(0.5)
                     tasks.start_soon(post, "second")
+                    tasks.start_soon(post, "mallory", mallory)  # not hers: not even its ids are told
             again = await http.post(server.url, json=request, headers=headers(alice, session))
     finally:
         assert server.stop() == 0
+    assert answers["mallory"].status_code == 404
     assert answers["second"].status_code == 409
     assert "already in flight" in jsonrpc_error(answers["second"])["message"]
     first = message(answers["first"])
