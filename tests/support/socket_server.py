@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -112,10 +113,10 @@ def exchange(path: Path, data: bytes, timeout_s: float = 30.0) -> dict[str, Any]
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout_s)
         conn.connect(str(path))
-        try:
+        # Refused (busy) before its request was read, the send may break: the refusal
+        # still waits to be read.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             conn.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # refused (busy) before its request was read: the refusal waits to be read
         reply = b""
         while not reply.endswith(b"\n"):
             chunk = conn.recv(65536)
