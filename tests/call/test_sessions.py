@@ -391,8 +391,9 @@ def test_a_reload_closes_session_sandboxes_even_of_a_tool_no_longer_called(bench
             runner.reload([bench.tools], policy_file)
             refused = await session.acall("counter")
             assert refused.error is not None and refused.error.code.value == "PERMISSION_DENIED"
+            # The processes die inside the sandbox's close; the event is written after it.
             for _ in range(200):
-                if not processes_with_env(f"SESSION_MARK={mark}"):
+                if not processes_with_env(f"SESSION_MARK={mark}") and _events(bench, "session.closed"):
                     break
                 await asyncio.sleep(0.05)
             assert processes_with_env(f"SESSION_MARK={mark}") == []
