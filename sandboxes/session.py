@@ -12,6 +12,7 @@ nothing a timed-out call started keeps running in it.
 from __future__ import annotations
 
 import enum
+import time
 from typing import Protocol, runtime_checkable
 
 from sandboxes.base import LaunchSpec, Limits, SandboxOutcome
@@ -21,6 +22,20 @@ from sandboxes.events import EventSink
 # at most this often (the session's sweeper asks it at least this often), so a process a
 # call left behind passes a limit by at most that long.
 BETWEEN_CALLS_POLL_S = 0.5
+
+
+class BetweenCalls:
+    """When ``ended`` looks at the limits again: at most every ``BETWEEN_CALLS_POLL_S``."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + BETWEEN_CALLS_POLL_S
+        return True
 
 
 class SessionEnd(enum.StrEnum):

@@ -208,18 +208,22 @@ class PreparedContainer(OneRun):
         self._stage = Stage.CLOSED
         self._teardown()
 
+    def _waiting_cgroup(self) -> ContainerCgroup | None:
+        return self._waiting.cgroup if self._waiting is not None else None
+
     def ended(self) -> str | None:
         """``Waits.ended``: its processes are gone from its cgroup (not told under gVisor)."""
-        attached = self._waiting
-        if attached is None or attached.cgroup is None or not self.cgroup_shows_processes:
-            return None
-        return "its container stopped" if attached.cgroup.empty() else None
+        cgroup = self._waiting_cgroup() if self.cgroup_shows_processes else None
+        return "its container stopped" if cgroup is not None and cgroup.empty() else None
 
     def used_cpu_seconds(self) -> float | None:
-        attached = self._waiting
-        if attached is None or attached.cgroup is None or not self.cgroup_shows_processes:
-            return None
-        return attached.cgroup.cpu_seconds()
+        cgroup = self._waiting_cgroup() if self.cgroup_shows_processes else None
+        return cgroup.cpu_seconds() if cgroup is not None else None
+
+    def limit_broken(self) -> bool:
+        """Between a session's calls: a limit of the container as a whole already broken."""
+        cgroup = self._waiting_cgroup()
+        return cgroup is not None and self._breach(cgroup) is not None
 
     def _attach_socket(self) -> Any:
         """The container's stdin, stdout and stderr as one socket (blocking)."""
@@ -338,15 +342,9 @@ class PreparedContainer(OneRun):
         raw = attached.raw
         raw.setblocking(False)
         speaker = asyncio.ensure_future(exchange.speak(SocketStdin(raw), preamble))
+        shows = self.cgroup_shows_processes
         reader = asyncio.ensure_future(
-            read_frames(
-                raw,
-                attached.decoder,
-                exchange.stdout,
-                stderr,
-                attached.gate_token,
-                self.cgroup_shows_processes,
-            )
+            read_frames(raw, attached.decoder, exchange.stdout, stderr, attached.gate_token, shows)
         )
         watched = {speaker, reader}
         try:

@@ -39,7 +39,7 @@ from sandboxes.docker._client import daemon_call, daemon_failures
 from sandboxes.docker._container import GATE, PLAIN_GATE
 from sandboxes.docker._outcome import outcome
 from sandboxes.events import EventSink
-from sandboxes.session import BETWEEN_CALLS_POLL_S, SessionEnd
+from sandboxes.session import BetweenCalls, SessionEnd
 from sandboxes.view import TOOL_MOUNT
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class DockerSession:
         self._end: SessionEnd | None = None
         self._busy = False
         self._ahead: asyncio.Task[tuple[str, Attached]] | None = None  # the next call's exec
-        self._look_at = 0.0  # when ``ended`` looks at the limits again
+        self._between = BetweenCalls()
 
     def start_ahead(self) -> None:
         """Start the next call's exec now, off the call's path: its gate released, the
@@ -103,20 +103,11 @@ class DockerSession:
     def ended(self) -> SessionEnd | None:
         if self._end is None and self._prepared.ended() is not None:
             self._end = SessionEnd.DIED
-        if self._end is None and not self._busy and self._limit_broken():
+        # Between calls a process a call left may keep using CPU or memory, and no call's
+        # poll looks then.
+        if self._end is None and not self._busy and self._between.due() and self._prepared.limit_broken():
             self._end = SessionEnd.LIMIT  # killed by its ``close``: never blocks here
         return self._end
-
-    def _limit_broken(self) -> bool:
-        """Between calls: the container's CPU time or memory past its limit (a process a
-        call left behind may keep using them, and no call's poll looks then)."""
-        now = time.monotonic()
-        if now < self._look_at:
-            return False
-        self._look_at = now + BETWEEN_CALLS_POLL_S
-        holder = self._prepared._waiting
-        cgroup = holder.cgroup if holder is not None else None
-        return cgroup is not None and self._prepared._breach(cgroup) is not None
 
     async def run(self, payload: bytes, timeout_ms: int, events: EventSink | None = None) -> SandboxOutcome:
         if self.ended() is not None:

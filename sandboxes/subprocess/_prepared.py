@@ -305,6 +305,13 @@ class PreparedSubprocess(OneRun):
             self._tree = ProcessTree(self._popen.pid, self._limits)
         return self._tree
 
+    def limit_broken(self) -> bool:
+        """Between a session's calls: a limit of the sandbox as a whole already broken."""
+        if self._cgroup is not None:
+            return self._breached() is not None
+        tree = self._process_tree()
+        return tree is not None and tree.breached() is not None
+
     def _breached(self) -> Ending | None:
         """A limit of the tool as a whole that is already broken (polled while it runs).
 

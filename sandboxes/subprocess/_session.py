@@ -35,7 +35,7 @@ from sandboxes.base import (
 )
 from sandboxes.cancellation import finish_shielded
 from sandboxes.events import EventSink
-from sandboxes.session import BETWEEN_CALLS_POLL_S, SessionEnd
+from sandboxes.session import BetweenCalls, SessionEnd
 from sandboxes.subprocess._attach import _reader, _WriteProtocol
 from sandboxes.subprocess._outcome import outcome
 from sandboxes.subprocess._process import Ending, drive
@@ -109,7 +109,7 @@ class SubprocessSession:
         self._end: SessionEnd | None = None
         self._busy = False
         self._ahead: _Started | None = None  # the next call's process, started ahead
-        self._look_at = 0.0  # when ``ended`` looks at the limits again
+        self._between = BetweenCalls()
 
     async def wait_ready(self) -> None:
         """Wait for the agent's first word.
@@ -131,25 +131,9 @@ class SubprocessSession:
         """How the sandbox ended, if it did; between calls, a limit of the sandbox as a
         whole that it passed ends it here (a process a call left behind may keep using
         CPU or memory, and no call's poll looks then)."""
-        if self._end is None and not self._busy and self._limit_broken():
+        if self._end is None and not self._busy and self._between.due() and self._prepared.limit_broken():
             self.kill(SessionEnd.LIMIT)
         return self._end
-
-    def _limit_broken(self) -> bool:
-        now = time.monotonic()
-        if now < self._look_at:
-            return False
-        self._look_at = now + BETWEEN_CALLS_POLL_S
-        prepared = self._prepared
-        cgroup = prepared._cgroup
-        if cgroup is not None:
-            return (
-                cgroup.oom_kills() > 0
-                or cgroup.sockets_overran()
-                or cgroup.cpu_seconds() > self._limits.cpu_seconds
-            )
-        tree = prepared._process_tree()
-        return tree is not None and tree.breached() is not None
 
     async def run(self, payload: bytes, timeout_ms: int, events: EventSink | None = None) -> SandboxOutcome:
         if self._end is not None:
