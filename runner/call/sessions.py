@@ -188,9 +188,16 @@ class CallSession:
         self.closed = True
         self.counts.sessions.discard(self)
         sweeper, self._sweeper = self._sweeper, None
-        if sweeper is not None:
-            sweeper.cancel()
-        await finish_each(functools.partial(self._drop, name, reason) for name in list(self._held))
+
+        async def sweeper_ended() -> None:
+            if sweeper is not None:
+                sweeper.cancel()
+                await asyncio.wait({sweeper})  # a close it began ends, and is told, first
+
+        async def drop_held() -> None:
+            await finish_each(functools.partial(self._drop, name, reason) for name in list(self._held))
+
+        await finish_each((sweeper_ended, drop_held))
 
     async def take(
         self, key: Key, backend: Sandbox, open_: Opener, note: SessionNote | None, generation: int

@@ -110,7 +110,8 @@ def test_state_persists_in_one_container_per_session_and_never_reaches_another_o
                 # The two sessions' containers (a finished call's stops just after it).
                 wait_for(lambda: len(_ours(docker_client, running=True)) == 2, 10)
                 ids = [first.id, second.id]
-            assert _ours(docker_client) == []  # the sessions' end removed them
+            # The sessions' end removed theirs; the calls outside are removed just after.
+            wait_for(lambda: _ours(docker_client) == [], 15)
         return ids
 
     ids = asyncio.run(scenario())
@@ -255,7 +256,12 @@ def test_a_cancelled_call_kills_its_session_container(
         async with bench.runner() as runner, runner.session() as session:
             assert _answer(await session.acall("dcount", timeout=TIMEOUT_MS))["count"] == 1
             hung = asyncio.ensure_future(session.acall("dcount", {"hang": True}, timeout=TIMEOUT_MS))
-            await asyncio.sleep(1.5)
+            (container,) = _ours(docker_client, running=True)
+            for _ in range(300):  # until the call hangs: its tool and the child it left
+                await asyncio.sleep(0.05)
+                top = await asyncio.to_thread(docker_client.top, container)
+                if sum("python" in " ".join(row) for row in top["Processes"]) >= 2:
+                    break
             hung.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await hung

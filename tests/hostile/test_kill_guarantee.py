@@ -317,6 +317,13 @@ def test_a_watchdog_killed_mid_call_is_started_again_at_once_and_the_tool_still_
         while second in ([], first) and time.monotonic() < deadline:
             time.sleep(0.05)
             second = watchdogs_of(runner.pid)
+        # The runner tells the new one what to guard once it said ready (and closed its
+        # stdout): killed before that, it would be told nothing.
+        deadline = time.monotonic() + 20
+        while second not in ([], first) and time.monotonic() < deadline:
+            if not Path(f"/proc/{second[0]}/fd/1").exists():
+                break
+            time.sleep(0.05)
         time.sleep(0.5)  # the new one reads what it is told
     finally:
         runner.kill()

@@ -45,6 +45,15 @@ def _events(bench: ToolBench, name: str) -> list[dict[str, Any]]:
     return [event for event in map(json.loads, lines) if event["event"] == name]
 
 
+async def _closed(bench: ToolBench) -> None:
+    """Until the session's sweeper has closed a sandbox (on the loop: never blocking it)."""
+    for _ in range(200):
+        if _events(bench, "session.closed"):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("no sandbox of the session was closed")
+
+
 def _nothing_left(mark: str) -> None:
     """No process of the server is left, nor its cgroups: while the runner is open an
     empty sandbox's cgroups are removed by a teardown thread after the answer, so a
@@ -140,13 +149,9 @@ def test_a_server_killed_between_calls_is_replaced_by_the_next_call(bench: ToolB
             assert _seen(await session.acall("st_count"))["count"] == 1
             for pid in processes_with_env(f"SESSION_MARK={mark}"):
                 os.kill(pid, signal.SIGKILL)
-            # Waited for on the loop (not blocking it), so the conversation reads its
-            # server's end as it would between an agent's calls.
-            for _ in range(200):
-                if not processes_with_env(f"SESSION_MARK={mark}"):
-                    break
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.1)
+            # Waited for on the loop (not blocking it): the sweeper sees the server's end,
+            # as it would between an agent's calls.
+            await _closed(bench)
             again = await session.acall("st_count")
             assert _seen(again)["count"] == 1
             assert again.to_wire()["metadata"]["sessionRestarted"] is True
@@ -212,7 +217,7 @@ def test_an_idle_session_server_is_closed(bench: ToolBench, mark: str) -> None:
     async def scenario() -> None:
         async with bench.runner(warm_pools=False) as runner, runner.session() as session:
             assert _seen(await session.acall("st_count"))["count"] == 1
-            await asyncio.sleep(1.0)
+            await _closed(bench)
             _nothing_left(mark)
             again = await session.acall("st_count")
             assert _seen(again)["count"] == 1

@@ -90,6 +90,7 @@ async def test_one_client_queueing_many_calls_delays_anothers_by_one_call_not_by
     bench.tool("sleeper", SLEEPER, limits=SLOW)
     bench.policy["roles"] = {"user": {"allow": ["sleeper"]}}
     bench.policy["serve"] = {"max_concurrent": 2}
+    bench.policy["defaults"]["deadline_ms"] = 60000  # her last call waits for six of hers
     alice, bob = add_token(bench, "alice", "user"), add_token(bench, "bob", "user")
     server = HttpServer(bench)
     took: dict[str, float] = {}

@@ -31,7 +31,7 @@ serve:
   socket:
     uids: {{{NOBODY}: user}}
     max_open: 4
-    read_timeout_ms: 1000
+    read_timeout_ms: 5000
 """
 
 
@@ -205,6 +205,7 @@ def test_the_socket_holds_no_more_connections_than_its_share_of_the_descriptor_l
         deadline = time.monotonic() + 60
         while not path.exists() and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
+        _listening(path)
         for _ in range(100):  # idle, as a local user's flood would hold them
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             held.append(conn)
@@ -347,7 +348,7 @@ def test_beside_stdio_the_socket_serves_until_the_mcp_clients_input_ends(tmp_pat
         deadline = time.monotonic() + 60
         while not path.exists() and time.monotonic() < deadline and process.poll() is None:
             time.sleep(0.1)
-        time.sleep(0.2)  # bound before it listens: let it start taking connections
+        _listening(path)
         reply = exchange(path, line({**ADD, "requestId": "beside"}, folder).encode() + b"\n")
         assert reply is not None and reply["answer"]["result"] == 3
         assert process.stdin is not None
@@ -381,3 +382,18 @@ def test_snake_case_keys_meet_the_same_checks_as_camel_case_ones(shared: Served)
     both = {**snake, "toolName": "add_numbers"}
     reply = exchange(shared.socket, line(both, shared.folder).encode() + b"\n")
     assert reply is not None and reply["refused"]["reason"] == "bad_request", reply
+
+
+def _listening(path: Path) -> None:
+    """Until the server listens on ``path`` (its file is there from the bind, a moment
+    before)."""
+    deadline = time.monotonic() + 30
+    while True:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(path))
+                return
+            except (ConnectionRefusedError, FileNotFoundError):
+                if time.monotonic() > deadline:
+                    raise
+        time.sleep(0.05)
