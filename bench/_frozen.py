@@ -23,6 +23,7 @@ tracer there ever is) they go through, and made by the tool's code, untraced, th
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import select
@@ -69,11 +70,12 @@ SYS_READ, SYS_CLOSE, SYS_MUNMAP, SYS_DUP2, SYS_SOCKET, SYS_CONNECT = 0, 3, 11, 3
 SYS_CLONE, SYS_WRITE, SYS_CAPSET, SYS_MOUNT, SYS_OPENAT = 56, 1, 126, 165, 257
 AT_FDCWD, O_WRONLY = -100, 1
 CAPABILITY_V3 = 0x20080522
-# PIDFD_GET_INFO (Linux 6.13): the exit status of a process that is not our child. On 6.18
-# it answered ESRCH, never the status, for a call's process (the init of its own pid
-# namespace, reaped by bubblewrap's init): the status is then UNKNOWN_STATUS.
+# PIDFD_GET_INFO with PIDFD_INFO_EXIT (Linux 6.15): the wait status of a process that is
+# not our child, told once its parent (bubblewrap's init) has reaped it, a moment after its
+# pidfd says it exited; UNKNOWN_STATUS on older kernels or when the reap never comes.
 PIDFD_GET_INFO, PIDFD_INFO_EXIT, PIDFD_INFO_SIZE = 0xC040FF0B, 1 << 3, 64
 UNKNOWN_STATUS = -1
+REAP_WAIT_S, REAP_POLL_S = 2.0, 0.0005
 READY_TIMEOUT_S, CALL_TIMEOUT_S = 30, 20
 MOUNTS = 5  # made in each call's process: /, /tmp, /dev/shm, /dev/pts, /proc
 STOP_TRIES = 200  # 10 ms apart: a template not found in its read by then is refused
@@ -245,8 +247,8 @@ class FrozenTemplate:
         return done.result()
 
     def call(self, payload: bytes) -> tuple[bytes, int]:
-        """Stdout and the wait status (``UNKNOWN_STATUS`` when the kernel does not tell
-        it) of one call."""
+        """Stdout and the wait status (``UNKNOWN_STATUS`` when the kernel cannot tell it)
+        of one call."""
         group = self._cgroups.create(*self._limits)
         name = os.urandom(16).hex()
         listeners = []
@@ -343,12 +345,19 @@ def _read_all(connection: socket.socket) -> bytes:
 def _exit_status(pidfd: int) -> int:
     import fcntl
 
-    info = bytearray(PIDFD_INFO_SIZE)
-    struct.pack_into("Q", info, 0, PIDFD_INFO_EXIT)
-    try:
-        fcntl.ioctl(pidfd, PIDFD_GET_INFO, info)
-    except OSError:
-        return UNKNOWN_STATUS  # before 6.13; or reaped and not recorded
-    if struct.unpack_from("Q", info, 0)[0] & PIDFD_INFO_EXIT:
-        return int(struct.unpack_from("i", info, 60)[0])
-    return UNKNOWN_STATUS  # exited, not reaped yet: not waited for
+    deadline = time.monotonic() + REAP_WAIT_S
+    while True:
+        info = bytearray(PIDFD_INFO_SIZE)
+        struct.pack_into("Q", info, 0, PIDFD_INFO_EXIT)
+        try:
+            fcntl.ioctl(pidfd, PIDFD_GET_INFO, info)
+        except OSError as exc:
+            # ESRCH: being reaped (gone, its status not kept yet). Else: a kernel without it.
+            if exc.errno != errno.ESRCH:
+                return UNKNOWN_STATUS
+        else:
+            if struct.unpack_from("Q", info, 0)[0] & PIDFD_INFO_EXIT:
+                return int(struct.unpack_from("i", info, 60)[0])
+        if time.monotonic() > deadline:
+            return UNKNOWN_STATUS  # exited, never reaped
+        time.sleep(REAP_POLL_S)  # exited, not reaped yet

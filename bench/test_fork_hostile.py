@@ -143,3 +143,10 @@ def test_calls_cannot_reach_the_template_or_siblings(start: Callable[[str], AnyT
 @pytest.mark.xfail(LOOP != "frozen", strict=True, reason="open: an import that never returns is the template")
 def test_takeover(start: Callable[[str], AnyTemplate]) -> None:
     assert_no_leak(run_calls(start("takeover"), 4))
+
+
+def test_each_call_tells_its_own_exit_status(start: Callable[[str], AnyTemplate]) -> None:
+    template = start("audit")
+    good = json.dumps({"secret": "s", "hold": 0}).encode()
+    statuses = [template.call(payload)[1] for payload in (good, b"not json", good)]
+    assert statuses == [0, 1 << 8, 0]  # wait statuses: the second exits 1 (a traceback)
