@@ -35,7 +35,17 @@ class _Pipes:
         self._transports.append(transport)
 
     def close(self) -> None:
-        for transport in self._transports:
+        close_transports(self._transports)
+
+
+def close_transports(transports: list[asyncio.BaseTransport]) -> None:
+    """Close the pipes of a run that is over (safe to call twice). A write pipe with input
+    left is aborted: closed, it would stay open until that input drained (a tool that never
+    read it), past the run's loop."""
+    for transport in transports:
+        if isinstance(transport, asyncio.WriteTransport) and transport.get_write_buffer_size():
+            transport.abort()
+        else:
             transport.close()
 
 

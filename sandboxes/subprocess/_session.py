@@ -36,7 +36,7 @@ from sandboxes.base import (
 from sandboxes.cancellation import finish_shielded
 from sandboxes.events import EventSink
 from sandboxes.session import BetweenCalls, SessionEnd
-from sandboxes.subprocess._attach import _reader, _WriteProtocol
+from sandboxes.subprocess._attach import _reader, _WriteProtocol, close_transports
 from sandboxes.subprocess._outcome import outcome
 from sandboxes.subprocess._process import Ending, drive
 from sandboxes.subprocess._session_agent import AGENT_MESSAGE_BYTES, AGENT_PYTHON, READY, RUN, agent_command
@@ -297,5 +297,4 @@ class _CallProcess:
     def detach(self) -> None:
         if self._status is not None and not self._status.done():
             self._status.cancel()
-        for transport in self._transports:
-            transport.close()
+        close_transports(self._transports)

@@ -8,6 +8,7 @@ running tool and require each to sit in the call's own cgroup, in every hierarch
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import signal
@@ -116,6 +117,38 @@ def test_a_status_the_runner_cannot_get_is_a_failure_not_a_clean_exit() -> None:
             proc.detach()
 
     assert asyncio.run(status()) == UNKNOWN_STATUS != 0
+
+
+def test_the_stdin_of_a_tool_that_never_read_it_is_closed_with_its_run() -> None:
+    # Closed (not aborted), a pipe with input still unwritten stayed open until that input
+    # drained, which never came: past the run and its loop (an unclosed transport).
+    async def writers_left() -> int:
+        popen = subprocess.Popen(["/bin/sleep", "60"], stdin=PIPE, stdout=PIPE, stderr=PIPE)
+        try:
+            proc = await attach(popen)
+            assert proc.stdin is not None
+            proc.stdin.write(b"x" * 2_000_000)  # far more than the pipe holds
+            await asyncio.sleep(0.05)
+            proc.detach()
+            await asyncio.sleep(0.05)
+            return _writers_of_stdin(popen.pid)
+        finally:
+            popen.kill()
+            popen.wait()
+
+    assert asyncio.run(writers_left()) == 0
+
+
+def _writers_of_stdin(pid: int) -> int:
+    """How many of our descriptors are the write end of ``pid``'s stdin pipe."""
+    pipe = os.readlink(f"/proc/{pid}/fd/0")
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}") == pipe:
+                flags = Path(f"/proc/self/fdinfo/{fd}").read_text().split("flags:")[1].split()[0]
+                count += int(flags, 8) & os.O_ACCMODE == os.O_WRONLY
+    return count
 
 
 def test_a_runner_whose_process_ignores_sigchld_refuses_to_run_tools(bench: ToolBench) -> None:
