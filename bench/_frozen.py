@@ -23,9 +23,11 @@ tracer there ever is) they go through, and made by the tool's code, untraced, th
 
 from __future__ import annotations
 
+import collections
 import errno
 import os
 import queue
+import random
 import select
 import shutil
 import socket
@@ -68,6 +70,7 @@ CLONE_PARENT, SIGCHLD = 0x8000, 17
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 SYS_READ, SYS_CLOSE, SYS_MUNMAP, SYS_DUP2, SYS_SOCKET, SYS_CONNECT = 0, 3, 11, 33, 41, 42
 SYS_CLONE, SYS_WRITE, SYS_CAPSET, SYS_MOUNT, SYS_OPENAT = 56, 1, 126, 165, 257
+SYS_RT_SIGPROCMASK, SIG_SETMASK, SIGSET_BYTES = 14, 2, 8
 AT_FDCWD, O_WRONLY = -100, 1
 CAPABILITY_V3 = 0x20080522
 # PIDFD_GET_INFO with PIDFD_INFO_EXIT (Linux 6.15): the wait status of a process that is
@@ -78,7 +81,7 @@ UNKNOWN_STATUS = -1
 REAP_WAIT_S, REAP_POLL_S = 2.0, 0.0005
 READY_TIMEOUT_S, CALL_TIMEOUT_S = 30, 20
 MOUNTS = 5  # made in each call's process: /, /tmp, /dev/shm, /dev/pts, /proc
-STOP_TRIES = 200  # 10 ms apart: a template not found in its read by then is refused
+STOP_TRIES = 200  # about 10 ms apart: a template not found in its read by then is refused
 
 
 class FrozenTemplate:
@@ -162,6 +165,13 @@ class FrozenTemplate:
             frozen = Injector(template, base)
         except TraceError as exc:
             raise TemplateRefused(str(exc)) from exc
+        # Every signal blocked in the template: a pending one (a timer the import set goes
+        # on firing) would make each call's clone fail (ERESTARTNOINTR). A call gets back
+        # the mask the template had; no timer or pending signal passes to it.
+        self._mask = int(_status(template, "SigBlk"), 16)
+        everything = frozen.put(struct.pack("Q", (1 << 64) - 1))
+        frozen.checked(SYS_RT_SIGPROCMASK, SIG_SETMASK, everything, 0, SIGSET_BYTES)
+        frozen.close()
         for fd in os.listdir(f"/proc/{template}/fd"):
             frozen.checked(SYS_CLOSE, int(fd))
         for low, high in _shared_mappings(template):
@@ -176,19 +186,23 @@ class FrozenTemplate:
         not be there yet), where each call's process returns from with nothing read."""
         from fork_floor import TemplateRefused
 
+        where: collections.Counter[int] = collections.Counter()
         for _ in range(STOP_TRIES):
             request(INTERRUPT, template)
-            event, sig = stop_of(template)
-            while event != EVENT_STOP:  # a signal on its way first: it gets it, as untraced
-                request(CONT, template, 0, sig)
+            event, _ = stop_of(template)
+            while event != EVENT_STOP:
+                # A signal on its way first: dropped, so its read goes on. Delivered, its
+                # handler ran and the stop came in it, every time with a 10 ms timer.
+                request(CONT, template)
                 request(INTERRUPT, template)
-                event, sig = stop_of(template)
+                event, _ = stop_of(template)
             regs = regs_of(template)
             if regs.orig_rax == SYS_READ and regs.rdi == 0:
                 return regs
+            where[regs.orig_rax if regs.orig_rax < 1 << 63 else -1] += 1  # -1: not in a system call
             request(CONT, template)
-            time.sleep(0.01)
-        raise TemplateRefused("the template never waited in its read of stdin")
+            time.sleep(random.uniform(0.005, 0.015))  # never in step with a timer of the tool's
+        raise TemplateRefused(f"the template never waited in its read of stdin (stopped in {dict(where)})")
 
     def _clone(self, tasks: list[Path], stdio: str, stderr: str) -> tuple[int, int]:
         """A call's process, cloned and set up, let go: its host pid and a pidfd of it."""
@@ -227,6 +241,8 @@ class FrozenTemplate:
         )  # /dev/ptmx: a link
         proc = call.text("proc")  # its own pid namespace's: only itself
         call.checked(SYS_MOUNT, proc, call.text("/proc"), proc, MS_NOSUID | MS_NODEV | MS_NOEXEC, 0)
+        mask = call.put(struct.pack("Q", self._mask))
+        call.checked(SYS_RT_SIGPROCMASK, SIG_SETMASK, mask, 0, SIGSET_BYTES)
         header = call.put(struct.pack("Ii", CAPABILITY_V3, 0))
         call.checked(SYS_CAPSET, header, call.put(bytes(24)))  # nothing, in its user namespace
         # Checked from outside: each mount went through the tracer (a filter of the tool's
