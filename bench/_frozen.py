@@ -60,6 +60,7 @@ from _ptrace import (
     stop_of,
 )
 
+from sandboxes._identity import IdentityLease
 from sandboxes.subprocess._cgroup import CgroupFactory
 from sandboxes.subprocess._seccomp import compiled_filter, sealed_memfd
 
@@ -89,11 +90,18 @@ class FrozenTemplate:
     ``Template`` of ``bench/fork_floor.py`` in what it offers."""
 
     def __init__(
-        self, tool: Path, sandbox: list[str], python: str, script: Path, uid: int, limits: tuple[int, int]
+        self,
+        tool: Path,
+        sandbox: list[str],
+        python: str,
+        script: Path,
+        lease: IdentityLease,
+        limits: tuple[int, int],
     ):
         self._cgroups = CgroupFactory()
         self._limits = limits
-        self._uid = uid
+        self._lease = lease  # released by ``close``
+        self.uid = lease.uid
         # In the folder bound into the sandbox (read-only: a socket is still reached), the
         # calls' sockets, by names that cannot be listed.
         self._calls = Path(tempfile.mkdtemp(prefix="calls-", dir=tool.parent))
@@ -215,9 +223,9 @@ class FrozenTemplate:
             path.write_text(str(child))
         call = Injector(child, self._base)
         for name, line in (
-            ("uid_map", f"{self._uid} {self._uid} 1"),
+            ("uid_map", f"{self.uid} {self.uid} 1"),
             ("setgroups", "deny"),
-            ("gid_map", f"{self._uid} {self._uid} 1"),
+            ("gid_map", f"{self._lease.gid} {self._lease.gid} 1"),
         ):
             fd = call.checked(SYS_OPENAT, AT_FDCWD, call.text(f"/proc/self/{name}"), O_WRONLY)
             call.checked(SYS_WRITE, fd, call.text(line), len(line))
@@ -305,6 +313,7 @@ class FrozenTemplate:
             if pipe is not None:
                 pipe.close()
         shutil.rmtree(self._calls, ignore_errors=True)
+        self._lease.release()  # the template is gone, and each call went with its cgroup
 
 
 class _quiet:

@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 from _frozen import FrozenTemplate  # noqa: E402
 from _timing import ADD_PAYLOAD, PYTHON, bare_env, print_table, timed_together  # noqa: E402
 
+from sandboxes._identity import lease_identity  # noqa: E402
 from sandboxes.subprocess._cgroup import CgroupFactory  # noqa: E402
 from sandboxes.subprocess._seccomp import compiled_filter, filter_fd  # noqa: E402
 from sandboxes.view import LIBRARY_SOURCE  # noqa: E402
@@ -71,16 +72,18 @@ def tool_copy(source: Path = TOOL_SOURCE) -> Path:
     return tool
 
 
-def sandbox_argv(tool: Path, read_only: bool = True) -> list[str]:
+def sandbox_argv(
+    tool: Path, read_only: bool = True, uid: int = SANDBOX_UID, gid: int = SANDBOX_UID
+) -> list[str]:
     """The template's sandbox: bubblewrap as an unprivileged uid, fresh namespaces.
 
     Read-only: a call's own mounts cover /tmp, /dev/shm and /dev/pts, but a file it could
     write in the template's /dev or /tmp (reached by ../ from its cwd) would be there for
     the next call. The Python loop is kept as it was, without."""
     return [
-        "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
+        "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
         "bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
-        "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--die-with-parent", "--new-session",
+        "--uid", str(uid), "--gid", str(gid), "--die-with-parent", "--new-session",
         "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
         "--tmpfs", "/tmp", "--ro-bind", str(tool.parent), str(tool.parent),
         *(["--remount-ro", "/tmp", "--remount-ro", "/dev"] if read_only else []), "--clearenv",
@@ -91,7 +94,15 @@ def start_template(tool: Path, loop: str) -> AnyTemplate:
     """The template of ``loop``: ``c``, ``python`` or ``frozen`` (``bench/_frozen.py``)."""
     if loop == "frozen":
         script = tool.parent / TEMPLATE.name
-        return FrozenTemplate(tool, sandbox_argv(tool), PYTHON, script, SANDBOX_UID, (MEMORY_MB, MAX_PIDS))
+        # A uid of its own, leased as the runner's sandboxes lease theirs: only the template
+        # and its calls hold capabilities in the calls' user namespaces.
+        lease = lease_identity()
+        try:
+            sandbox = sandbox_argv(tool, uid=lease.uid, gid=lease.gid)
+            return FrozenTemplate(tool, sandbox, PYTHON, script, lease, (MEMORY_MB, MAX_PIDS))
+        except BaseException:
+            lease.release()
+            raise
     return Template(tool, loop == "python")
 
 

@@ -33,6 +33,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _frozen import FrozenTemplate
 from _hostile_tools import write_tool
 from fork_floor import LIBRARY_SOURCE, AnyTemplate, TemplateRefused, start_template, tool_copy
 
@@ -150,3 +151,32 @@ def test_each_call_tells_its_own_exit_status(start: Callable[[str], AnyTemplate]
     good = json.dumps({"secret": "s", "hold": 0}).encode()
     statuses = [template.call(payload)[1] for payload in (good, b"not json", good)]
     assert statuses == [0, 1 << 8, 0]  # wait statuses: the second exits 1 (a traceback)
+
+
+@pytest.mark.skipif(LOOP != "frozen", reason="the C and Python loops run as nobody")
+def test_each_template_runs_as_a_uid_of_its_own(start: Callable[[str], AnyTemplate]) -> None:
+    from sandboxes._identity import UID_BASE, UID_COUNT
+
+    uids = []
+    for template in (start("audit"), start("audit")):
+        assert isinstance(template, FrozenTemplate)
+        ((_, found),) = run_calls(template, 1)
+        assert found["answer"].startswith("secret-")
+        uids.append(template.uid)
+        assert _status_uids(template.process.pid) == {template.uid}
+    assert len(set(uids)) == 2 and all(UID_BASE <= uid < UID_BASE + UID_COUNT for uid in uids)
+
+
+def _status_uids(bwrap: int) -> set[int]:
+    """The uids of the processes under ``bwrap`` (real, effective, saved and file system)."""
+    found: set[int] = set()
+    todo = [bwrap]
+    while todo:
+        pid = todo.pop()
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            todo += [int(child) for child in (task / "children").read_text().split()]
+        uid_line = next(
+            line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:")
+        )
+        found.update(int(value) for value in uid_line.split()[1:])
+    return found
