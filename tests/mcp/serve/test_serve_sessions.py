@@ -166,7 +166,7 @@ async def test_a_second_request_with_the_id_of_one_in_flight_is_refused_and_the_
 ) -> None:
     # The SDK keeps one answer stream per request id: the second took over the first's,
     # which then was never answered and held its (trusted, busy) connection open for good.
-    bench.tool("sleepy", "import json, sys, time\nsys.stdin.read()\ntime.sleep(2)\nprint(json.dumps({'slept': 2}))")
+    bench.tool("sleepy", "import json, sys, time\nsys.stdin.read()\ntime.sleep(4)\nprint(json.dumps({'slept': 4}))")
     bench.policy["roles"] = {"user": {"allow": ["sleepy"]}}
     alice, mallory = add_token(bench, "alice", "user"), add_token(bench, "mallory", "user")
     server = HttpServer(bench)
@@ -182,7 +182,7 @@ async def test_a_second_request_with_the_id_of_one_in_flight_is_refused_and_the_
             with anyio.fail_after(20):
                 async with anyio.create_task_group() as tasks:
                     tasks.start_soon(post, "first")
-                    await anyio.sleep(0.5)
+                    await anyio.sleep(1.5)  # it has arrived (and its tool runs for 4 s)
                     tasks.start_soon(post, "second")
                     tasks.start_soon(post, "mallory", mallory)  # not hers: not even its ids are told
             again = await http.post(server.url, json=request, headers=headers(alice, session))
