@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import time
 
 from runner.call.hosting import HeldDialogue, HostedDialogue
@@ -121,3 +122,22 @@ class HostedServer:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await finish_shielded(self._run)
         await finish_shielded(self._prepared.close())
+
+
+def run_settings(backend: Sandbox, spec: LaunchSpec, limits: Limits) -> str:
+    """A digest of what shapes a hosted server's run beyond one call (its backend, runtime,
+    image, workspace, grants, secrets and limits, not the call's own timeout and output
+    cap): the tools of one server whose policy differs in it never share a run, so no
+    call runs with another tool's isolation or grants."""
+    shape = (
+        backend.name,
+        spec.command,
+        spec.image,
+        spec.runtime,
+        str(spec.workspace),
+        spec.workspace_mode,
+        spec.egress is not None,
+        sorted(spec.secrets.items()),
+        dataclasses.replace(limits, timeout_ms=0, max_output_bytes=0),
+    )
+    return hashlib.sha256(repr(shape).encode()).hexdigest()

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
-import hashlib
 import secrets
 import threading
 from collections.abc import Awaitable, Callable
@@ -30,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from runner.audit.log import AuditLog
-from runner.call.hosted_sessions import HostedServer
+from runner.call.hosted_sessions import HostedServer, run_settings
 from runner.call.hosting import HostedDialogue, HostedWork
 from runner.call.policy import Policy, SessionModel
 from runner.clock import Clock
@@ -168,6 +166,7 @@ class CallSession:
     _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     _lost: set[tuple[str, str]] = field(default_factory=set)  # (kind, name): ended unasked
     _sweeper: asyncio.Task[None] | None = None
+    _closing: asyncio.Future[None] | None = None
 
     def start(self) -> None:
         """Register with the runner, which closes the session should it close first."""
@@ -184,20 +183,37 @@ class CallSession:
         return _SessionBackend(self, ("tool", tool.name, ""), backend, generation)
 
     async def aclose(self, reason: str = "ended") -> None:
-        """End the session: every sandbox of it is killed and released. Safe to call twice."""
+        """End the session: every sandbox of it is killed and released. Safe to call twice,
+        and at once from two tasks of its loop (the runner's close and the session's own):
+        the second waits for the first, so that no close outlives either."""
         self.closed = True
-        self.counts.sessions.discard(self)
+        closing = self._closing
+        if closing is None:
+            closing = self._closing = asyncio.ensure_future(self._close(reason))
+        elif closing.get_loop() is not asyncio.get_running_loop():
+            return  # begun on another loop (closed, or blocked on this close): not ours to wait for
+        await finish_shielded(closing)
+
+    async def _close(self, reason: str) -> None:
         sweeper, self._sweeper = self._sweeper, None
 
         async def sweeper_ended() -> None:
-            if sweeper is not None:
+            if sweeper is None:
+                return
+            loop = sweeper.get_loop()
+            if loop is asyncio.get_running_loop():
                 sweeper.cancel()
                 await asyncio.wait({sweeper})  # a close it began ends, and is told, first
+            elif not loop.is_closed():  # that loop may be blocked on this very close
+                loop.call_soon_threadsafe(sweeper.cancel)
 
         async def drop_held() -> None:
             await finish_each(functools.partial(self._drop, name, reason) for name in list(self._held))
 
-        await finish_each((sweeper_ended, drop_held))
+        try:
+            await finish_each((sweeper_ended, drop_held))
+        finally:
+            self.counts.sessions.discard(self)  # the runner's close waits for this one till here
 
     async def take(
         self, key: Key, backend: Sandbox, open_: Opener, note: SessionNote | None, generation: int
@@ -371,28 +387,9 @@ class _HostedBackend:
         async def open_() -> _Kept:
             return await HostedServer.open(backend, spec, limits, held_dialogue(), max_ms)
 
-        key = ("server", self._server, _run_settings(backend, spec, limits))
+        key = ("server", self._server, run_settings(backend, spec, limits))
         held, lock = await self._session.take(key, backend, open_, NOTE.get(), self._generation)
         return _HostedRun(_SessionRun(self._session, key, held, lock, limits))
-
-
-def _run_settings(backend: Sandbox, spec: LaunchSpec, limits: Limits) -> str:
-    """A digest of what shapes a hosted server's run beyond one call (its backend, runtime,
-    image, workspace, grants, secrets and limits, not the call's own timeout and output
-    cap): the tools of one server whose policy differs in it never share a run, so no
-    call runs with another tool's isolation or grants."""
-    shape = (
-        backend.name,
-        spec.command,
-        spec.image,
-        spec.runtime,
-        str(spec.workspace),
-        spec.workspace_mode,
-        spec.egress is not None,
-        sorted(spec.secrets.items()),
-        dataclasses.replace(limits, timeout_ms=0, max_output_bytes=0),
-    )
-    return hashlib.sha256(repr(shape).encode()).hexdigest()
 
 
 class _HostedRun:

@@ -109,9 +109,10 @@ def test_state_persists_in_one_container_per_session_and_never_reaches_another_o
                 assert _answer(await first.acall("dcount", timeout=TIMEOUT_MS))["count"] == 4
                 # The two sessions' containers (a finished call's stops just after it).
                 wait_for(lambda: len(_ours(docker_client, running=True)) == 2, 10)
+                theirs = set(_ours(docker_client, running=True))
                 ids = [first.id, second.id]
-            # The sessions' end removed theirs; the calls outside are removed just after.
-            wait_for(lambda: _ours(docker_client) == [], 15)
+            assert theirs.isdisjoint(_ours(docker_client))  # removed by the sessions' end
+            wait_for(lambda: _ours(docker_client) == [], 15)  # the calls outside: just after
         return ids
 
     ids = asyncio.run(scenario())
@@ -260,7 +261,7 @@ def test_a_cancelled_call_kills_its_session_container(
             for _ in range(300):  # until the call hangs: its tool and the child it left
                 await asyncio.sleep(0.05)
                 top = await asyncio.to_thread(docker_client.top, container)
-                if sum("python" in " ".join(row) for row in top["Processes"]) >= 2:
+                if sum(row[-1].startswith("python") for row in top["Processes"]) >= 2:  # not the gate
                     break
             hung.cancel()
             with pytest.raises(asyncio.CancelledError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 import uuid
 from typing import Any
@@ -183,6 +184,62 @@ def test_ending_a_session_while_its_sweeper_closes_a_sandbox_waits_for_that_clos
             assert [event["reason"] for event in _events(bench, "session.closed")] == ["idle"]
 
     asyncio.run(scenario())
+
+
+def test_the_runner_closing_while_a_session_ends_waits_for_that_end(
+    bench: ToolBench, mark: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The session left the runner's list before its close was over: a runner closing
+    # meanwhile (another task) ended first, the session's processes still running.
+    original = SubprocessSession.close
+
+    async def slow_close(self: SubprocessSession) -> None:
+        await asyncio.sleep(1)
+        await original(self)
+
+    monkeypatch.setattr(SubprocessSession, "close", slow_close)
+
+    async def scenario() -> None:
+        runner = bench.runner()
+        session = runner.session().start()
+        assert _count(await session.acall("counter")) == 1
+        ending = asyncio.ensure_future(session.aclose())
+        await asyncio.sleep(0.2)  # the session's close is under way
+        await runner.aclose()
+        assert processes_with_env(f"SESSION_MARK={mark}") == []
+        await ending
+
+    asyncio.run(scenario())
+    assert [event["reason"] for event in _events(bench, "session.closed")] == ["ended"]
+
+
+def test_a_session_left_open_is_closed_by_the_runner_from_another_loop(bench: ToolBench, mark: str) -> None:
+    # Its loop ended (asyncio.run), or blocked in the runner's synchronous close (a
+    # notebook's cell): the close must neither wait for that loop nor fail on it.
+    runner = bench.runner()
+
+    async def left_open() -> None:
+        session = runner.session().start()
+        assert _count(await session.acall("counter")) == 1
+
+    asyncio.run(left_open())
+    runner.close()
+    assert processes_with_env(f"SESSION_MARK={mark}") == []
+
+    blocked = bench.runner()
+
+    async def cell() -> None:
+        session = blocked.session().start()
+        assert _count(await session.acall("counter")) == 1
+        closing = threading.Thread(target=blocked.close, daemon=True)
+        closing.start()
+        closing.join(60)  # the loop blocked, as a notebook's synchronous close blocks it
+        assert not closing.is_alive(), "the runner's close waited for a blocked loop"
+
+    asyncio.run(cell())
+    assert processes_with_env(f"SESSION_MARK={mark}") == []
+    reasons = [event["reason"] for event in _events(bench, "session.closed")]
+    assert reasons == ["runner_closed", "runner_closed"]
 
 
 @pytest.mark.parametrize(("settings", "reason"), [({"idle_ms": 1500}, "idle"), ({"max_ms": 3000}, "max_ms")])
