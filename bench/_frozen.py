@@ -30,6 +30,7 @@ import queue
 import random
 import select
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -72,6 +73,7 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40
 SYS_READ, SYS_CLOSE, SYS_MUNMAP, SYS_DUP2, SYS_SOCKET, SYS_CONNECT = 0, 3, 11, 33, 41, 42
 SYS_CLONE, SYS_WRITE, SYS_CAPSET, SYS_MOUNT, SYS_OPENAT = 56, 1, 126, 165, 257
 SYS_RT_SIGPROCMASK, SIG_SETMASK, SIGSET_BYTES = 14, 2, 8
+SYS_PRLIMIT64, RLIMIT_AS, ROOTLESS_AS_MB = 302, 9, 1024
 AT_FDCWD, O_WRONLY = -100, 1
 CAPABILITY_V3 = 0x20080522
 # PIDFD_GET_INFO with PIDFD_INFO_EXIT (Linux 6.15): the wait status of a process that is
@@ -95,18 +97,21 @@ class FrozenTemplate:
         sandbox: list[str],
         python: str,
         script: Path,
-        lease: IdentityLease,
+        lease: IdentityLease | None,
         limits: tuple[int, int],
     ):
-        self._cgroups = CgroupFactory()
+        # Rootless (no lease): the runner's own uid and no cgroup; each call's address
+        # space is bounded by an rlimit instead (``ROOTLESS_AS_MB``).
+        self._cgroups = CgroupFactory() if lease is not None else None
         self._limits = limits
         self._lease = lease  # released by ``close``
-        self.uid = lease.uid
+        self.uid, self._gid = (lease.uid, lease.gid) if lease is not None else (os.getuid(), os.getgid())
         # In the folder bound into the sandbox (read-only: a socket is still reached), the
         # calls' sockets, by names that cannot be listed.
         self._calls = Path(tempfile.mkdtemp(prefix="calls-", dir=tool.parent))
         self._calls.chmod(0o711)
-        seccomp = sealed_memfd("runner-seccomp", compiled_filter(memory_counted=True, traced=True))
+        counted = lease is not None
+        seccomp = sealed_memfd("runner-seccomp", compiled_filter(memory_counted=counted, traced=True))
         argv = [*sandbox, "--seccomp", str(seccomp), "--", python, "-s", str(script), str(tool), "--frozen"]
         self.process = subprocess.Popen(
             argv, pass_fds=(seccomp,), stdin=subprocess.PIPE, stdout=subprocess.PIPE
@@ -225,7 +230,7 @@ class FrozenTemplate:
         for name, line in (
             ("uid_map", f"{self.uid} {self.uid} 1"),
             ("setgroups", "deny"),
-            ("gid_map", f"{self._lease.gid} {self._lease.gid} 1"),
+            ("gid_map", f"{self._gid} {self._gid} 1"),
         ):
             fd = call.checked(SYS_OPENAT, AT_FDCWD, call.text(f"/proc/self/{name}"), O_WRONLY)
             call.checked(SYS_WRITE, fd, call.text(line), len(line))
@@ -249,6 +254,9 @@ class FrozenTemplate:
         )  # /dev/ptmx: a link
         proc = call.text("proc")  # its own pid namespace's: only itself
         call.checked(SYS_MOUNT, proc, call.text("/proc"), proc, MS_NOSUID | MS_NODEV | MS_NOEXEC, 0)
+        if self._cgroups is None:
+            limit = call.put(struct.pack("QQ", ROOTLESS_AS_MB << 20, ROOTLESS_AS_MB << 20))
+            call.checked(SYS_PRLIMIT64, 0, RLIMIT_AS, limit, 0)
         mask = call.put(struct.pack("Q", self._mask))
         call.checked(SYS_RT_SIGPROCMASK, SIG_SETMASK, mask, 0, SIGSET_BYTES)
         header = call.put(struct.pack("Ii", CAPABILITY_V3, 0))
@@ -273,7 +281,7 @@ class FrozenTemplate:
     def call(self, payload: bytes) -> tuple[bytes, int]:
         """Stdout and the wait status (``UNKNOWN_STATUS`` when the kernel cannot tell it)
         of one call."""
-        group = self._cgroups.create(*self._limits)
+        group = self._cgroups.create(*self._limits) if self._cgroups is not None else None
         name = os.urandom(16).hex()
         listeners = []
         try:
@@ -284,7 +292,8 @@ class FrozenTemplate:
                 os.chmod(self._calls / f"{name}.{end}", 0o666)
                 listener.listen(1)
             paths = [listener.getsockname() for listener in listeners]
-            child, pidfd = self._on_tracer(self._clone, group.join_files, *paths)
+            tasks = group.join_files if group is not None else []
+            child, pidfd = self._on_tracer(self._clone, tasks, *paths)
             try:
                 io, err = (_accept_from(listener, child) for listener in listeners)
                 with io, err:
@@ -295,13 +304,17 @@ class FrozenTemplate:
                 select.select([pidfd], [], [], 5)
                 return answer, _exit_status(pidfd)
             finally:
+                if group is None:  # pid 1 of its own pid namespace: everything in it goes too
+                    with _quiet():
+                        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
                 os.close(pidfd)
         finally:
             for listener in listeners:
                 listener.close()
                 with _quiet():
                     os.unlink(listener.getsockname())
-            group.remove()  # kills what is left first
+            if group is not None:
+                group.remove()  # kills what is left first
 
     def close(self) -> None:
         self._jobs.put(None)
@@ -313,7 +326,8 @@ class FrozenTemplate:
             if pipe is not None:
                 pipe.close()
         shutil.rmtree(self._calls, ignore_errors=True)
-        self._lease.release()  # the template is gone, and each call went with its cgroup
+        if self._lease is not None:
+            self._lease.release()  # the template is gone, and each call went with its cgroup
 
 
 class _quiet:

@@ -14,7 +14,8 @@ The template's fork loop is C (``bench/_fork_loop.c``, built here with ``cc``);
 ``--python-loop`` measures the earlier loop in Python instead. Before the template gets
 the filter, this process checks it from outside: no other process in its sandbox, its
 namespaces still bubblewrap's, one descriptor open (the control socket), no shared
-mapping. Needs root on cgroup v1 (as the runner's hardened sandboxes do there).
+mapping. Needs root on cgroup v1 (as the runner's hardened sandboxes do there), except
+``--frozen`` (``bench/_frozen.py``), which also runs as an unprivileged user.
 """
 
 from __future__ import annotations
@@ -75,13 +76,15 @@ def tool_copy(source: Path = TOOL_SOURCE) -> Path:
 def sandbox_argv(
     tool: Path, read_only: bool = True, uid: int = SANDBOX_UID, gid: int = SANDBOX_UID
 ) -> list[str]:
-    """The template's sandbox: bubblewrap as an unprivileged uid, fresh namespaces.
+    """The template's sandbox: bubblewrap as an unprivileged uid (as root, switched to
+    ``uid`` first; rootless, as ourselves), fresh namespaces.
 
     Read-only: a call's own mounts cover /tmp, /dev/shm and /dev/pts, but a file it could
     write in the template's /dev or /tmp (reached by ../ from its cwd) would be there for
     the next call. The Python loop is kept as it was, without."""
+    switch = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"] if os.geteuid() == 0 else []
     return [
-        "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+        *switch,
         "bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
         "--uid", str(uid), "--gid", str(gid), "--die-with-parent", "--new-session",
         "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
@@ -94,6 +97,9 @@ def start_template(tool: Path, loop: str) -> AnyTemplate:
     """The template of ``loop``: ``c``, ``python`` or ``frozen`` (``bench/_frozen.py``)."""
     if loop == "frozen":
         script = tool.parent / TEMPLATE.name
+        if os.geteuid() != 0:  # rootless: bubblewrap as ourselves, no cgroup
+            sandbox = sandbox_argv(tool, uid=os.getuid(), gid=os.getgid())
+            return FrozenTemplate(tool, sandbox, PYTHON, script, None, (MEMORY_MB, MAX_PIDS))
         # A uid of its own, leased as the runner's sandboxes lease theirs: only the template
         # and its calls hold capabilities in the calls' user namespaces.
         lease = lease_identity()

@@ -6,7 +6,9 @@ later one, and asserts no call's answer holds another call's secret (and the lik
     FORK_LOOP=python python3 -m pytest bench/test_fork_hostile.py   # the earlier loop
     FORK_LOOP=frozen python3 -m pytest bench/test_fork_hostile.py   # cloned by ptrace
 
-Root on cgroup v1, as ``fork_floor.py``. Not collected by the suite (``testpaths``).
+Root on cgroup v1, as ``fork_floor.py``; the frozen template also as an unprivileged user
+(no cgroup: each call is killed whole as its pid namespace's init). Not collected by the
+suite (``testpaths``).
 ``FORK_LOOP=python`` runs the earlier Python loop, as the prototype had it: there each
 probe is meant to fail, which shows it can. ``test_takeover`` is the gap the C loop
 leaves open: an import that never returns serves the control socket itself, and passes
@@ -153,7 +155,7 @@ def test_each_call_tells_its_own_exit_status(start: Callable[[str], AnyTemplate]
     assert statuses == [0, 1 << 8, 0]  # wait statuses: the second exits 1 (a traceback)
 
 
-@pytest.mark.skipif(LOOP != "frozen", reason="the C and Python loops run as nobody")
+@pytest.mark.skipif(LOOP != "frozen" or os.geteuid() != 0, reason="as root, the frozen template's own")
 def test_each_template_runs_as_a_uid_of_its_own(start: Callable[[str], AnyTemplate]) -> None:
     from sandboxes._identity import UID_BASE, UID_COUNT
 
