@@ -82,7 +82,8 @@ CAPABILITY_V3 = 0x20080522
 PIDFD_GET_INFO, PIDFD_INFO_EXIT, PIDFD_INFO_SIZE = 0xC040FF0B, 1 << 3, 64
 UNKNOWN_STATUS = -1
 REAP_WAIT_S, REAP_POLL_S = 2.0, 0.0005
-READY_TIMEOUT_S, CALL_TIMEOUT_S = 30, 20
+READY_TIMEOUT_S, CALL_TIMEOUT_S, KILL_WAIT_S = 30, 20, 10
+MAX_OUTPUT_BYTES = 1 << 20
 MOUNTS = 5  # made in each call's process: /, /tmp, /dev/shm, /dev/pts, /proc
 STOP_TRIES = 200  # about 10 ms apart: a template not found in its read by then is refused
 
@@ -278,9 +279,17 @@ class FrozenTemplate:
         self._jobs.put((work, args, done))
         return done.result()
 
-    def call(self, payload: bytes) -> tuple[bytes, int]:
+    def call(
+        self, payload: bytes, timeout_s: float = CALL_TIMEOUT_S, max_output: int = MAX_OUTPUT_BYTES
+    ) -> tuple[bytes, int]:
         """Stdout and the wait status (``UNKNOWN_STATUS`` when the kernel cannot tell it)
-        of one call."""
+        of one call.
+
+        Raises:
+            TimeoutError: the call did not end within ``timeout_s``.
+            OutputOverflow: it wrote more than ``max_output`` bytes on stdout or stderr.
+            Either way its process, and everything in its pid namespace, is dead first.
+        """
         group = self._cgroups.create(*self._limits) if self._cgroups is not None else None
         name = os.urandom(16).hex()
         listeners = []
@@ -294,15 +303,19 @@ class FrozenTemplate:
             paths = [listener.getsockname() for listener in listeners]
             tasks = group.join_files if group is not None else []
             child, pidfd = self._on_tracer(self._clone, tasks, *paths)
+            deadline = time.monotonic() + timeout_s
             try:
-                io, err = (_accept_from(listener, child) for listener in listeners)
+                io, err = (_accept_from(listener, child, deadline) for listener in listeners)
                 with io, err:
+                    io.settimeout(max(deadline - time.monotonic(), 0.001))
                     io.sendall(payload)
                     io.shutdown(socket.SHUT_WR)
-                    answer = _read_all(io)
-                    _read_all(err)
-                select.select([pidfd], [], [], 5)
+                    answer = _read_both(io, err, deadline, max_output)
+                select.select([pidfd], [], [], max(deadline - time.monotonic(), 0.001))
                 return answer, _exit_status(pidfd)
+            except BaseException:
+                _kill(pidfd)  # before the error goes up: nothing of the call outlives it
+                raise
             finally:
                 if group is None:  # pid 1 of its own pid namespace: everything in it goes too
                     with _quiet():
@@ -315,6 +328,21 @@ class FrozenTemplate:
                     os.unlink(listener.getsockname())
             if group is not None:
                 group.remove()  # kills what is left first
+
+    def calls_running(self) -> list[int]:
+        """The live processes in the template's sandbox besides the template: its calls'
+        (a call's process that died is a zombie until bubblewrap's init reaps it)."""
+        from fork_floor import _children
+
+        (init,) = _children(self.process.pid)
+        found, todo = [], [pid for pid in _children(init) if pid != self._template]
+        while todo:
+            pid = todo.pop()
+            with _quiet():
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(pid)
+                todo += _children(pid)
+        return found
 
     def close(self) -> None:
         self._jobs.put(None)
@@ -359,26 +387,64 @@ def _shared_mappings(pid: int) -> list[tuple[int, int]]:
     return found
 
 
-def _accept_from(listener: socket.socket, pid: int) -> socket.socket:
+def _accept_from(listener: socket.socket, pid: int, deadline: float) -> socket.socket:
     """The connection of process ``pid`` (by the kernel's word, SO_PEERCRED); any other
     is closed unread."""
-    deadline = time.monotonic() + CALL_TIMEOUT_S
     while (left := deadline - time.monotonic()) > 0:
         listener.settimeout(left)
         connection, _ = listener.accept()
         peer = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
         if peer == pid:
-            connection.settimeout(CALL_TIMEOUT_S)
             return connection
         connection.close()
     raise TimeoutError(f"the call's process {pid} never connected")
 
 
-def _read_all(connection: socket.socket) -> bytes:
-    chunks = []
-    while chunk := connection.recv(65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
+class OutputOverflow(Exception):
+    """A call wrote more than its cap."""
+
+
+def _read_both(io: socket.socket, err: socket.socket, deadline: float, cap: int) -> bytes:
+    """Stdout, read to its end with stderr beside it (a tool that fills one while the
+    other is read never waits), each up to ``cap``, by ``deadline``."""
+    kept: dict[socket.socket, list[bytes]] = {io: [], err: []}
+    sizes = {io: 0, err: 0}
+    open_ = [io, err]
+    for connection in open_:
+        connection.setblocking(False)
+    while open_:
+        left = deadline - time.monotonic()
+        readable, _, _ = select.select(open_, [], [], max(left, 0))
+        if not readable:
+            raise TimeoutError("the call did not end in time")
+        for connection in readable:
+            try:
+                chunk = connection.recv(65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                open_.remove(connection)
+                continue
+            sizes[connection] += len(chunk)
+            if sizes[connection] > cap:
+                raise OutputOverflow(f"more than {cap} bytes of output")
+            if connection is io:
+                kept[io].append(chunk)
+    return b"".join(kept[io])
+
+
+def _kill(pidfd: int) -> None:
+    """Kill a call's process, the init of its pid namespace (so all in it), and see it
+    dead.
+
+    Raises:
+        RuntimeError: it was still there after the kill (never seen).
+    """
+    with _quiet():
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    readable, _, _ = select.select([pidfd], [], [], KILL_WAIT_S)
+    if not readable:
+        raise RuntimeError("a call's process outlived its kill")
 
 
 def _exit_status(pidfd: int) -> int:

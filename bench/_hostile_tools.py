@@ -298,6 +298,9 @@ def probe(request):
         found.update(_files(secret))
     elif MODE == "procs":
         found.update(_procs())
+    if request.get("flood"):  # output past any cap, on stdout and stderr at once
+        threading.Thread(target=lambda: sys.stderr.write("e" * request["flood"]), daemon=True).start()
+        sys.stdout.write("x" * request["flood"])
     time.sleep(request.get("hold", 0))
     return found
 

@@ -35,7 +35,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _frozen import FrozenTemplate
+from _frozen import FrozenTemplate, OutputOverflow
 from _hostile_tools import write_tool
 from fork_floor import LIBRARY_SOURCE, AnyTemplate, TemplateRefused, start_template, tool_copy
 
@@ -182,3 +182,22 @@ def _status_uids(bwrap: int) -> set[int]:
         )
         found.update(int(value) for value in uid_line.split()[1:])
     return found
+
+
+@pytest.mark.skipif(LOOP != "frozen", reason="the frozen template's calls have a timeout and an output cap")
+def test_a_call_past_its_timeout_or_output_cap_is_killed_before_it_fails(
+    start: Callable[[str], AnyTemplate],
+) -> None:
+    template = start("audit")
+    assert isinstance(template, FrozenTemplate)
+    began = time.monotonic()
+    with pytest.raises(TimeoutError):
+        template.call(json.dumps({"secret": "hung", "hold": 600}).encode(), timeout_s=1)
+    assert time.monotonic() - began < 15
+    assert template.calls_running() == []  # killed before the error came up
+    flood = json.dumps({"secret": "flood", "flood": 4 << 20, "hold": 600}).encode()
+    with pytest.raises(OutputOverflow):
+        template.call(flood, max_output=1 << 20)
+    assert template.calls_running() == []
+    ((_, found),) = run_calls(template, 1)
+    assert found["answer"].startswith("secret-")  # the next call as any other
