@@ -125,7 +125,9 @@ class ServeConnectionsModel(_Strict):
     max_open: int = Field(default=1024, gt=0, le=65536)  # in all; the soft RLIMIT_NOFILE may lower it
     max_per_peer: int = Field(default=256, gt=0, le=65536)  # from one IP address
     header_timeout_ms: int = Field(default=10000, ge=100, le=300000)  # for a request's whole head
-    idle_timeout_ms: int = Field(default=5000, ge=100, le=3600000)  # between requests of a kept-alive one
+    # Between requests of a kept-alive one: longer than clients keep an idle one (httpx, the
+    # MCP SDK's: 5 s), so a client never reuses a connection the server is closing.
+    idle_timeout_ms: int = Field(default=15000, ge=100, le=3600000)
 
 
 class ServeSocketModel(_Strict):

@@ -65,7 +65,7 @@ class ConnectionLimits:
     max_open: int = 1024
     max_per_peer: int = 256
     header_timeout_s: float = 10.0
-    idle_timeout_s: float = 5.0
+    idle_timeout_s: float = 15.0
 
     @classmethod
     def from_policy(cls, model: ServeConnectionsModel) -> ConnectionLimits:

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import socket
 
+import httpx2
+
+from runner.call.policy import ServeConnectionsModel
 from runner.telemetry.connections import MIN_OPEN, ConnectionGate, ConnectionLimits, unread
 
 
@@ -124,3 +127,12 @@ def test_unread_sees_the_bytes_waiting_in_the_kernel() -> None:
         ours.recv(100)
         assert not waiting()
     assert not waiting()  # closed: never another socket's count
+
+
+def test_the_default_idle_timeout_outlasts_the_mcp_sdk_clients_keep_alive() -> None:
+    # Both 5 s: the server closed a kept-alive connection as the client sent its next
+    # request on it, and the client's call failed (ReadError) under load.
+    sdk_keeps = httpx2.Limits().keepalive_expiry  # what create_mcp_http_client leaves as is
+    assert sdk_keeps is not None
+    assert ConnectionLimits().idle_timeout_s == ServeConnectionsModel().idle_timeout_ms / 1000
+    assert ConnectionLimits().idle_timeout_s > 2 * sdk_keeps

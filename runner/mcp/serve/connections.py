@@ -58,7 +58,9 @@ class GatedH11Protocol(H11Protocol):
             self._gate.busy(self._peer(), False)
         if not self.transport.is_closing():
             self._stop_head_timer()
-            self._await_head()  # the next request's head (a pipelined one stops it at once)
+            # The next request's head: idle first (uvicorn closes the connection after
+            # ``timeout_keep_alive``), then the head's own time.
+            self._await_head(self._gate.limits.idle_timeout_s)
         super().on_response_complete()
 
     def send_400_response(self, msg: str) -> None:
@@ -77,8 +79,8 @@ class GatedH11Protocol(H11Protocol):
     def _peer(self) -> tuple[str, int]:
         return self.client or ("", id(self))
 
-    def _await_head(self) -> None:
-        self._head_timer = self.loop.call_later(self._gate.limits.header_timeout_s, self._head_late)
+    def _await_head(self, idle_s: float = 0.0) -> None:
+        self._head_timer = self.loop.call_later(idle_s + self._gate.limits.header_timeout_s, self._head_late)
 
     def _head_late(self) -> None:
         self._head_timer = None

@@ -15,12 +15,14 @@ import time
 from collections.abc import Iterator
 
 import anyio
+import h11
 import httpx2
 import mcp_types as types
 import pytest
 from conftest import ToolBench, wait_for
 from support.flood_harness import Flood, Usage, port_of, soft_nofile
 from support.mcp_harness import ECHO, HttpServer, add_token, server_argv
+from support.mcp_raw import ACCEPT, INITIALIZE
 
 pytestmark = pytest.mark.anyio
 
@@ -223,3 +225,40 @@ async def test_a_websocket_upgrade_without_a_token_is_answered_as_plain_http_and
         assert server.stop() == 0
     assert answer.startswith(b"HTTP/1.1 401"), answer[:200]  # the bearer check saw it
     assert b"101 Switching" not in answer
+
+
+def test_a_kept_alive_connection_waits_its_idle_timeout_before_its_next_head_is_timed(
+    bench: ToolBench, tools: str
+) -> None:
+    # The head timer of a kept-alive connection's next request started with the last
+    # answer: idle longer than the head timeout, it was reset, even within the idle one.
+    bench.policy["serve"]["connections"] = {"header_timeout_ms": 1000, "idle_timeout_ms": 4000}
+    server = HttpServer(bench)
+    try:
+        host, port = "127.0.0.1", port_of(server.url)
+        request = json.dumps(INITIALIZE).encode()
+        head = [
+            ("Host", f"{host}:{port}"),
+            ("Authorization", f"Bearer {tools}"),
+            ("Accept", ACCEPT),
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(request))),
+        ]
+        with socket.create_connection((host, port), timeout=10) as sock:
+            statuses = []
+            client = h11.Connection(h11.CLIENT)
+            for pause in (0.0, 2.5):  # past the head timeout, within the idle one
+                time.sleep(pause)
+                sock.sendall(client.send(h11.Request(method="POST", target="/mcp", headers=head)))
+                sock.sendall(client.send(h11.Data(data=request)) + client.send(h11.EndOfMessage()))
+                while (event := client.next_event()) is not h11.PAUSED and not isinstance(
+                    event, h11.EndOfMessage
+                ):
+                    if event is h11.NEED_DATA:
+                        client.receive_data(sock.recv(65536))
+                    elif isinstance(event, h11.Response):
+                        statuses.append(event.status_code)
+                client.start_next_cycle()
+        assert statuses == [200, 200]
+    finally:
+        assert server.stop() == 0
