@@ -62,6 +62,7 @@ from _ptrace import (
 )
 
 from sandboxes._identity import IdentityLease
+from sandboxes._watchdog import ensure, parent_and_start, watch, watch_sandbox_init
 from sandboxes.subprocess._cgroup import CgroupFactory
 from sandboxes.subprocess._seccomp import compiled_filter, sealed_memfd
 
@@ -104,6 +105,13 @@ class FrozenTemplate:
         # Rootless (no lease): the runner's own uid and no cgroup; each call's address
         # space is bounded by an rlimit instead (``ROOTLESS_AS_MB``).
         self._cgroups = CgroupFactory() if lease is not None else None
+        # The runner's watchdog: should this process die, it removes the calls' cgroups
+        # (and kills what is in them), and kills the template's sandbox (``_freeze``).
+        if self._cgroups is not None:
+            for parent in self._cgroups.parents:
+                watch("cgroups", f"{self._cgroups.version}:{parent}")
+        else:
+            ensure()
         self._limits = limits
         self._lease = lease  # released by ``close``
         self.uid, self._gid = (lease.uid, lease.gid) if lease is not None else (os.getuid(), os.getgid())
@@ -158,6 +166,7 @@ class FrozenTemplate:
             raise TemplateRefused("no ready from the template")
         sandbox = _sandboxed(self.process.pid)
         template = sandbox[1]
+        watch_sandbox_init(sandbox[0], parent_and_start(sandbox[0])[1])  # its death takes all
         # Seized with no event to trace yet: until it is frozen, the tool's own mount or
         # clone into new namespaces meets a tracer that does not take them (ENOSYS).
         request(SEIZE, template, 0, O_EXITKILL)

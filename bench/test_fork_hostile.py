@@ -24,6 +24,7 @@ import os
 import secrets
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -201,3 +202,53 @@ def test_a_call_past_its_timeout_or_output_cap_is_killed_before_it_fails(
     assert template.calls_running() == []
     ((_, found),) = run_calls(template, 1)
     assert found["answer"].startswith("secret-")  # the next call as any other
+
+
+DIES_MID_CALL = """
+import json, sys, threading, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from fork_floor import start_template, tool_copy
+template = start_template(Path(sys.argv[2]), "frozen")
+threading.Thread(target=template.call, args=(b'{"secret": "s", "hold": 600}', 600), daemon=True).start()
+while not template.calls_running():
+    time.sleep(0.05)
+seen = {"calls": template.calls_running(), "template": template.process.pid}
+print(json.dumps(seen), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(LOOP != "frozen", reason="the frozen template tells the runner's watchdog")
+def test_a_benchmark_killed_mid_call_leaves_no_process_and_no_cgroup() -> None:
+    from sandboxes.subprocess._cgroup import CgroupFactory
+
+    scratch = Path(tempfile.mkdtemp(prefix="runner-hostile-"))
+    tool = tool_copy(write_tool(scratch, "audit", LIBRARY_SOURCE / "runner_tool.py"))
+    shutil.rmtree(scratch)
+    here = str(Path(__file__).resolve().parent)
+    # Made before the benchmark starts: a factory made later removes the cgroups of a
+    # process that is gone, as a runner that starts does, and would hide what was left.
+    parents = CgroupFactory().parents if os.geteuid() == 0 else []
+    process = subprocess.Popen([sys.executable, "-c", DIES_MID_CALL, here, str(tool)], stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        seen = json.loads(process.stdout.readline())
+        process.kill()  # as the OOM killer would: no cleanup of its own runs
+        process.wait()
+        pids = [*seen["calls"], seen["template"]]
+        deadline = time.monotonic() + 5  # the watchdog acts at once (a starting runner sweeps too)
+        while time.monotonic() < deadline:
+            alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+            left = [group for parent in parents for group in parent.glob(f"{process.pid}-*")]
+            if not alive and not left:
+                return
+            time.sleep(0.1)
+        pytest.fail(f"left after the benchmark died: processes {alive}, cgroups {left}")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+        shutil.rmtree(tool.parent, ignore_errors=True)
