@@ -185,14 +185,17 @@ class CallSession:
     async def aclose(self, reason: str = "ended") -> None:
         """End the session: every sandbox of it is killed and released. Safe to call twice,
         and at once from two tasks of its loop (the runner's close and the session's own):
-        the second waits for the first, so that no close outlives either."""
+        the second waits for the first, so that no close outlives either. A close going on
+        on another loop is not waited for (that loop may be blocked on this one)."""
         self.closed = True
         closing = self._closing
+        if closing is not None and closing.get_loop() is not asyncio.get_running_loop():
+            return  # going on on another loop (maybe blocked on this close): not ours
         if closing is None:
             closing = self._closing = asyncio.ensure_future(self._close(reason))
-        elif closing.get_loop() is not asyncio.get_running_loop():
-            return  # begun on another loop (closed, or blocked on this close): not ours to wait for
-        await finish_shielded(closing)
+            await finish_shielded(closing)
+        else:  # the first close's caller gets its outcome
+            await finish_shielded(asyncio.wait({closing}))
 
     async def _close(self, reason: str) -> None:
         sweeper, self._sweeper = self._sweeper, None
@@ -213,7 +216,7 @@ class CallSession:
         try:
             await finish_each((sweeper_ended, drop_held))
         finally:
-            self.counts.sessions.discard(self)  # the runner's close waits for this one till here
+            self.counts.sessions.discard(self)  # a runner's close on this loop waits till here
 
     async def take(
         self, key: Key, backend: Sandbox, open_: Opener, note: SessionNote | None, generation: int
