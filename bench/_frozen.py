@@ -63,7 +63,7 @@ from _ptrace import (
 
 from sandboxes._identity import IdentityLease
 from sandboxes._watchdog import ensure, parent_and_start, watch, watch_sandbox_init
-from sandboxes.subprocess._cgroup import CgroupFactory
+from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory
 from sandboxes.subprocess._seccomp import compiled_filter, sealed_memfd
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
@@ -297,6 +297,7 @@ class FrozenTemplate:
         Raises:
             TimeoutError: the call did not end within ``timeout_s``.
             OutputOverflow: it wrote more than ``max_output`` bytes on stdout or stderr.
+            LimitBroken: its cgroup saw an OOM kill, or a refused fork before it failed.
             Either way its process, and everything in its pid namespace, is dead first.
         """
         group = self._cgroups.create(*self._limits) if self._cgroups is not None else None
@@ -321,7 +322,9 @@ class FrozenTemplate:
                     io.shutdown(socket.SHUT_WR)
                     answer = _read_both(io, err, deadline, max_output)
                 select.select([pidfd], [], [], max(deadline - time.monotonic(), 0.001))
-                return answer, _exit_status(pidfd)
+                status = _exit_status(pidfd)
+                _blame_limits(group, status)
+                return answer, status
             except BaseException:
                 _kill(pidfd)  # before the error goes up: nothing of the call outlives it
                 raise
@@ -411,6 +414,25 @@ def _accept_from(listener: socket.socket, pid: int, deadline: float) -> socket.s
 
 class OutputOverflow(Exception):
     """A call wrote more than its cap."""
+
+
+class LimitBroken(Exception):
+    """A call broke its memory or process limit (``reason``: as the runner says it)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _blame_limits(group: CallCgroup | None, status: int) -> None:
+    """As the runner blames an outcome: an OOM kill is the memory limit's, whatever the
+    status; a failure after a refused fork is the process limit's (a tool may cope)."""
+    if group is None:
+        return
+    if group.oom_kills() > 0:
+        raise LimitBroken("memory_limit")
+    if status != 0 and group.pids_refused() > 0:
+        raise LimitBroken("pids_limit")
 
 
 def _read_both(io: socket.socket, err: socket.socket, deadline: float, cap: int) -> bytes:

@@ -298,6 +298,17 @@ def probe(request):
         found.update(_files(secret))
     elif MODE == "procs":
         found.update(_procs())
+    if request.get("hog"):  # past the call's memory limit
+        hoard = bytearray(request["hog"] << 20)
+        hoard[::4096] = b"x" * len(hoard[::4096])
+    if request.get("forks"):  # past the call's process limit: exits 1 once a fork is refused
+        for _ in range(request["forks"]):
+            try:
+                if os.fork() == 0:
+                    time.sleep(30)
+                    os._exit(0)
+            except OSError:
+                sys.exit(1)
     if request.get("flood"):  # output past any cap, on stdout and stderr at once
         threading.Thread(target=lambda: sys.stderr.write("e" * request["flood"]), daemon=True).start()
         sys.stdout.write("x" * request["flood"])

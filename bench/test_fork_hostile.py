@@ -36,7 +36,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _frozen import FrozenTemplate, OutputOverflow
+from _frozen import FrozenTemplate, LimitBroken, OutputOverflow
 from _hostile_tools import write_tool
 from fork_floor import LIBRARY_SOURCE, AnyTemplate, TemplateRefused, start_template, tool_copy
 
@@ -252,3 +252,23 @@ def test_a_benchmark_killed_mid_call_leaves_no_process_and_no_cgroup() -> None:
         if process.stdout is not None:
             process.stdout.close()
         shutil.rmtree(tool.parent, ignore_errors=True)
+
+
+LIMITS_BROKEN = [({"hog": 400}, "memory_limit"), ({"forks": 200}, "pids_limit")]
+
+
+@pytest.mark.skipif(LOOP != "frozen" or os.geteuid() != 0, reason="the frozen template's call cgroups")
+@pytest.mark.parametrize(("asked", "reason"), LIMITS_BROKEN)
+def test_a_call_past_its_memory_or_process_limit_fails_with_that_limit(
+    start: Callable[[str], AnyTemplate], asked: dict[str, int], reason: str
+) -> None:
+    # Its cgroup was joined before it ran anything of its own: its limits hold from the
+    # first instruction, and the outcome says which one it broke.
+    template = start("audit")
+    assert isinstance(template, FrozenTemplate)
+    with pytest.raises(LimitBroken) as broken:
+        template.call(json.dumps({"secret": "big", **asked}).encode())
+    assert broken.value.reason == reason
+    assert template.calls_running() == []
+    ((_, found),) = run_calls(template, 1)
+    assert found["answer"].startswith("secret-")
