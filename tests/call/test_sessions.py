@@ -159,12 +159,8 @@ def test_the_policy_marks_a_tool_for_sessions_and_can_unmark_one(bench: ToolBenc
     assert asyncio.run(scenario()) == ([1, 2], [1, 1])
 
 
-def test_ending_a_session_while_its_sweeper_closes_a_sandbox_waits_for_that_close(
-    bench: ToolBench, mark: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The session used to cancel its sweeper and go: a close the sweeper had begun went on
-    # after the session (and the runner) ended, and its session.closed line was lost.
-    bench.policy["session"] = {"idle_ms": 200}
+def _slow_sandbox_close(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Each session sandbox's close takes a second more; the event is set as one begins."""
     original = SubprocessSession.close
     began = asyncio.Event()
 
@@ -174,6 +170,16 @@ def test_ending_a_session_while_its_sweeper_closes_a_sandbox_waits_for_that_clos
         await original(self)
 
     monkeypatch.setattr(SubprocessSession, "close", slow_close)
+    return began
+
+
+def test_ending_a_session_while_its_sweeper_closes_a_sandbox_waits_for_that_close(
+    bench: ToolBench, mark: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The session used to cancel its sweeper and go: a close the sweeper had begun went on
+    # after the session (and the runner) ended, and its session.closed line was lost.
+    bench.policy["session"] = {"idle_ms": 200}
+    began = _slow_sandbox_close(monkeypatch)
 
     async def scenario() -> None:
         async with bench.runner() as runner:
@@ -191,13 +197,7 @@ def test_the_runner_closing_while_a_session_ends_waits_for_that_end(
 ) -> None:
     # The session left the runner's list before its close was over: a runner closing
     # meanwhile (another task) ended first, the session's processes still running.
-    original = SubprocessSession.close
-
-    async def slow_close(self: SubprocessSession) -> None:
-        await asyncio.sleep(1)
-        await original(self)
-
-    monkeypatch.setattr(SubprocessSession, "close", slow_close)
+    _slow_sandbox_close(monkeypatch)
 
     async def scenario() -> None:
         runner = bench.runner()
