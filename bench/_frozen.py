@@ -344,16 +344,14 @@ class FrozenTemplate:
     def calls_running(self) -> list[int]:
         """The live processes in the template's sandbox besides the template: its calls'
         (a call's process that died is a zombie until bubblewrap's init reaps it)."""
-        from fork_floor import _children
+        from fork_floor import _children, _descendants
 
         (init,) = _children(self.process.pid)
-        found, todo = [], [pid for pid in _children(init) if pid != self._template]
-        while todo:
-            pid = todo.pop()
+        found = []
+        for pid in _descendants([pid for pid in _children(init) if pid != self._template]):
             with _quiet():
                 if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                     found.append(pid)
-                todo += _children(pid)
         return found
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import contextlib
 import os
 import select
 import shutil
@@ -205,14 +206,21 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _descendants(roots: list[int]) -> list[int]:
+    """``roots`` and every process under them (one that vanishes meanwhile: without its own)."""
+    found, todo = [], list(roots)
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        with contextlib.suppress(FileNotFoundError):
+            todo += _children(pid)
+    return found
+
+
 def _sandboxed(bwrap: int) -> tuple[int, int, list[int]]:
     """Bubblewrap's init in the sandbox, the template and every other process there."""
     (init,) = _children(bwrap)
-    others, todo = [], _children(init)
-    while todo:
-        pid = todo.pop()
-        others.append(pid)
-        todo += _children(pid)
+    others = _descendants(_children(init))
     return init, others[0] if others else -1, others[1:]
 
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _frozen import FrozenTemplate, LimitBroken, OutputOverflow
 from _hostile_tools import write_tool
-from fork_floor import LIBRARY_SOURCE, AnyTemplate, TemplateRefused, start_template, tool_copy
+from fork_floor import LIBRARY_SOURCE, AnyTemplate, TemplateRefused, _descendants, start_template, tool_copy
 
 LOOP = os.environ.get("FORK_LOOP", "c")  # c, python or frozen
 EXIT_THREADS = 121
@@ -173,11 +173,7 @@ def test_each_template_runs_as_a_uid_of_its_own(start: Callable[[str], AnyTempla
 def _status_uids(bwrap: int) -> set[int]:
     """The uids of the processes under ``bwrap`` (real, effective, saved and file system)."""
     found: set[int] = set()
-    todo = [bwrap]
-    while todo:
-        pid = todo.pop()
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            todo += [int(child) for child in (task / "children").read_text().split()]
+    for pid in _descendants([bwrap]):
         uid_line = next(
             line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:")
         )
