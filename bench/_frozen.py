@@ -42,7 +42,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from _ptrace import (
+from sandboxes._identity import IdentityLease
+from sandboxes._watchdog import ensure, parent_and_start, watch, watch_sandbox_init
+from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory
+from sandboxes.subprocess._ptrace import (
     CONT,
     DETACH,
     EVENT_STOP,
@@ -60,10 +63,6 @@ from _ptrace import (
     request,
     stop_of,
 )
-
-from sandboxes._identity import IdentityLease
-from sandboxes._watchdog import ensure, parent_and_start, watch, watch_sandbox_init
-from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory
 from sandboxes.subprocess._seccomp import compiled_filter, sealed_memfd
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000

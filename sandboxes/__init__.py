@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         WarmSandbox,
         WorkspaceNotApplied,
     )
+    from sandboxes.forking import Forks, ForkTemplate
     from sandboxes.session import HoldsSessions, SessionEnd, SessionSandbox
 
 __all__ = [
@@ -57,6 +58,8 @@ __all__ = [
     "Converses",
     "Dialogue",
     "EgressEndpoint",
+    "ForkTemplate",
+    "Forks",
     "HoldsSessions",
     "ImageProbe",
     "LaunchSpec",
@@ -82,11 +85,14 @@ __all__ = [
     "WorkspaceNotApplied",
 ]
 _SESSION_NAMES = frozenset({"HoldsSessions", "SessionEnd", "SessionSandbox"})
+_FORK_NAMES = frozenset({"ForkTemplate", "Forks"})
 
 
 def __getattr__(name: str) -> object:
     if name in _SESSION_NAMES:
         return getattr(importlib.import_module("sandboxes.session"), name)
+    if name in _FORK_NAMES:
+        return getattr(importlib.import_module("sandboxes.forking"), name)
     if name in __all__:
         return getattr(importlib.import_module("sandboxes.base"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

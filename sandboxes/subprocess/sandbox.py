@@ -46,6 +46,7 @@ from sandboxes.session import SessionSandbox
 from sandboxes.subprocess._cgroup import CgroupFactory, CgroupUnavailable
 from sandboxes.subprocess._command import reachable_by_others
 from sandboxes.subprocess._etc import SandboxEtc
+from sandboxes.subprocess._fork_mode import ToolTemplate
 from sandboxes.subprocess._layout import GROUP, PASSWD, RESOLV_CONF
 from sandboxes.subprocess._library import publish_library
 from sandboxes.subprocess._network import SandboxNetwork
@@ -230,6 +231,10 @@ class SubprocessSandbox:
     def prestart(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
         """A sandbox whose tool is already started and waits for its payload (blocking)."""
         return start_ahead(spec, lambda: self._prepare(spec, limits))
+
+    def fork_template(self, spec: LaunchSpec, limits: Limits) -> ToolTemplate:
+        """The tool's frozen template, each call forked from it (``Forks``; blocking)."""
+        return ToolTemplate(self, spec, limits)
 
     def _prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
         self.set_up()

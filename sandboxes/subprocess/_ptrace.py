@@ -1,4 +1,4 @@
-"""ptrace on x86-64 through ctypes, for ``bench/_frozen.py``: seize a process, stop it,
+"""ptrace on x86-64 through ctypes, for a frozen template (``_frozen``): seize a process, stop it,
 and make system calls in it (and in the processes it is made to clone) while it stays
 stopped. Every request must come from the one thread that seized the tracee.
 """
@@ -135,7 +135,7 @@ class Injector:
             else:
                 break  # the step is done
             request(SINGLESTEP, self.pid)
-        result = regs_of(self.pid).rax
+        result = int(regs_of(self.pid).rax)
         return result - (1 << 64) if result >= 1 << 63 else result
 
     def checked(self, number: int, *args: int) -> int:

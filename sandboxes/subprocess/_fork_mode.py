@@ -1,0 +1,163 @@
+"""Fork mode: a frozen template per tool (``_frozen``), each call cloned from it
+(``_forked``). What it needs of the machine and the tool, and the template's sandbox: the
+tool's own (``_layout``), with three differences. bubblewrap leaves user namespaces to
+the template's filter (it sends their creation to the runner, the tracer, and fails it
+for the tool); ``/tmp`` and ``/dev/shm`` are read-only (each call mounts fresh ones over
+them; nothing the import writes is there for a call); and the folder of the calls'
+sockets is bound read-only at ``CALLS_MOUNT``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sandboxes._identity import IdentityLease, lease_identity
+from sandboxes.base import LaunchSpec, Limits, SandboxUnavailable
+from sandboxes.subprocess._command import reachable_by_others
+from sandboxes.subprocess._forked import ForkedCall, exit_status_known
+from sandboxes.subprocess._frozen import FrozenTemplate
+from sandboxes.subprocess._launch import drop_privileges_argv
+from sandboxes.subprocess._layout import SANDBOX_UID, Sources, bwrap_argv
+from sandboxes.subprocess._seccomp import compiled_filter, sealed_memfd
+from sandboxes.view import LIBRARY_MOUNT, SCRATCH_MOUNT, tool_env
+
+if TYPE_CHECKING:
+    from sandboxes.subprocess.sandbox import SubprocessSandbox
+
+CALLS_MOUNT = "/run/runner-calls"
+TEMPLATE_SCRIPT = f"{LIBRARY_MOUNT}/runner_fork.py"
+READY_S = 30.0  # for the tool's imports
+SOCKET_PATH_MAX = 108  # sun_path, its final NUL included
+_PYTHON = re.compile(r"^(?:.*/)?python3(?:\.\d+)?$")
+_SCRIPT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\.py$")
+
+
+def fork_problem(owner: SubprocessSandbox, spec: LaunchSpec, limits: Limits) -> str | None:
+    """Why ``spec`` cannot run in fork mode on this machine; None when it can."""
+    command = spec.command
+    if (
+        len(command) != 2
+        or not _PYTHON.match(command[0])
+        or not _SCRIPT.match(command[1])
+        or ".." in command[1]
+    ):
+        return "fork mode runs Python tools whose command is python3 SCRIPT.py"
+    if spec.workspace is not None or spec.egress is not None or spec.secrets or limits.network:
+        return "fork mode runs tools without a workspace, network or secrets"
+    if os.geteuid() != 0 or owner.cgroups is None:
+        return "fork mode needs root and cgroups (each call's limits are its cgroup's)"
+    if platform.machine() != "x86_64":
+        return f"fork mode needs an x86-64 machine, not {platform.machine()}"
+    if owner.bwrap is None or owner.setpriv is None or owner.missing_layers() or owner.refusals():
+        return "fork mode needs the hardened sandbox"
+    if not exit_status_known():
+        return "fork mode needs Linux 6.15 or later (a call's exit status through its pidfd)"
+    return None
+
+
+class ToolTemplate:
+    """One tool's template in fork mode; each ``call`` is a sandbox for one call, cloned
+    from it when it runs. Blocking: made and discarded off the event loop.
+
+    Raises:
+        SandboxUnavailable: the machine or the tool cannot have one (``fork_problem``), or
+            the template was refused (``TemplateRefused``).
+    """
+
+    def __init__(self, owner: SubprocessSandbox, spec: LaunchSpec, limits: Limits) -> None:
+        owner.set_up()
+        problem = fork_problem(owner, spec, limits)
+        if problem is not None:
+            raise SandboxUnavailable(problem)
+        assert owner.cgroups is not None and owner.bwrap is not None and owner.setpriv is not None
+        self._cgroups = owner.cgroups
+        self._limits = limits
+        self._template: FrozenTemplate | None = None
+        # Named as a call's scratch folder: the watchdog removes it should the runner die.
+        self._folder = owner.scratch_root / owner.next_name()
+        self._calls = self._folder / "calls"
+        if len(str(self._calls)) + len("/0123456789abcdef.err") >= SOCKET_PATH_MAX:
+            raise SandboxUnavailable("fork mode: the runner's state folder's path is too long for a socket's")
+        self._lease: IdentityLease | None = lease_identity()  # the template's and its calls'
+        try:
+            self._folder.mkdir(mode=0o755)
+            self._folder.chmod(0o755)
+            self._calls.mkdir(mode=0o711)  # its sockets' names cannot be listed
+            self._calls.chmod(0o711)
+            tool_dir = (
+                spec.tool_dir
+                if reachable_by_others(spec.tool_dir)
+                else _copy_tool(spec.tool_dir, self._folder)
+            )
+            argv, fds = self._argv(owner, spec, limits, tool_dir)
+            self._template = FrozenTemplate(argv, fds, SANDBOX_UID, READY_S)
+        except BaseException:
+            self.discard()
+            raise
+
+    def _argv(
+        self, owner: SubprocessSandbox, spec: LaunchSpec, limits: Limits, tool_dir: Path
+    ) -> tuple[list[str], tuple[int, ...]]:
+        assert owner.bwrap is not None and owner.setpriv is not None
+        sources = Sources(tool_dir, None, owner.etc.path, owner.library_dir, owner.etc.copies)
+        env = tool_env(spec, SCRATCH_MOUNT, None)
+        seccomp = sealed_memfd("runner-seccomp", compiled_filter(memory_counted=True, traced=True))
+        inner = bwrap_argv(spec, limits, sources, env, seccomp_fd=seccomp)
+        inner = [arg for arg in inner if arg not in ("--disable-userns", "--assert-userns-disabled")]
+        last = len(inner) - 1 - inner[::-1].index("--remount-ro")  # of "/": mount points first
+        extra = ["--ro-bind", str(self._calls), CALLS_MOUNT]
+        inner[last:last] = [*extra, "--remount-ro", SCRATCH_MOUNT, "--remount-ro", "/dev/shm"]  # noqa: S108
+        args = sealed_memfd("runner-bwrap-args", b"".join(a.encode() + b"\0" for a in inner))
+        python, script = spec.command
+        lease = self._lease
+        assert lease is not None
+        argv = [
+            *drop_privileges_argv(owner.setpriv, lease.uid, lease.gid),
+            owner.bwrap, "--args", str(args), "--", python, TEMPLATE_SCRIPT, script,
+        ]  # fmt: skip
+        return argv, (seccomp, args)
+
+    def call(self, limits: Limits) -> ForkedCall:
+        """A sandbox for one call under ``limits`` (this template's, but the timeout)."""
+        if self._template is None:
+            raise SandboxUnavailable("the tool's template is closed")
+        return ForkedCall(self._template, self._cgroups, (self._calls, CALLS_MOUNT), limits)
+
+    def ended(self) -> str | None:
+        """None while calls can be forked; else why not."""
+        return self._template.ended() if self._template is not None else "the tool's template is closed"
+
+    def discard(self) -> None:
+        """Kill the template and every call still running from it; give its uid back."""
+        template, self._template = self._template, None
+        if template is not None:
+            template.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()  # the template is gone, and each call went with its cgroup
+
+
+def _copy_tool(source: Path, folder: Path) -> Path:
+    """The tool's folder, copied where the template's uid can read it: regular files and
+    folders only (links and special files are left out: never followed as root)."""
+    target = folder / "tool"
+
+    def skipped(directory: str, names: list[str]) -> set[str]:
+        kept = set()
+        for name in names:
+            mode = (Path(directory) / name).lstat().st_mode
+            if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+                kept.add(name)
+        return set(names) - kept
+
+    shutil.copytree(source, target, symlinks=True, ignore=skipped)
+    for path in (target, *target.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return target

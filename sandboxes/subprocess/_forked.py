@@ -1,0 +1,312 @@
+"""One call of a tool in fork mode: its process cloned from the tool's frozen template
+(``_frozen``) when the call runs, fed, watched and ended as a sandbox's run is.
+
+The call has a cgroup of its own (memory and process limits, joined before it runs
+anything), fresh namespaces, and its stdio on two sockets the runner listens on in a
+folder bound read-only into the template's sandbox, under names no one can list; a
+connection is taken only from the call's own process (``SO_PEERCRED``). Its exit status
+comes from its pidfd (``PIDFD_GET_INFO``): the call is bubblewrap's init's child, not
+the runner's. A call past its timeout, output cap or CPU time is killed through its
+pidfd (it is pid 1 of its own pid namespace, so everything in it goes too) and seen
+dead before its outcome is told; its cgroup is removed after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import os
+import signal
+import socket
+import struct
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sandboxes._streams import TailBuffer
+from sandboxes.base import Limits, SandboxOutcome, StopReason
+from sandboxes.events import EventSink, OutputBudget, StderrSplitter
+from sandboxes.subprocess._outcome import outcome
+from sandboxes.subprocess._process import Ending, ProcessResult
+from sandboxes.subprocess._ptrace import TraceError
+
+if TYPE_CHECKING:
+    from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory
+    from sandboxes.subprocess._frozen import FrozenTemplate
+
+# PIDFD_GET_INFO with PIDFD_INFO_EXIT (Linux 6.15): the wait status of a process that is
+# not our child, told once its parent (bubblewrap's init) has reaped it, a moment after
+# its pidfd says it exited.
+PIDFD_GET_INFO, PIDFD_INFO_EXIT, PIDFD_INFO_SIZE = 0xC040FF0B, 1 << 3, 64
+REAP_WAIT_S, REAP_POLL_S = 2.0, 0.0005
+CPU_POLL_S = 0.1
+KILL_WAIT_S = 10.0
+STDERR_TAIL_BYTES = 8192
+CHUNK = 65536
+
+
+def exit_status_known() -> bool:
+    """Whether this kernel tells the exit status of a process through its pidfd."""
+    pidfd = os.pidfd_open(os.getpid())
+    try:
+        info = bytearray(PIDFD_INFO_SIZE)
+        struct.pack_into("Q", info, 0, PIDFD_INFO_EXIT)
+        fcntl.ioctl(pidfd, PIDFD_GET_INFO, info)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(pidfd)
+
+
+class ForkedCall:
+    """A call's sandbox in fork mode (a ``WarmSandbox``): nothing exists until ``run``."""
+
+    def __init__(
+        self, template: FrozenTemplate, cgroups: CgroupFactory, calls: tuple[Path, str], limits: Limits
+    ) -> None:
+        self._template = template
+        self._cgroups = cgroups
+        self._calls, self._calls_inside = calls  # the sockets' folder: on the host, in the sandbox
+        self._limits = limits
+        self._sink: EventSink | None = None
+        self._group: CallCgroup | None = None
+        self._pidfd: int | None = None
+        self._listeners: list[socket.socket] = []
+
+    def set_timeout(self, timeout_ms: int) -> None:
+        self._limits = dataclasses.replace(self._limits, timeout_ms=timeout_ms)
+
+    def stream_events(self, sink: EventSink) -> None:
+        self._sink = sink
+
+    async def run(self, payload: bytes) -> SandboxOutcome:
+        started = time.monotonic()
+        limits = self._limits
+        name = os.urandom(8).hex()
+        self._group = await asyncio.to_thread(self._cgroups.create, limits.memory_mb, limits.max_pids)
+        for end in ("io", "err"):
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._listeners.append(listener)
+            path = self._calls / f"{name}.{end}"
+            listener.bind(str(path))
+            path.chmod(0o666)
+            listener.listen(1)
+            listener.setblocking(False)
+        inside = f"{self._calls_inside}/{name}"
+        cloning = self._template.clone(
+            self._group.join_files, f"{inside}.io", f"{inside}.err", limits.cpu_seconds, limits.disk_mb
+        )
+        try:
+            child, pidfd = await asyncio.wrap_future(cloning)
+        except asyncio.CancelledError:
+            cloning.add_done_callback(_kill_late)
+            raise
+        except TraceError as exc:
+            return SandboxOutcome.never_ran(
+                StopReason.SANDBOX_UNAVAILABLE, f"the call could not be forked: {exc}"
+            )
+        self._pidfd = pidfd
+        result = await self._exchange(child, pidfd, payload)
+        duration_ms = (time.monotonic() - started) * 1000
+        return outcome(
+            result,
+            True,
+            os.urandom(8).hex(),
+            duration_ms,
+            False,
+            missing=(),
+            cgroup=self._group,
+            limits=limits,
+        )
+
+    async def _exchange(self, child: int, pidfd: int, payload: bytes) -> ProcessResult:
+        limits = self._limits
+        tail = TailBuffer(STDERR_TAIL_BYTES)
+        budget = OutputBudget(limits.max_output_bytes)
+        stderr = StderrSplitter(tail, self._sink, budget)
+        stdout = bytearray()
+        ending = Ending.EXITED
+        try:
+            async with asyncio.timeout(limits.timeout_ms / 1000):
+                io, err = [await _accept_from(listener, child) for listener in self._listeners]
+                with io, err:
+                    ending = await _first_ending(
+                        _feed(io, payload),
+                        _read_stdout(io, stdout, budget),
+                        _read_stderr(err, stderr),
+                        _watch_cpu(self._group, limits.cpu_seconds),
+                    )
+                if ending is Ending.EXITED:
+                    await _exited(pidfd)
+        except TimeoutError:
+            ending = Ending.TIMEOUT
+        finally:
+            if ending is not Ending.EXITED:
+                await _kill(pidfd)
+        status = await _exit_status(pidfd) if ending is Ending.EXITED else None
+        if status is not None and os.WIFSIGNALED(status):
+            returncode: int | None = -os.WTERMSIG(status)
+        else:
+            returncode = os.WEXITSTATUS(status) if status is not None else None
+        if ending is not Ending.EXITED:
+            returncode = -signal.SIGKILL
+        return ProcessResult(ending, returncode, bytes(stdout), tail.text())
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.discard)
+
+    def discard(self) -> None:
+        pidfd, self._pidfd = self._pidfd, None
+        if pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            os.close(pidfd)
+        for listener in self._listeners:
+            path = listener.getsockname()
+            listener.close()
+            with contextlib.suppress(OSError):
+                Path(path).unlink()
+        self._listeners = []
+        group, self._group = self._group, None
+        if group is not None:
+            group.remove()  # kills what is left in it first
+
+
+def _kill_late(cloning: Future[tuple[int, int]]) -> None:
+    """A clone whose call was cancelled meanwhile: its process is killed once made."""
+    if cloning.cancelled() or cloning.exception() is not None:
+        return
+    _, pidfd = cloning.result()
+    with contextlib.suppress(OSError):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    os.close(pidfd)
+
+
+async def _accept_from(listener: socket.socket, pid: int) -> socket.socket:
+    """The connection of process ``pid`` (by the kernel's word, SO_PEERCRED); any other
+    is closed unread."""
+    loop = asyncio.get_running_loop()
+    while True:
+        connection, _ = await loop.sock_accept(listener)
+        peer = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        if peer == pid:
+            connection.setblocking(False)
+            return connection
+        connection.close()
+
+
+async def _first_ending(*steps: object) -> Ending:
+    """Run the exchange's steps together until stdout and stderr have ended (then the
+    tool has exited or closed them), or one says the run must end."""
+    tasks = [asyncio.ensure_future(step) for step in steps]  # type: ignore[call-overload]
+    readers = set(tasks[1:3])
+    try:
+        while readers:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                tasks.remove(task)
+                readers.discard(task)
+                ending = task.result()
+                if ending is not None:
+                    return ending  # type: ignore[no-any-return]
+        return Ending.EXITED
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _feed(io: socket.socket, payload: bytes) -> None:
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.sock_sendall(io, payload)
+        io.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # a tool that never read its input, or closed it: as with a pipe
+    await asyncio.Event().wait()  # fed: it waits for the others
+
+
+async def _read_stdout(io: socket.socket, stdout: bytearray, budget: OutputBudget) -> Ending | None:
+    loop = asyncio.get_running_loop()
+    while chunk := await _received(loop, io):
+        if not budget.take(len(chunk)):
+            return Ending.OUTPUT_LIMIT
+        stdout += chunk
+    return None
+
+
+async def _read_stderr(err: socket.socket, stderr: StderrSplitter) -> None:
+    loop = asyncio.get_running_loop()
+    while chunk := await _received(loop, err):
+        stderr.feed(chunk)
+
+
+async def _received(loop: asyncio.AbstractEventLoop, connection: socket.socket) -> bytes:
+    """The next bytes; empty at the end. A reset is an end: the tool exited with input
+    it never read (a pipe would have said EOF too)."""
+    try:
+        return await loop.sock_recv(connection, CHUNK)
+    except ConnectionResetError:
+        return b""
+
+
+async def _watch_cpu(group: CallCgroup | None, cpu_seconds: int) -> Ending | None:
+    """The CPU time of all the call's processes together, against its limit (each one
+    alone meets its CPU-time rlimit)."""
+    while group is not None:
+        await asyncio.sleep(CPU_POLL_S)
+        if group.cpu_seconds() >= cpu_seconds:
+            return Ending.CPU_BUDGET
+    await asyncio.Event().wait()
+    return None
+
+
+async def _exited(pidfd: int) -> None:
+    loop = asyncio.get_running_loop()
+    gone = loop.create_future()
+    loop.add_reader(pidfd, lambda: None if gone.done() else gone.set_result(None))
+    try:
+        await gone
+    finally:
+        loop.remove_reader(pidfd)
+
+
+async def _kill(pidfd: int) -> None:
+    """Kill a call's process (pid 1 of its pid namespace: everything in it goes) and see it
+    dead.
+
+    Raises:
+        RuntimeError: it was still there after the kill (never seen).
+    """
+    with contextlib.suppress(OSError):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    try:
+        async with asyncio.timeout(KILL_WAIT_S):
+            await _exited(pidfd)
+    except TimeoutError:
+        raise RuntimeError("a forked call's process outlived its kill") from None
+
+
+async def _exit_status(pidfd: int) -> int | None:
+    """The wait status, once bubblewrap's init has reaped the process (None: never
+    reaped within ``REAP_WAIT_S``)."""
+    deadline = time.monotonic() + REAP_WAIT_S
+    while True:
+        info = bytearray(PIDFD_INFO_SIZE)
+        struct.pack_into("Q", info, 0, PIDFD_INFO_EXIT)
+        try:
+            fcntl.ioctl(pidfd, PIDFD_GET_INFO, info)
+        except OSError as exc:
+            if exc.errno != errno.ESRCH:  # ESRCH: being reaped, its status not kept yet
+                return None
+        else:
+            if struct.unpack_from("Q", info, 0)[0] & PIDFD_INFO_EXIT:
+                return int(struct.unpack_from("i", info, 60)[0])
+        if time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(REAP_POLL_S)

@@ -1,0 +1,392 @@
+"""A frozen template: a tool imported once in its sandbox, then stopped for good, and each
+call's process cloned from it, from outside, with ptrace (fork mode).
+
+The template (``runner_fork.py`` of the helper's folder) imports the tool's modules, says
+ready on its stdout and blocks in a read. From then on none of its code runs again: this
+module seizes and interrupts it, checks it from outside (the only process in its sandbox,
+one thread, still bubblewrap's namespaces, the runner's filter alone), blocks every
+signal in it, and closes every descriptor it has and unmaps every shared mapping, by
+system calls it makes it make. For each call it makes the template make one more: a
+``clone`` into fresh user, mount, pid, IPC, network and UTS namespaces (the child a
+sibling of the template, so bubblewrap's init reaps it). Before the child runs one
+instruction of its own, it puts it in the call's cgroup, maps its uid, connects its
+stdin and stdout to a socket of the runner's and its stderr to another, mounts a fresh
+``/tmp``, ``/dev/shm``, ``/dev/pts`` and ``/proc``, sets its CPU-time rlimit and signal
+mask, and drops every capability it has in its user namespace. Then the child returns
+from the template's read, with nothing read, and runs the tool's script.
+
+The template's seccomp filter is the sandbox's, except that ``mount`` and ``clone`` into
+new namespaces go to the tracer instead of failing: made by this module (the only tracer
+there ever is) they go through; made by the tool's code, untraced, they fail (ENOSYS).
+Every ptrace request comes from the one thread that seized the template (``_trace``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import queue
+import random
+import select
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from sandboxes._watchdog import forget_sandbox_init, parent_and_start, watch_sandbox_init
+from sandboxes.base import SandboxUnavailable
+from sandboxes.subprocess._ptrace import (
+    CONT,
+    DETACH,
+    EVENT_STOP,
+    INTERRUPT,
+    O_EXITKILL,
+    O_TRACECLONE,
+    O_TRACEFORK,
+    O_TRACESECCOMP,
+    SEIZE,
+    SETOPTIONS,
+    Injector,
+    Regs,
+    TraceError,
+    regs_of,
+    request,
+    stop_of,
+)
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+FRESH = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS
+CLONE_PARENT, SIGCHLD = 0x8000, 17
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+SYS_READ, SYS_CLOSE, SYS_MUNMAP, SYS_DUP2, SYS_SOCKET, SYS_CONNECT = 0, 3, 11, 33, 41, 42
+SYS_CLONE, SYS_WRITE, SYS_CAPSET, SYS_MOUNT, SYS_OPENAT = 56, 1, 126, 165, 257
+SYS_RT_SIGPROCMASK, SIG_SETMASK, SIGSET_BYTES = 14, 2, 8
+SYS_PRLIMIT64, RLIMIT_CPU = 302, 0
+AT_FDCWD, O_WRONLY = -100, 1
+CAPABILITY_V3 = 0x20080522
+MOUNTS = 5  # made in each call's process: /, /tmp, /dev/shm, /dev/pts, /proc
+STOP_TRIES = 200  # about 10 ms apart: a template not found in its read by then is refused
+NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
+
+
+class TemplateRefused(SandboxUnavailable):
+    """The template ended, or failed a check, before it could serve a call."""
+
+
+class FrozenTemplate:
+    """One tool's frozen template in its sandbox; ``clone`` makes each call's process.
+
+    ``argv`` starts the sandbox (bubblewrap, its descriptors in ``pass_fds``); ``inside``
+    is the uid and gid the tool runs as in it. Blocks until the template is frozen.
+
+    Raises:
+        TemplateRefused: it did not say ready in ``ready_s``, or failed a check.
+    """
+
+    def __init__(self, argv: list[str], pass_fds: tuple[int, ...], inside: int, ready_s: float) -> None:
+        self._inside = inside
+        self._jobs: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]] | None] = (
+            queue.Queue()
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+        self._init: tuple[int, int] | None = None  # bubblewrap's init: pid, start time
+        ready: Future[None] = Future()
+        # bubblewrap dies with the thread that started it: this one, which lives as long
+        # as the template.
+        self._tracer = threading.Thread(
+            target=self._trace,
+            args=(argv, pass_fds, ready_s, ready),
+            daemon=True,
+            name="runner-fork-template",
+        )
+        self._tracer.start()
+        try:
+            ready.result()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- the tracer's thread: every ptrace request comes from it ------------------------
+
+    def _trace(self, argv: list[str], pass_fds: tuple[int, ...], ready_s: float, ready: Future[None]) -> None:
+        try:
+            try:
+                self.process = subprocess.Popen(
+                    argv, pass_fds=pass_fds, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                )  # fmt: skip
+            finally:
+                for fd in pass_fds:
+                    os.close(fd)
+            self._template, self._base = self._freeze(ready_s)
+        except BaseException as exc:
+            ready.set_exception(exc)
+            return
+        ready.set_result(None)
+        try:
+            while (job := self._jobs.get()) is not None:
+                work, args, done = job
+                try:
+                    done.set_result(work(*args))
+                except BaseException as exc:
+                    done.set_exception(exc)
+        finally:
+            _kill_quietly(self._template)
+
+    def _freeze(self, ready_s: float) -> tuple[int, Regs]:
+        process = self.process
+        assert process is not None and process.stdout is not None
+        readable, _, _ = select.select([process.stdout], [], [], ready_s)
+        if not readable or os.read(process.stdout.fileno(), 1) != b"r":
+            raise TemplateRefused("the tool's template did not start (its imports failed or took too long)")
+        init, template, _ = _sandboxed(process.pid)
+        self._init = (init, parent_and_start(init)[1])
+        watch_sandbox_init(*self._init)  # should the runner die: its death takes them all
+        # Seized with no event to trace yet: until it is frozen, the tool's own mount or
+        # clone into new namespaces meets a tracer that does not take them (ENOSYS).
+        request(SEIZE, template, 0, O_EXITKILL)
+        # The tracer and the template on one CPU: the thirty-odd round trips of a call's
+        # set-up then never wait for an idle core to wake up.
+        self._cpus = os.sched_getaffinity(0)
+        pinned = {random.choice(sorted(self._cpus))}  # noqa: S311 - spread, not secret
+        os.sched_setaffinity(0, pinned)  # this thread only
+        os.sched_setaffinity(template, pinned)
+        base = self._stop_in_read(template)
+        # Stopped for good: what is checked now cannot change any more.
+        threads = list(Path(f"/proc/{template}/task").iterdir())
+        if len(threads) != 1:
+            raise TemplateRefused(f"the tool's imports left {len(threads)} threads in its template")
+        if _status(template, "Seccomp_filters") != "1" or _status(template, "NoNewPrivs") != "1":
+            raise TemplateRefused("the tool's imports loaded a system-call filter of their own")
+        request(SETOPTIONS, template, 0, O_TRACEFORK | O_TRACECLONE | O_TRACESECCOMP | O_EXITKILL)
+        try:
+            frozen = Injector(template, base)
+            # Every signal blocked: a pending one (a timer the import set goes on firing)
+            # would make each call's clone fail. A call gets back the template's mask.
+            self._mask = int(_status(template, "SigBlk"), 16)
+            everything = frozen.put(struct.pack("Q", (1 << 64) - 1))
+            frozen.checked(SYS_RT_SIGPROCMASK, SIG_SETMASK, everything, 0, SIGSET_BYTES)
+            frozen.close()
+            for fd in Path(f"/proc/{template}/fd").iterdir():
+                frozen.checked(SYS_CLOSE, int(fd.name))
+            for low, high in _shared_mappings(template):
+                frozen.checked(SYS_MUNMAP, low, high - low)
+        except TraceError as exc:
+            raise TemplateRefused(f"the tool's template could not be frozen: {exc}") from exc
+        problem = _untrustworthy(init, template, _sandboxed(process.pid))
+        if problem:
+            raise TemplateRefused(f"the tool's template is refused: {problem}")
+        return template, base
+
+    def _stop_in_read(self, template: int) -> Regs:
+        """Stop the template in its read of stdin (its ready comes just before: it may
+        not be there yet), from which each call's process returns."""
+        where: collections.Counter[int] = collections.Counter()
+        for _ in range(STOP_TRIES):
+            request(INTERRUPT, template)
+            event, _ = stop_of(template)
+            while event != EVENT_STOP:
+                # A signal on its way first: dropped, so its read goes on (delivered, its
+                # handler would run and the stop would come in it).
+                request(CONT, template)
+                request(INTERRUPT, template)
+                event, _ = stop_of(template)
+            regs = regs_of(template)
+            if regs.orig_rax == SYS_READ and regs.rdi == 0:
+                return regs
+            where[regs.orig_rax if regs.orig_rax < 1 << 63 else -1] += 1  # -1: not in a system call
+            request(CONT, template)
+            time.sleep(random.uniform(0.005, 0.015))  # noqa: S311  # never in step with a timer of the tool's
+        raise TemplateRefused(f"the tool's template never waited in its read of stdin ({dict(where)})")
+
+    def _clone(
+        self, tasks: list[Path], stdio: str, stderr: str, cpu_seconds: int, disk_mb: int
+    ) -> tuple[int, int]:
+        """A call's process, cloned and set up, let go: its host pid and a pidfd of it."""
+        template = Injector(self._template, self._base)
+        template.checked(SYS_CLONE, FRESH | CLONE_PARENT | SIGCHLD, 0, 0, 0, 0)
+        (child,) = template.children
+        try:
+            return self._set_up(child, tasks, stdio, stderr, cpu_seconds, disk_mb)
+        except BaseException:
+            _kill_quietly(child)
+            raise
+
+    def _set_up(
+        self, child: int, tasks: list[Path], stdio: str, stderr: str, cpu_seconds: int, disk_mb: int
+    ) -> tuple[int, int]:
+        if stop_of(child)[0] != EVENT_STOP:
+            raise TraceError(0, f"the call's process {child} did not stop at its start")
+        for path in tasks:  # joined before it runs anything
+            path.write_text(str(child))
+        call = Injector(child, self._base)
+        inside = self._inside
+        for name, line in (
+            ("uid_map", f"{inside} {inside} 1"),
+            ("setgroups", "deny"),
+            ("gid_map", f"{inside} {inside} 1"),
+        ):
+            fd = call.checked(SYS_OPENAT, AT_FDCWD, call.text(f"/proc/self/{name}"), O_WRONLY)
+            call.checked(SYS_WRITE, fd, call.text(line), len(line))
+            call.checked(SYS_CLOSE, fd)
+        for address_of, numbers in ((stdio, (0, 1)), (stderr, (2,))):  # before /run is covered
+            sock = call.checked(SYS_SOCKET, socket.AF_UNIX, socket.SOCK_STREAM, 0)
+            address = struct.pack("H", socket.AF_UNIX) + address_of.encode() + b"\0"
+            call.checked(SYS_CONNECT, sock, call.put(address), len(address))
+            for number in numbers:
+                if sock != number:
+                    call.checked(SYS_DUP2, sock, number)
+            if sock not in numbers:
+                call.checked(SYS_CLOSE, sock)
+        call.checked(SYS_MOUNT, call.text("none"), call.text("/"), 0, MS_REC | MS_PRIVATE, 0)
+        tmpfs, options = call.text("tmpfs"), call.text(f"size={disk_mb}m,mode=1777")
+        for target in ("/tmp", "/dev/shm"):  # noqa: S108 - the call's own
+            call.checked(SYS_MOUNT, tmpfs, call.text(target), tmpfs, MS_NOSUID | MS_NODEV, options)
+        devpts, pts = call.text("devpts"), call.text("newinstance,ptmxmode=0666,mode=0620")
+        call.checked(SYS_MOUNT, devpts, call.text("/dev/pts"), devpts, MS_NOSUID | MS_NOEXEC, pts)
+        proc = call.text("proc")  # its own pid namespace's: only itself
+        call.checked(SYS_MOUNT, proc, call.text("/proc"), proc, MS_NOSUID | MS_NODEV | MS_NOEXEC, 0)
+        limit = call.put(struct.pack("QQ", cpu_seconds, cpu_seconds + 1))  # SIGXCPU, then SIGKILL
+        call.checked(SYS_PRLIMIT64, 0, RLIMIT_CPU, limit, 0)
+        mask = call.put(struct.pack("Q", self._mask))
+        call.checked(SYS_RT_SIGPROCMASK, SIG_SETMASK, mask, 0, SIGSET_BYTES)
+        header = call.put(struct.pack("Ii", CAPABILITY_V3, 0))
+        call.checked(SYS_CAPSET, header, call.put(bytes(24)))  # nothing, in its user namespace
+        # Checked from outside: each mount went through the tracer (a filter of the tool's
+        # own could fake them; ``_freeze`` refuses one), and no capability is left.
+        if call.approved != MOUNTS or _capabilities(child) != 0:
+            raise TraceError(0, f"the call's process {child} was not set up as asked")
+        pidfd = os.pidfd_open(child)
+        try:
+            os.sched_setaffinity(child, self._cpus)  # the call runs on any
+            call.close(result=0)  # it returns from the template's read, with nothing read
+            request(DETACH, child)
+        except BaseException:
+            os.close(pidfd)
+            raise
+        return child, pidfd
+
+    # -- any thread ---------------------------------------------------------------------
+
+    def clone(
+        self, tasks: list[Path], stdio: str, stderr: str, cpu_seconds: int, disk_mb: int
+    ) -> Future[tuple[int, int]]:
+        """A call's process (host pid, pidfd), set up and running, when the future is done:
+        it then connects to the sockets at ``stdio`` and ``stderr`` (paths as the template
+        sees them) and runs the tool's script.
+
+        The future's error: ``TraceError`` (the template is no longer usable), or
+        ``TemplateRefused`` once the template is closed."""
+        done: Future[tuple[int, int]] = Future()
+        if not self._tracer.is_alive():
+            done.set_exception(TemplateRefused("the tool's template is closed"))
+            return done
+        self._jobs.put((self._clone, (tasks, stdio, stderr, cpu_seconds, disk_mb), done))
+        return done
+
+    def ended(self) -> str | None:
+        """None while the template can serve calls; else why not."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return "the tool's template exited"
+        if not self._tracer.is_alive():
+            return "the tool's template is closed"
+        return None
+
+    def close(self) -> None:
+        """Kill the template's sandbox, and every call still in it (blocking)."""
+        self._jobs.put(None)
+        self._tracer.join(10)
+        process = self.process
+        if process is not None:
+            _kill_quietly(process.pid)
+            process.wait(timeout=10)
+            for pipe in (process.stdin, process.stdout):
+                if pipe is not None:
+                    pipe.close()
+        if self._init is not None:
+            forget_sandbox_init(*self._init)
+            self._init = None
+
+
+def _kill_quietly(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _status(pid: int, field: str) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def _capabilities(pid: int) -> int:
+    return int(_status(pid, "CapEff") or "0", 16) | int(_status(pid, "CapPrm") or "0", 16)
+
+
+def _shared_mappings(pid: int) -> list[tuple[int, int]]:
+    found = []
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        span, perms = line.split()[:2]
+        if perms[3] == "s":
+            low, high = (int(part, 16) for part in span.split("-"))
+            found.append((low, high))
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def _descendants(roots: list[int]) -> list[int]:
+    """``roots`` and every process under them (one that vanishes meanwhile: without its own)."""
+    found, todo = [], list(roots)
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        with contextlib.suppress(FileNotFoundError):
+            todo += _children(pid)
+    return found
+
+
+def _sandboxed(bwrap: int) -> tuple[int, int, list[int]]:
+    """Bubblewrap's init in the sandbox, the template (its first child) and every other
+    process there."""
+    inits = _children(bwrap)
+    if len(inits) != 1:
+        raise TemplateRefused("the tool's sandbox is not as started")
+    children = _children(inits[0])
+    if not children:
+        raise TemplateRefused("the tool's template exited")
+    template = min(children, key=lambda pid: parent_and_start(pid)[1])
+    others = [pid for pid in _descendants(children) if pid != template]
+    return inits[0], template, others
+
+
+def _untrustworthy(init: int, template: int, now: tuple[int, int, list[int]]) -> str | None:
+    """What the import left that would outlive it in the template, if anything."""
+    if now[:2] != (init, template):
+        return "its sandbox changed while it was frozen"
+    others = now[2]
+    if others:
+        return f"the imports left processes besides the template: {others}"
+    for kind in NAMESPACES:
+        if Path(f"/proc/{template}/ns/{kind}").stat().st_ino != Path(f"/proc/{init}/ns/{kind}").stat().st_ino:
+            return f"the template left its sandbox's {kind} namespace"
+    if any(Path(f"/proc/{template}/fd").iterdir()):
+        return "descriptors are left open in the template"
+    if _shared_mappings(template):
+        return "a shared mapping is left in the template"
+    return None
