@@ -26,6 +26,10 @@ from runner.schema.suggest import pydantic_problem
 from runner.secrets.sources import SecretSource, name_problem
 from runner.tools.manifest import Tool
 
+# How a pooled tool's calls start: from warm sandboxes started ahead, or each forked from
+# a template of the tool (Python tools on the subprocess backend, as root).
+PoolMode = Literal["warm", "fork"]
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -47,13 +51,16 @@ class ToolOverrideModel(CallSettings):
     network: NetworkAllow | None = None  # the egress this tool is granted
     secrets: list[str] = Field(default_factory=list)  # the secrets this tool is granted
     pool: int | None = Field(default=None, ge=0, le=64)  # warm sandboxes kept for it
+    pool_mode: PoolMode | None = None  # None: as ``pool.mode`` says
     session: bool | None = None  # None: as its manifest says
 
 
 class PoolModel(_Strict):
-    """Warm sandboxes: ``size`` per tool unless ``tools.NAME.pool`` says."""
+    """Warm sandboxes: ``size`` per tool unless ``tools.NAME.pool`` says. In ``fork``
+    mode a pooled tool has one template instead, and each call is forked from it."""
 
     size: int = Field(default=0, ge=0, le=64)
+    mode: PoolMode = "warm"
     max_idle_ms: int = Field(default=60000, gt=0)
     max_total: int = Field(default=16, ge=0)
 

@@ -1,6 +1,6 @@
 """Which tools get a warm pool, and what each pool starts: the policy's ``pool`` settings
 against what a tool needs for its call alone (secrets, network, workspace) and what its
-backend can do ahead (``PreStarts``)."""
+backend can do ahead (``PreStarts``), or, in fork mode, keep a template of (``Forks``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from runner.call.plan import resolve_plan
 from runner.call.policy import Policy, matching_rule
-from sandboxes import LaunchSpec, Limits, PreStarts, Sandbox
+from sandboxes import Forks, LaunchSpec, Limits, PreStarts, Sandbox
 
 if TYPE_CHECKING:
     from runner.call.requests import CallOptions
@@ -27,7 +27,8 @@ class PoolPlan:
     spec: LaunchSpec
     limits: Limits
     hosted: bool = False  # an MCP server's: initialized ahead when the backend ``Primes``
-
+    # Fork mode: one template (``Forks``), each call forked from it, not ``size`` sandboxes.
+    fork: bool = False
 
 
 def not_pooled_because(tool: Tool, policy: Policy) -> str | None:
@@ -69,8 +70,19 @@ def pool_plans(
                 warn(f"tools.{tool.name}.pool: {tool.name} is not pooled: {why}")
             continue
         assert isinstance(chosen, PreStarts)
+        mode = (
+            override.pool_mode if override is not None and override.pool_mode is not None else model.pool.mode
+        )
+        fork = mode == "fork" and tool.hosted is None and isinstance(chosen, Forks)
+        if mode == "fork" and not fork:
+            what = (
+                "a hosted MCP server" if tool.hosted is not None else f"a tool of the {plan.sandbox} backend"
+            )
+            warn(f"{tool.name} is {what}, which has no fork mode: its pool keeps warm sandboxes")
         spec = _warm_spec(tool, plan.runtime)
-        plans[tool.name] = PoolPlan(size, chosen, spec, plan.limits, hosted=tool.hosted is not None)
+        plans[tool.name] = PoolPlan(
+            size, chosen, spec, plan.limits, hosted=tool.hosted is not None, fork=fork
+        )
     return plans
 
 

@@ -10,7 +10,8 @@ Refilling yields to the calls: while the runner serves more calls than the machi
 cores, the keeper starts no replacement (a warm sandbox costs what a cold start does, so
 under load it only takes CPU from calls already waiting for it), and looks again every
 ``REFILL_DEFER_S``. A call that finds its pool empty never waits for a refill: it starts
-cold at once. Each take is counted, hit or miss, by tool (``takes``).
+cold at once. Each take is counted, hit or miss, by tool (``takes``). Fork mode keeps one
+template per tool instead (``runner.call.pool_forks``).
 
 The keeper is a plain thread because a warm sandbox outlives the loop of any one call
 (a synchronous ``Runner.call`` runs each call on a fresh loop), and because the
@@ -57,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner.call.hosting import NO_HOSTED_WORK, HeldOpening, HostedWork
 from runner.call.pool_calls import PoolingSandbox, Ready
+from runner.call.pool_forks import ForkTemplates
 from runner.call.pool_health import CHECK_EVERY_S, MAX_BACKOFF_S, back_off_s, lost_why
 from runner.call.pool_plans import PoolPlan, pool_plans
 from sandboxes import (
@@ -130,6 +132,7 @@ class WarmPools:
         self._closing = False
         self._priming: Primes | None = None  # the sandbox the keeper is priming now
         self._keys = itertools.count()
+        self._forks = ForkTemplates(warn, fault, self._unfork, discarded, clock)
 
     # -- the runner's side ---------------------------------------------------------
 
@@ -148,32 +151,52 @@ class WarmPools:
             self._source = (policy, registry)
             for pool in self._pools.values():
                 self._doomed += [ready.warm for ready in pool.idle]
-            self._pools = {name: _Pool(plan) for name, plan in plans.items()}
+            self._pools = {name: _Pool(plan) for name, plan in plans.items() if not plan.fork}
             self._max_idle_s = policy.model.pool.max_idle_ms / 1000
             self._max_total = policy.model.pool.max_total
-            if (self._pools or self._doomed) and self._keeper is None:
-                self._keeper = threading.Thread(target=self._keep, name="runner-pool", daemon=True)
-                self._keeper.start()
-            self._cond.notify_all()
+            self._keep_on()
+        self._forks.follow({name: plan for name, plan in plans.items() if plan.fork})
+
+    def _keep_on(self) -> None:
+        """Start the keeper if there is work for it, and wake it (under the lock)."""
+        if (self._pools or self._doomed) and self._keeper is None:
+            self._keeper = threading.Thread(target=self._keep, name="runner-pool", daemon=True)
+            self._keeper.start()
+        self._cond.notify_all()
+
+    def _unfork(self, plan: PoolPlan) -> None:
+        """A tool the backend cannot give fork mode: warm sandboxes serve it instead."""
+        with self._cond:
+            if not self._closing and plan.spec.tool_name not in self._pools:
+                self._pools[plan.spec.tool_name] = _Pool(replace(plan, fork=False))
+                self._keep_on()
 
     def sandbox_for(self, tool_name: str, backend: Sandbox) -> Sandbox:
         """The backend a call of ``tool_name`` uses: ``backend`` itself, or, when the tool
         has a pool, one that takes a warm sandbox whenever one fits the call."""
         with self._cond:
             pool = self._pools.get(tool_name)
-        if pool is None or id(pool.plan.backend) != id(backend):  # the very backend it fills from
+        plan = pool.plan if pool is not None else self._forks.plan(tool_name)
+        if plan is None or id(plan.backend) != id(backend):  # the very backend it fills from
             return backend
         return PoolingSandbox(self, tool_name, backend)
 
     def take(self, tool_name: str, limits: Limits) -> tuple[Ready, Callable[[], None]] | None:
         """A warm sandbox of ``tool_name`` made under ``limits`` (but the timeout, which is
         the call's), now the caller's alone, and what to call once its call has ended (then
-        it is replaced); None when there is none.
+        it is replaced); None when there is none. In fork mode: a call forked from the
+        tool's template.
 
         The replacement waits for the call's end (at most ``REFILL_DEFER_S``): started at
         once, it would set up a sandbox (a dozen processes, ~10 ms of CPU) and hold the
         GIL on the call's two cores just while the call's own tool runs. Measured, that
         cost a warm call ~1 ms."""
+        if self._forks.plan(tool_name) is not None:
+            forked = self._forks.take(tool_name, limits)
+            with self._cond:
+                hits, misses = self._takes.get(tool_name, (0, 0))
+                self._takes[tool_name] = (hits + 1, misses) if forked is not None else (hits, misses + 1)
+            return (forked, lambda: None) if forked is not None else None  # the template stays
         with self._cond:
             pool = self._pools.get(tool_name)
             if pool is None or replace(limits, timeout_ms=pool.plan.limits.timeout_ms) != pool.plan.limits:
@@ -210,9 +233,9 @@ class WarmPools:
             self._cond.notify_all()
 
     def counts(self) -> dict[str, int]:
-        """Idle warm sandboxes by tool (for tests and ``doctor``-like reports)."""
+        """Idle warm sandboxes (a ready template: 1) by tool (for tests and reports)."""
         with self._cond:
-            return {name: len(pool.idle) for name, pool in self._pools.items()}
+            return self._forks.counts() | {name: len(pool.idle) for name, pool in self._pools.items()}
 
     def takes(self) -> dict[str, tuple[int, int]]:
         """By tool since the runner started: calls that took a warm sandbox (hits) and
@@ -225,7 +248,8 @@ class WarmPools:
         return self._busy() > self._cores
 
     def close(self) -> None:
-        """Discard every warm sandbox and stop the keeper (blocking: from a thread)."""
+        """Discard every warm sandbox and template, stop the keeper (blocking: from a thread)."""
+        self._forks.close()
         with self._cond:
             self._closing = True
             for pool in self._pools.values():

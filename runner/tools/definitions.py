@@ -156,9 +156,7 @@ def mcp_definition(tool: Tool, notes: list[ExportNote] | None = None) -> dict[st
         # travels as JSON text.
         notes.append(ExportNote(tool.name, "output_schema is not an object schema; outputSchema left out"))
     hints = {
-        MCP_HINTS[key]: value
-        for key, value in manifest.annotations.model_dump().items()
-        if value is not None
+        MCP_HINTS[key]: value for key, value in manifest.annotations.model_dump().items() if value is not None
     }
     if hints:
         definition["annotations"] = hints

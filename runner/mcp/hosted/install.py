@@ -61,6 +61,7 @@ _LIMITS = {
     "npm": {"timeout_ms": 10000, "deadline_ms": 20000, "memory_mb": 256, "max_pids": 32},
 }
 
+
 @dataclass(frozen=True)
 class PipSource:
     """A PyPI requirement, run as ``python3 -m module``."""
@@ -275,5 +276,3 @@ def _move_into_place(staging: Path, folder: Path) -> None:
         old.unlink()
     else:
         shutil.rmtree(old)
-
-

@@ -37,4 +37,3 @@ def add_token(policy_path: Path, name: str, role: str) -> str:
 
     edit_policy(policy_path, add, "the token was not added:")
     return token
-
