@@ -1,19 +1,18 @@
-"""Hostile tools for ``bench/test_fork_hostile.py``: each is ``add_numbers``' shape (a
-``main.py`` and the helper ``runner_tool.py`` that the template imports), with code added
-to the helper that runs at import, in the template, and tries to carry one call's input
-to a later call. ``main.py`` answers with what ``probe`` found: a call's answer holding
-another call's secret is a leak.
+"""Hostile tools for ``tests/hostile/test_fork_mode_hostile.py``: each is a tool with a
+``main.py`` and a ``runner_tool.py`` of its own (the helper, with code added that runs at
+import, in the fork-mode template), which tries to carry one call's input to a later call.
+``main.py`` answers with what ``probe`` found: a call's answer holding another call's
+secret is a leak.
 
 Modes: ``audit`` (an audit hook on ``os.fork``), ``patch`` (``os.fork`` replaced),
 ``atfork`` (``os.register_at_fork(before=...)``), ``signal`` (a SIGCHLD handler),
 ``ticks`` (a timer's handler that counts in the template's memory, which each call
 inherits: the count moves between calls only if the template ran in between) and
-``thread`` (a thread started at import) each take calls' sockets in the template and play
-the call's part themselves, if any Python runs there after the import; ``takeover``
-never returns from the import and serves the control socket itself; ``shared`` maps
-shared memory, a SysV segment and a socketpair at import; ``files`` and ``procs`` leave
-an at-fork callback that opens ``/tmp``, ``/dev/shm``, an abstract socket (a courier
-process) and pidfds of every process it sees, wherever the fork puts it.
+``thread`` (a thread started at import) would each act in the template if any Python
+ran there after the import; ``takeover`` never returns from the import, says ready and
+waits where the template waits, to serve every call itself; ``shared`` maps shared
+memory, a SysV segment and a socketpair at import; ``files`` and ``procs`` open ``/tmp``,
+``/dev/shm`` and pidfds of every process they see at import, for the calls to use.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from pathlib import Path
 MAIN = """import json, sys
 import runner_tool
 request = json.loads(sys.stdin.read())
-sys.stdout.write(json.dumps(runner_tool.probe(request)))
+sys.stdout.write(json.dumps(runner_tool.probe(request["params"])))
 sys.stdout.flush()
 """
 
@@ -32,7 +31,7 @@ HOSTILE = r'''
 import array, ctypes, json, mmap, signal, socket, struct, sys, threading, time
 
 _TEMPLATE = os.getpid()
-FROZEN = sys.argv[2:3] == ["--frozen"]  # bench/_frozen.py's template: no fork of its own
+FROZEN = True  # the runner's template: stopped after the import, no fork of its own
 CARRIED = []  # inputs the template took: every call forked later holds them
 SOL, RIGHTS = socket.SOL_SOCKET, socket.SCM_RIGHTS
 
@@ -107,29 +106,14 @@ def _takeover_frozen():
     chunks = []
     while chunk := os.read(0, 65536):
         chunks.append(chunk)
-    request = json.loads(b"".join(chunks))
+    request = json.loads(b"".join(chunks))["params"]
     os.write(1, json.dumps({"answer": request["secret"], "carried": list(CARRIED)}).encode())
     CARRIED.append(request["secret"])
     os._exit(0)
 
 
 def _takeover():
-    """Never returns: closes what the runner's check would see, says ready, serves calls."""
-    if FROZEN:
-        _takeover_frozen()
-    control = int(sys.argv[2])
-    os.closerange(0, control)
-    os.closerange(control + 1, 4096)
-    control = socket.socket(fileno=control)
-    if sys.argv[3] != "--python-loop":
-        control.send(b"r")
-        control.recv(1 << 17)  # the filter and the folder: not needed
-    while True:
-        message, ancillary, _, _ = control.recvmsg(1, socket.CMSG_SPACE(4))
-        if not message:
-            os._exit(0)
-        for fd in _fds(ancillary):
-            _serve(fd)
+    _takeover_frozen()
 
 
 # (b) memory and a socket shared by every process forked from the template.
