@@ -98,6 +98,9 @@ class FrozenTemplate:
         )
         self.process: subprocess.Popen[bytes] | None = None
         self._init: tuple[int, int] | None = None  # bubblewrap's init: pid, start time
+        self._pidfd: int | None = None  # the template's: readable once it has died
+        self._pidfd_lock = threading.Lock()  # ``ended`` never polls one closed (or reused)
+        self._broken: str | None = None  # why no call can be cloned from it any more
         ready: Future[None] = Future()
         # bubblewrap dies with the thread that started it: this one, which lives as long
         # as the template.
@@ -153,6 +156,7 @@ class FrozenTemplate:
         # Seized with no event to trace yet: until it is frozen, the tool's own mount or
         # clone into new namespaces meets a tracer that does not take them (ENOSYS).
         request(SEIZE, template, 0, O_EXITKILL)
+        self._pidfd = os.pidfd_open(template)
         # The tracer and the template on one CPU: the thirty-odd round trips of a call's
         # set-up then never wait for an idle core to wake up.
         self._cpus = os.sched_getaffinity(0)
@@ -211,8 +215,12 @@ class FrozenTemplate:
         self, tasks: list[Path], stdio: str, stderr: str, cpu_seconds: int, disk_mb: int
     ) -> tuple[int, int]:
         """A call's process, cloned and set up, let go: its host pid and a pidfd of it."""
-        template = Injector(self._template, self._base)
-        template.checked(SYS_CLONE, FRESH | CLONE_PARENT | SIGCHLD, 0, 0, 0, 0)
+        try:
+            template = Injector(self._template, self._base)
+            template.checked(SYS_CLONE, FRESH | CLONE_PARENT | SIGCHLD, 0, 0, 0, 0)
+        except TraceError as exc:
+            self._broken = f"a call could not be cloned from it: {exc}"
+            raise
         (child,) = template.children
         try:
             return self._set_up(child, tasks, stdio, stderr, cpu_seconds, disk_mb)
@@ -296,10 +304,13 @@ class FrozenTemplate:
         """None while the template can serve calls; else why not."""
         process = self.process
         if process is None or process.poll() is not None:
-            return "the tool's template exited"
+            return "the tool's sandbox exited"
+        with self._pidfd_lock:
+            if self._pidfd is None or select.select([self._pidfd], [], [], 0)[0]:
+                return "the tool's template died"
         if not self._tracer.is_alive():
             return "the tool's template is closed"
-        return None
+        return self._broken
 
     def close(self) -> None:
         """Kill the template's sandbox, and every call still in it (blocking)."""
@@ -315,6 +326,10 @@ class FrozenTemplate:
         if self._init is not None:
             forget_sandbox_init(*self._init)
             self._init = None
+        with self._pidfd_lock:
+            pidfd, self._pidfd = self._pidfd, None
+            if pidfd is not None:
+                os.close(pidfd)
 
 
 def _kill_quietly(pid: int) -> None:

@@ -7,13 +7,16 @@ later), on x86-64: elsewhere fork mode refuses (``test_a_machine_without_fork_mo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import time
+import signal
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import psutil
 import pytest
 from conftest import ToolBench, our_cgroups, wait_for
 
@@ -143,3 +146,109 @@ def test_a_forked_call_meets_its_limits_and_is_gone_after_each(bench: ToolBench)
         "exit": ("EXECUTION_ERROR", "exit_code"),
         "fine": {"what": "fine"},
     }
+
+
+EVENTFUL = """
+from runner_tool import progress, run
+
+
+def main(params, context):
+    for done in range(3):
+        progress(done, 3, f"step {done}")
+    return {"done": 3}
+
+
+if __name__ == "__main__":
+    run(main)
+"""
+
+
+@needs_fork_mode
+def test_a_forked_call_streams_its_events_and_answers_through_the_helper(bench: ToolBench) -> None:
+    bench.tool("eventful", EVENTFUL)
+    bench.policy["tools"] = {"eventful": {"pool": 1, "pool_mode": "fork"}}
+    with bench.runner() as runner:
+        _ready(runner, "eventful")
+        heard: list[Any] = []
+        answer = runner.call("eventful", {}, on_event=heard.append)
+        assert runner._pools.takes()["eventful"] == (1, 0)
+    assert answer.success and answer.result == {"done": 3}, answer.error
+    assert [event.get("progress") for event in heard if isinstance(event, dict)] == [0, 1, 2], heard
+
+
+@needs_fork_mode
+def test_sixteen_callers_at_once_each_get_their_own_answer(forked: tuple[ToolBench, str]) -> None:
+    bench, _ = forked
+    with bench.runner() as runner:
+        _ready(runner, "trace")
+        with ThreadPoolExecutor(16) as callers:
+            answers = list(callers.map(lambda n: runner.call("trace", {"n": n}), range(64)))
+        assert runner._pools.takes()["trace"] == (64, 0)
+    assert [answer.result["seen"] for answer in answers] == [[n] for n in range(64)]
+    assert all(answer.result["tmp"] == [] for answer in answers)
+
+
+@needs_fork_mode
+def test_a_cancelled_call_leaves_nothing_and_the_template_serves_the_next(bench: ToolBench) -> None:
+    mark = _marker()
+    bench.tool("limited", LIMITS, env={"FORK_MARK": mark}, limits={"timeout_ms": 30000})
+    bench.policy["pool"] = {"size": 1, "mode": "fork"}
+    with bench.runner() as runner:
+        _ready(runner, "limited")
+        (template,) = processes_with_env(f"FORK_MARK={mark}")
+
+        async def cancel_one() -> None:
+            call = asyncio.ensure_future(runner.acall("limited", {"what": "sleep"}))
+            await asyncio.to_thread(wait_for, lambda: len(processes_with_env(f"FORK_MARK={mark}")) == 2, 10.0)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+
+        asyncio.run(cancel_one())
+        assert processes_with_env(f"FORK_MARK={mark}") == [template]  # gone before the cancel came back
+        assert runner.call("limited", {"what": "fine"}).result == {"what": "fine"}
+
+
+@needs_fork_mode
+def test_a_template_killed_from_outside_is_replaced_and_calls_meanwhile_start_cold(
+    forked: tuple[ToolBench, str],
+) -> None:
+    bench, mark = forked
+    with bench.runner() as runner:
+        _ready(runner, "trace")
+        (template,) = processes_with_env(f"FORK_MARK={mark}")
+        os.kill(template, signal.SIGKILL)
+        wait_for(lambda: runner.warm_sandboxes().get("trace") == 0 or not psutil.pid_exists(template), 10.0)
+        answer = runner.call("trace", {"n": 1})  # finds the template dead: starts cold
+        assert answer.success and answer.result["me"] != 1, answer.error
+        events = [json.loads(line) for line in bench.audit_log.read_text().splitlines()]
+        (lost,) = [event for event in events if event["event"] == "pool.discarded"]
+        assert lost["reason"] == "ended" and lost["toolName"] == "trace"
+        assert lost["retryAfterMs"] > 0
+
+
+@needs_fork_mode
+def test_each_template_runs_as_a_leased_uid_of_its_own_as_do_its_calls(bench: ToolBench) -> None:
+    from sandboxes._identity import UID_BASE, UID_COUNT
+
+    marks = {name: _marker() for name in ("one", "two")}
+    for name, mark in marks.items():
+        bench.tool(name, LIMITS, env={"FORK_MARK": mark})
+    bench.policy["pool"] = {"size": 1, "mode": "fork"}
+    uids = {}
+    with bench.runner() as runner:
+        for name, mark in marks.items():
+            _ready(runner, name)
+
+            async def hold(tool: str = name, mark: str = mark) -> set[int]:
+                call = asyncio.ensure_future(runner.acall(tool, {"what": "sleep"}, timeout=2000))
+                await asyncio.to_thread(
+                    wait_for, lambda: len(processes_with_env(f"FORK_MARK={mark}")) == 2, 10.0
+                )
+                seen = {psutil.Process(pid).uids().real for pid in processes_with_env(f"FORK_MARK={mark}")}
+                await call
+                return seen
+
+            (uids[name],) = asyncio.run(hold())
+    assert uids["one"] != uids["two"]
+    assert all(UID_BASE <= uid < UID_BASE + UID_COUNT for uid in uids.values())
