@@ -172,7 +172,9 @@ PRINTS = re.compile(r"^\s*print\(.*\)\s*# => (.+)$", re.MULTILINE)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
-def test_each_example_of_the_manual_runs_offline_and_prints_what_it_says(example: Path, tmp_path: Path) -> None:
+def test_each_example_of_the_manual_runs_offline_and_prints_what_it_says(
+    example: Path, tmp_path: Path
+) -> None:
     """The provider SDK loops run against a recorded model, in a folder made by runner init."""
     from runner.config.starter import write_starter
 

@@ -109,8 +109,8 @@ class ForkTemplates:
     def counts(self) -> dict[str, int]:
         """1 by tool with a template ready, else 0."""
         with self._lock:
-            forks = list(self._forks.items())
-        return {name: int(fork.template is not None and fork.template.ended() is None) for name, fork in forks}
+            templates = {name: fork.template for name, fork in self._forks.items()}
+        return {name: int(kept is not None and kept.ended() is None) for name, kept in templates.items()}
 
     def close(self) -> None:
         """Discard every template, once those being started are (blocking: from a thread)."""

@@ -78,7 +78,9 @@ def _kill_what_the_mutant_left(workdir: Path) -> None:
         leaked.wait()
 
 
-def test_gone_is_not_fooled_by_one_look_that_misses_a_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gone_is_not_fooled_by_one_look_that_misses_a_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A process fresh from its exec shows an empty environment for a moment: one look
     # that misses it must not count as the process being gone.
     monkeypatch.setattr("sandboxes.testing._harness.GONE_WITHIN_S", 0.3)

@@ -8,7 +8,7 @@ import pytest
 from sandboxes._streams import TailBuffer
 from sandboxes.events import OutputBudget, StderrSplitter
 
-STREAM = b"plain one\n\x1e{\"progress\": 1}\nmid\x1e not an event\n\x1e{\"log\": \"info\"}\nlast"
+STREAM = b'plain one\n\x1e{"progress": 1}\nmid\x1e not an event\n\x1e{"log": "info"}\nlast'
 
 
 class Heard:

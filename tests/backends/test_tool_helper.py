@@ -137,7 +137,9 @@ if __name__ == "__main__":
 """
 
 
-def test_an_uncaught_exception_is_a_tool_error_with_its_last_line_and_is_not_retried(bench: ToolBench) -> None:
+def test_an_uncaught_exception_is_a_tool_error_with_its_last_line_and_is_not_retried(
+    bench: ToolBench,
+) -> None:
     bench.tool("crashy", CRASHES)
     answer = bench.runner().handle(
         {"toolName": "crashy", "params": {"n": 1}, "options": {"retries": 3, "retryDelay": 1000}}

@@ -37,7 +37,12 @@ def read(*events: object, scrubber: Scrubber = NO_SECRETS) -> tuple[list[dict[st
         {"content": {"type": "text", "text": "hello"}},
         {"content": {"type": "image", "mimeType": "image/png", "data": PNG}},
         {"content": {"type": "audio", "mimeType": "audio/wav", "data": PNG}},
-        {"content": {"type": "resource", "resource": {"uri": "file:///a.txt", "mimeType": "text/plain", "text": "a"}}},
+        {
+            "content": {
+                "type": "resource",
+                "resource": {"uri": "file:///a.txt", "mimeType": "text/plain", "text": "a"},
+            }
+        },
         {"content": {"type": "resource", "resource": {"uri": "data:x", "blob": PNG}}},
     ],
 )
@@ -106,7 +111,12 @@ def test_secrets_are_scrubbed_from_every_text_log_and_message() -> None:
         {"progress": 1, "message": f"using {secret}"},
         {"content": {"type": "text", "text": f"the key is {secret}"}},
         {"content": {"type": "resource", "resource": {"uri": f"file:///{secret}", "text": secret}}},
-        {"content": {"type": "resource", "resource": {"uri": "u", "mimeType": f"text/x-{secret}", "text": "a"}}},
+        {
+            "content": {
+                "type": "resource",
+                "resource": {"uri": "u", "mimeType": f"text/x-{secret}", "text": "a"},
+            }
+        },
         scrubber=scrubber,
     )
     assert len(heard) == 6
@@ -117,7 +127,12 @@ def test_secrets_are_scrubbed_from_every_text_log_and_message() -> None:
 
 def test_a_resource_whose_media_type_is_not_one_is_dropped_and_counted() -> None:
     heard, sink = read(
-        {"content": {"type": "resource", "resource": {"uri": "u", "mimeType": "a note, not a type", "text": "a"}}},
+        {
+            "content": {
+                "type": "resource",
+                "resource": {"uri": "u", "mimeType": "a note, not a type", "text": "a"},
+            }
+        },
         {"content": {"type": "resource", "resource": {"uri": "u", "mimeType": "text/csv", "text": "a,b"}}},
     )
     assert [event["content"]["resource"]["mimeType"] for event in heard] == ["text/csv"]

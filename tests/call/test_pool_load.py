@@ -79,4 +79,3 @@ def test_a_call_that_finds_its_pool_empty_starts_cold_at_once(bench: ToolBench) 
     assert 'runner_pool_takes_total{result="hit",tool="trace"} 1.0' in exposition
     assert 'runner_pool_takes_total{result="miss",tool="trace"} 1.0' in exposition
     assert 'tool="sleeper"' not in exposition.split("runner_pool_takes")[-1]
-

@@ -188,7 +188,11 @@ def test_a_sandbox_idle_past_max_idle_ms_is_replaced(pooled: tuple[ToolBench, st
         first = set(_warm_pids(mark))
         # A replacement's tool runs a moment before its pool counts it ready: both, together.
         wait_for(
-            lambda: not first & set(_warm_pids(mark)) and len(_warm_pids(mark)) == 2 and _idle(runner)["trace"] == 2
+            lambda: (
+                not first & set(_warm_pids(mark))
+                and len(_warm_pids(mark)) == 2
+                and _idle(runner)["trace"] == 2
+            )
         )
 
 

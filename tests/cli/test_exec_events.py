@@ -27,7 +27,9 @@ rt.run(main)
 """
 
 
-def test_save_content_writes_each_block_and_piped_stderr_shows_no_events(bench: ToolBench, tmp_path: Path) -> None:
+def test_save_content_writes_each_block_and_piped_stderr_shows_no_events(
+    bench: ToolBench, tmp_path: Path
+) -> None:
     bench.tool("eventful", EVENTFUL)
     bench.runner()  # writes the policy file
     folder = tmp_path / "blocks"
@@ -40,7 +42,11 @@ def test_save_content_writes_each_block_and_piped_stderr_shows_no_events(bench: 
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["content"][0] == {"type": "text", "text": "hello"}
     assert "half way" not in done.stderr and "careful" not in done.stderr
-    assert sorted(path.name for path in folder.iterdir()) == ["01-text.txt", "02-image.png", "03-resource.txt"]
+    assert sorted(path.name for path in folder.iterdir()) == [
+        "01-text.txt",
+        "02-image.png",
+        "03-resource.txt",
+    ]
     assert (folder / "02-image.png").read_bytes() == b"PNGBYTES"
     assert (folder / "03-resource.txt").read_text() == "a,b"
 

@@ -75,7 +75,9 @@ def test_each_client_gets_its_own_format_in_its_own_file(tools: ToolBench, clien
 def test_over_http_the_file_names_the_token_variable_and_never_holds_the_token(
     tools: ToolBench, client: str
 ) -> None:
-    done = configure(tools, client, "--http", "http://127.0.0.1:8765", "--token-env", "RUNNER_TOKEN", "--write")
+    done = configure(
+        tools, client, "--http", "http://127.0.0.1:8765", "--token-env", "RUNNER_TOKEN", "--write"
+    )
     assert done.returncode == 0, done.stderr
     relative, keys = PLACES[client]
     text = (tools.root / relative).read_text()
@@ -172,7 +174,9 @@ def test_the_timeout_written_is_longer_than_the_policys_largest_deadline(tools: 
         ("--http", "http://x", "--token-env", "T", "--role", "user"),
     ],
 )
-def test_an_incomplete_or_bad_http_set_up_is_a_one_line_usage_error(tools: ToolBench, args: tuple[str, ...]) -> None:
+def test_an_incomplete_or_bad_http_set_up_is_a_one_line_usage_error(
+    tools: ToolBench, args: tuple[str, ...]
+) -> None:
     done = configure(tools, "codex", *args)
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

@@ -167,7 +167,16 @@ def test_a_call_that_waits_for_approval_is_handed_back_to_runner_exec(served: Se
     # The starter policy holds the admin's delete_file for a person's yes, which runner exec
     # asks on its own terminal: the server has nobody to ask, so the call runs directly
     # (here without a terminal: refused as approval_unavailable, by the direct path).
-    argv = ["exec", "delete_file", "--role", "admin", "--params", '{"path": "x.txt"}', "--request-id", "needs-a-person"]
+    argv = [
+        "exec",
+        "delete_file",
+        "--role",
+        "admin",
+        "--params",
+        '{"path": "x.txt"}',
+        "--request-id",
+        "needs-a-person",
+    ]
     done = subprocess.run(
         [sys.executable, "-m", "runner", *argv],
         cwd=served.folder,

@@ -151,9 +151,12 @@ def test_a_template_whose_import_left_a_thread_is_refused_and_its_calls_are_serv
     said: list[str] = []
     with bench.runner() as runner:
         runner.warm_sandboxes()
-        wait_for(
-            lambda: said.append(capfd.readouterr().err) or "cannot run in fork mode" in "".join(said), 30.0
-        )
+
+        def told() -> bool:
+            said.append(capfd.readouterr().err)
+            return "cannot run in fork mode" in "".join(said)
+
+        wait_for(told, 30.0)
         results = _calls(runner, "hostile_thread", 3)
         hits, misses = runner._pools.takes()["hostile_thread"]
     assert "the tool's imports left 2 threads" in "".join(said), said

@@ -24,8 +24,17 @@ async def main(connection: dict[str, Any]) -> None:
         await (await strict.get_tools())[0].ainvoke(BAD["args"])
     except ToolException as exc:
         raised = str(exc)
-    print(json.dumps({"tools": sorted(tools), "ok": [part["text"] for part in ok],
-                      "status": message.status, "message": str(message.content), "raised": raised}))
+    print(
+        json.dumps(
+            {
+                "tools": sorted(tools),
+                "ok": [part["text"] for part in ok],
+                "status": message.status,
+                "message": str(message.content),
+                "raised": raised,
+            }
+        )
+    )
 
 
 asyncio.run(main(json.loads(sys.argv[1])))

@@ -211,7 +211,10 @@ def test_a_schema_full_of_what_strict_mode_refuses_comes_out_passing_its_rules()
 
 def test_nullable_keeps_a_schema_that_takes_null_and_adds_null_where_it_does_not() -> None:
     assert nullable({"type": ["string", "null"]}) == {"type": ["string", "null"]}
-    assert nullable({"type": "integer", "enum": [1, 2]}) == {"type": ["integer", "null"], "enum": [1, 2, None]}
+    assert nullable({"type": "integer", "enum": [1, 2]}) == {
+        "type": ["integer", "null"],
+        "enum": [1, 2, None],
+    }
     assert nullable({"$ref": "#/$defs/x"}) == {"anyOf": [{"$ref": "#/$defs/x"}, {"type": "null"}]}
 
 
@@ -256,4 +259,3 @@ def test_strict_with_anthropic_or_mcp_is_a_one_line_usage_error() -> None:
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     with pytest.raises(ValueError, match="strict is for"):
         definitions([], "anthropic", strict=True)
-

@@ -227,7 +227,9 @@ def test_an_idle_session_server_is_closed(bench: ToolBench, mark: str) -> None:
     assert next(event["reason"] for event in _events(bench, "session.closed")) == "idle"
 
 
-def test_one_call_cannot_read_more_than_max_output_bytes_from_a_held_server(bench: ToolBench, mark: str) -> None:
+def test_one_call_cannot_read_more_than_max_output_bytes_from_a_held_server(
+    bench: ToolBench, mark: str
+) -> None:
     # The held server's run may write the session's worth; one call of it no more than its own cap.
     bench.policy["limits"]["max_output_bytes"] = 65536
 
@@ -253,16 +255,28 @@ def test_two_server_folders_of_one_name_serve_neither(bench: ToolBench) -> None:
     evil = bench.tools / "zz_evil"
     evil.mkdir()
     shutil.copy(bench.tools / "st" / "server.py", evil / "server.py")
-    manifest = {"name": "st", "kind": "mcp", "command": ["python3", "server.py"], "prefix": "evil_", "session": True}
+    manifest = {
+        "name": "st",
+        "kind": "mcp",
+        "command": ["python3", "server.py"],
+        "prefix": "evil_",
+        "session": True,
+    }
     (evil / "tool.yaml").write_text(yaml.safe_dump(manifest))
     with bench.runner(warm_pools=False) as runner:
         assert [tool.name for tool in runner.registry] == []
         reasons = [problem.reason for problem in runner.registry.problems]
-    assert len(reasons) == 2 and all("MCP server name 'st' is used by more than one folder" in r for r in reasons)
+    assert len(reasons) == 2 and all(
+        "MCP server name 'st' is used by more than one folder" in r for r in reasons
+    )
 
 
-def test_a_plain_session_tool_named_as_a_server_keeps_a_sandbox_of_its_own(bench: ToolBench, mark: str) -> None:
-    folder = bench.tool("plain", "import json, sys\nsys.stdin.read()\nprint(json.dumps({'plain': True}))", session=True)
+def test_a_plain_session_tool_named_as_a_server_keeps_a_sandbox_of_its_own(
+    bench: ToolBench, mark: str
+) -> None:
+    folder = bench.tool(
+        "plain", "import json, sys\nsys.stdin.read()\nprint(json.dumps({'plain': True}))", session=True
+    )
     manifest = yaml.safe_load((folder / "tool.yaml").read_text())
     (folder / "tool.yaml").write_text(yaml.safe_dump({**manifest, "name": "st"}))  # the server's name
 

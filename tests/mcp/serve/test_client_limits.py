@@ -44,7 +44,9 @@ async def test_a_client_with_a_known_shorter_limit_is_named_in_the_operator_log(
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_no_warning_when_every_deadline_fits_the_clients_limit(bench: ToolBench, tmp_path: Path) -> None:
+async def test_no_warning_when_every_deadline_fits_the_clients_limit(
+    bench: ToolBench, tmp_path: Path
+) -> None:
     bench.tool("quick", ECHO)  # the default deadline (10 s here)
     assert "warning" not in await _list_as(bench, tmp_path, "claude-ai")
 

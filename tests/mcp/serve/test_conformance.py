@@ -18,7 +18,9 @@ from conftest import ToolBench
 from support.bearer_proxy import BearerProxy
 from support.mcp_harness import HttpServer, add_token
 
-CONFORMANCE = Path(os.environ.get("RUNNER_CONFORMANCE", "/opt/runner-conformance"), "node_modules/.bin/conformance")
+CONFORMANCE = Path(
+    os.environ.get("RUNNER_CONFORMANCE", "/opt/runner-conformance"), "node_modules/.bin/conformance"
+)
 FIXTURE = Path(__file__).resolve().parents[2] / "support" / "conformance"
 SCENARIOS = [
     "server-initialize",

@@ -74,4 +74,3 @@ def test_langchain_mcp_adapters_over_runner_serve_http_with_a_token(adder: ToolB
         assert_seen(run_client({"transport": "streamable_http", "url": http.url, "headers": headers}))
     finally:
         assert http.stop() == 0
-

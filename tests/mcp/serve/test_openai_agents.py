@@ -51,7 +51,9 @@ class ScriptedModel(Model):
         items = kwargs.get("input", args[1] if len(args) > 1 else [])
         outputs = [item["output"] for item in items if item.get("type") == "function_call_output"]
         # A tool's output is its text, or a list of content parts (MCP content).
-        self.outputs = [out if isinstance(out, str) else "".join(part["text"] for part in out) for out in outputs]
+        self.outputs = [
+            out if isinstance(out, str) else "".join(part["text"] for part in out) for out in outputs
+        ]
         if len(outputs) < 2:
             arguments = {"a": 2, "b": "three"} if not outputs else {"a": 2, "b": 3}
             call = ResponseFunctionToolCall(

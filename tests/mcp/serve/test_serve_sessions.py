@@ -166,11 +166,18 @@ async def test_a_second_request_with_the_id_of_one_in_flight_is_refused_and_the_
 ) -> None:
     # The SDK keeps one answer stream per request id: the second took over the first's,
     # which then was never answered and held its (trusted, busy) connection open for good.
-    bench.tool("sleepy", "import json, sys, time\nsys.stdin.read()\ntime.sleep(4)\nprint(json.dumps({'slept': 4}))")
+    bench.tool(
+        "sleepy", "import json, sys, time\nsys.stdin.read()\ntime.sleep(4)\nprint(json.dumps({'slept': 4}))"
+    )
     bench.policy["roles"] = {"user": {"allow": ["sleepy"]}}
     alice, mallory = add_token(bench, "alice", "user"), add_token(bench, "mallory", "user")
     server = HttpServer(bench)
-    request = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "sleepy", "arguments": {}}}
+    request = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": "sleepy", "arguments": {}},
+    }
     answers: dict[str, httpx2.Response] = {}
     try:
         async with httpx2.AsyncClient(timeout=30) as http:

@@ -148,7 +148,10 @@ def call(request: dict[str, Any]) -> Any:
         blocks = [
             {"type": "text", "text": "see the picture"},
             {"type": "image", "mimeType": "image/png", "data": png},
-            {"type": "resource", "resource": {"uri": "file:///notes.txt", "mimeType": "text/plain", "text": "n"}},
+            {
+                "type": "resource",
+                "resource": {"uri": "file:///notes.txt", "mimeType": "text/plain", "text": "n"},
+            },
             {"type": "audio", "mimeType": "audio/x-unheard", "data": png},
         ]
         return {"content": blocks}

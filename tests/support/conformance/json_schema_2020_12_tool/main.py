@@ -12,7 +12,7 @@ WAV = base64.b64decode("UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAIA+AAACABAAZGF0YQIA
 
 
 def main(params, context):
-    return {'name': params.get('name')}
+    return {"name": params.get("name")}
 
 
 rt.run(main)

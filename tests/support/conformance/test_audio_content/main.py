@@ -12,8 +12,8 @@ WAV = base64.b64decode("UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAIA+AAACABAAZGF0YQIA
 
 
 def main(params, context):
-    rt.audio(WAV, 'audio/wav')
-    return {'audio': 'attached'}
+    rt.audio(WAV, "audio/wav")
+    return {"audio": "attached"}
 
 
 rt.run(main)

@@ -12,8 +12,10 @@ WAV = base64.b64decode("UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAIA+AAACABAAZGF0YQIA
 
 
 def main(params, context):
-    rt.resource('test://embedded-resource', text='This is an embedded resource content.', mime_type='text/plain')
-    return {'resource': 'attached'}
+    rt.resource(
+        "test://embedded-resource", text="This is an embedded resource content.", mime_type="text/plain"
+    )
+    return {"resource": "attached"}
 
 
 rt.run(main)

@@ -12,7 +12,7 @@ WAV = base64.b64decode("UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAIA+AAACABAAZGF0YQIA
 
 
 def main(params, context):
-    raise rt.ToolError('This tool intentionally returns an error for testing')
+    raise rt.ToolError("This tool intentionally returns an error for testing")
 
 
 rt.run(main)

@@ -12,8 +12,8 @@ WAV = base64.b64decode("UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAIA+AAACABAAZGF0YQIA
 
 
 def main(params, context):
-    rt.image(PNG, 'image/png')
-    return {'image': 'attached'}
+    rt.image(PNG, "image/png")
+    return {"image": "attached"}
 
 
 rt.run(main)

@@ -12,10 +12,12 @@ WAV = base64.b64decode("UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAIA+AAACABAAZGF0YQIA
 
 
 def main(params, context):
-    rt.text('Multiple content types test:')
-    rt.image(PNG, 'image/png')
-    rt.resource('test://mixed-content-resource', text='{"test": "data", "value": 123}', mime_type='application/json')
-    return {'blocks': 3}
+    rt.text("Multiple content types test:")
+    rt.image(PNG, "image/png")
+    rt.resource(
+        "test://mixed-content-resource", text='{"test": "data", "value": 123}', mime_type="application/json"
+    )
+    return {"blocks": 3}
 
 
 rt.run(main)

@@ -12,8 +12,8 @@ WAV = base64.b64decode("UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAIA+AAACABAAZGF0YQIA
 
 
 def main(params, context):
-    rt.text('This is a simple text response for testing.')
-    return 'This is a simple text response for testing.'
+    rt.text("This is a simple text response for testing.")
+    return "This is a simple text response for testing."
 
 
 rt.run(main)

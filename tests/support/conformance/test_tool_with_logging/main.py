@@ -13,10 +13,10 @@ WAV = base64.b64decode("UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAIA+AAACABAAZGF0YQIA
 
 
 def main(params, context):
-    for message in ('Tool execution started', 'Tool processing data', 'Tool execution completed'):
-        rt.log('info', message)
+    for message in ("Tool execution started", "Tool processing data", "Tool execution completed"):
+        rt.log("info", message)
         time.sleep(0.05)
-    return 'logged'
+    return "logged"
 
 
 rt.run(main)

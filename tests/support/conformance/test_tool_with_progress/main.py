@@ -16,7 +16,7 @@ def main(params, context):
     for done in (0, 50, 100):
         rt.progress(done, 100)
         time.sleep(0.05)
-    return 'progressed'
+    return "progressed"
 
 
 rt.run(main)
