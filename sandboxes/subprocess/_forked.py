@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from sandboxes._streams import TailBuffer
 from sandboxes.base import Limits, SandboxOutcome, StopReason
 from sandboxes.events import EventSink, OutputBudget, StderrSplitter
+from sandboxes.subprocess._frozen import CallSetUp, Cloned
 from sandboxes.subprocess._outcome import outcome
 from sandboxes.subprocess._process import Ending, ProcessResult
 from sandboxes.subprocess._ptrace import TraceError
@@ -98,33 +99,32 @@ class ForkedCall:
             listener.listen(1)
             listener.setblocking(False)
         inside = f"{self._calls_inside}/{name}"
-        cloning = self._template.clone(
-            self._group.join_files, f"{inside}.io", f"{inside}.err", limits.cpu_seconds, limits.disk_mb
+        setup = CallSetUp(
+            self._group.join_files,
+            (self._listeners[0], self._listeners[1]),
+            (f"{inside}.io", f"{inside}.err"),
+            limits.cpu_seconds,
+            limits.disk_mb,
         )
+        cloning = self._template.clone(setup)
         try:
-            child, pidfd = await asyncio.wrap_future(cloning)
+            cloned = await asyncio.wrap_future(cloning)
         except asyncio.CancelledError:
             cloning.add_done_callback(_kill_late)
             raise
         except TraceError as exc:
-            return SandboxOutcome.never_ran(
-                StopReason.SANDBOX_UNAVAILABLE, f"the call could not be forked: {exc}"
-            )
-        self._pidfd = pidfd
-        result = await self._exchange(child, pidfd, payload)
+            message = f"the call could not be forked: {exc}"
+            return SandboxOutcome.never_ran(StopReason.SANDBOX_UNAVAILABLE, message)
+        finally:
+            self._close_listeners()  # taken: no one else may connect
+        self._pidfd = cloned.pidfd
+        with cloned.io, cloned.err:
+            result = await self._exchange(cloned, payload)
         duration_ms = (time.monotonic() - started) * 1000
-        return outcome(
-            result,
-            True,
-            os.urandom(8).hex(),
-            duration_ms,
-            False,
-            missing=(),
-            cgroup=self._group,
-            limits=limits,
-        )
+        token = os.urandom(8).hex()  # no exec guard's: a tool's "not found" is its own
+        return outcome(result, True, token, duration_ms, False, missing=(), cgroup=self._group, limits=limits)
 
-    async def _exchange(self, child: int, pidfd: int, payload: bytes) -> ProcessResult:
+    async def _exchange(self, cloned: Cloned, payload: bytes) -> ProcessResult:
         limits = self._limits
         tail = TailBuffer(STDERR_TAIL_BYTES)
         budget = OutputBudget(limits.max_output_bytes)
@@ -133,22 +133,20 @@ class ForkedCall:
         ending = Ending.EXITED
         try:
             async with asyncio.timeout(limits.timeout_ms / 1000):
-                io, err = [await _accept_from(listener, child) for listener in self._listeners]
-                with io, err:
-                    ending = await _first_ending(
-                        _feed(io, payload),
-                        _read_stdout(io, stdout, budget),
-                        _read_stderr(err, stderr),
-                        _watch_cpu(self._group, limits.cpu_seconds),
-                    )
+                ending = await _first_ending(
+                    _feed(cloned.io, payload),
+                    _read_stdout(cloned.io, stdout, budget),
+                    _read_stderr(cloned.err, stderr),
+                    _watch_cpu(self._group, limits.cpu_seconds),
+                )
                 if ending is Ending.EXITED:
-                    await _exited(pidfd)
+                    await _exited(cloned.pidfd)
         except TimeoutError:
             ending = Ending.TIMEOUT
         finally:
             if ending is not Ending.EXITED:
-                await _kill(pidfd)
-        status = await _exit_status(pidfd) if ending is Ending.EXITED else None
+                await _kill(cloned.pidfd)
+        status = await _exit_status(cloned.pidfd) if ending is Ending.EXITED else None
         if status is not None and os.WIFSIGNALED(status):
             returncode: int | None = -os.WTERMSIG(status)
         else:
@@ -160,44 +158,36 @@ class ForkedCall:
     async def close(self) -> None:
         await asyncio.to_thread(self.discard)
 
-    def discard(self) -> None:
-        pidfd, self._pidfd = self._pidfd, None
-        if pidfd is not None:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            os.close(pidfd)
+    def _close_listeners(self) -> None:
         for listener in self._listeners:
             path = listener.getsockname()
             listener.close()
             with contextlib.suppress(OSError):
                 Path(path).unlink()
         self._listeners = []
+
+    def discard(self) -> None:
+        pidfd, self._pidfd = self._pidfd, None
+        if pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            os.close(pidfd)
+        self._close_listeners()
         group, self._group = self._group, None
         if group is not None:
             group.remove()  # kills what is left in it first
 
 
-def _kill_late(cloning: Future[tuple[int, int]]) -> None:
+def _kill_late(cloning: Future[Cloned]) -> None:
     """A clone whose call was cancelled meanwhile: its process is killed once made."""
     if cloning.cancelled() or cloning.exception() is not None:
         return
-    _, pidfd = cloning.result()
+    cloned = cloning.result()
     with contextlib.suppress(OSError):
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    os.close(pidfd)
-
-
-async def _accept_from(listener: socket.socket, pid: int) -> socket.socket:
-    """The connection of process ``pid`` (by the kernel's word, SO_PEERCRED); any other
-    is closed unread."""
-    loop = asyncio.get_running_loop()
-    while True:
-        connection, _ = await loop.sock_accept(listener)
-        peer = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
-        if peer == pid:
-            connection.setblocking(False)
-            return connection
-        connection.close()
+        signal.pidfd_send_signal(cloned.pidfd, signal.SIGKILL)
+    os.close(cloned.pidfd)
+    cloned.io.close()
+    cloned.err.close()
 
 
 async def _first_ending(*steps: object) -> Ending:

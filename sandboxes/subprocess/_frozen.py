@@ -23,6 +23,7 @@ Every ptrace request comes from the one thread that seized the template (``_trac
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
 import os
@@ -37,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,7 @@ FRESH = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET
 CLONE_PARENT, SIGCHLD = 0x8000, 17
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 SYS_READ, SYS_CLOSE, SYS_MUNMAP, SYS_DUP2, SYS_SOCKET, SYS_CONNECT = 0, 3, 11, 33, 41, 42
+SYS_RECVMSG, MSG_CMSG_CLOEXEC = 47, 0x40000000
 SYS_CLONE, SYS_WRITE, SYS_CAPSET, SYS_MOUNT, SYS_OPENAT = 56, 1, 126, 165, 257
 SYS_RT_SIGPROCMASK, SIG_SETMASK, SIGSET_BYTES = 14, 2, 8
 SYS_PRLIMIT64, RLIMIT_CPU = 302, 0
@@ -74,11 +77,33 @@ AT_FDCWD, O_WRONLY = -100, 1
 CAPABILITY_V3 = 0x20080522
 MOUNTS = 5  # made in each call's process: /, /tmp, /dev/shm, /dev/pts, /proc
 STOP_TRIES = 200  # about 10 ms apart: a template not found in its read by then is refused
+CONNECT_S = 5.0  # for a call's process to be seen on its sockets
 NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 
 
 class TemplateRefused(SandboxUnavailable):
     """The template ended, or failed a check, before it could serve a call."""
+
+
+@dataclass(frozen=True)
+class CallSetUp:
+    """What a call's process is given before it runs anything of its own."""
+
+    tasks: list[Path]  # its cgroup's join files: it writes 0 to each (itself, on v1 ``tasks``)
+    listeners: tuple[socket.socket, socket.socket]  # of its stdin and stdout, of its stderr
+    addresses: tuple[str, str]  # where it connects to them, as the template sees them
+    cpu_seconds: int
+    disk_mb: int
+
+
+@dataclass(frozen=True)
+class Cloned:
+    """A call's process, running: its host pid, a pidfd of it, and its sockets."""
+
+    pid: int
+    pidfd: int
+    io: socket.socket  # its stdin and stdout
+    err: socket.socket  # its stderr
 
 
 class FrozenTemplate:
@@ -211,10 +236,8 @@ class FrozenTemplate:
             time.sleep(random.uniform(0.005, 0.015))  # noqa: S311  # never in step with a timer of the tool's
         raise TemplateRefused(f"the tool's template never waited in its read of stdin ({dict(where)})")
 
-    def _clone(
-        self, tasks: list[Path], stdio: str, stderr: str, cpu_seconds: int, disk_mb: int
-    ) -> tuple[int, int]:
-        """A call's process, cloned and set up, let go: its host pid and a pidfd of it."""
+    def _clone(self, setup: CallSetUp) -> Cloned:
+        """A call's process, cloned, set up and let go."""
         try:
             template = Injector(self._template, self._base)
             template.checked(SYS_CLONE, FRESH | CLONE_PARENT | SIGCHLD, 0, 0, 0, 0)
@@ -222,19 +245,18 @@ class FrozenTemplate:
             self._broken = f"a call could not be cloned from it: {exc}"
             raise
         (child,) = template.children
+        connections: list[socket.socket] = []
         try:
-            return self._set_up(child, tasks, stdio, stderr, cpu_seconds, disk_mb)
+            return self._set_up(child, setup, connections)
         except BaseException:
             _kill_quietly(child)
+            for connection in connections:
+                connection.close()
             raise
 
-    def _set_up(
-        self, child: int, tasks: list[Path], stdio: str, stderr: str, cpu_seconds: int, disk_mb: int
-    ) -> tuple[int, int]:
+    def _set_up(self, child: int, setup: CallSetUp, connections: list[socket.socket]) -> Cloned:
         if stop_of(child)[0] != EVENT_STOP:
             raise TraceError(0, f"the call's process {child} did not stop at its start")
-        for path in tasks:  # joined before it runs anything
-            path.write_text(str(child))
         call = Injector(child, self._base)
         inside = self._inside
         for name, line in (
@@ -245,24 +267,28 @@ class FrozenTemplate:
             fd = call.checked(SYS_OPENAT, AT_FDCWD, call.text(f"/proc/self/{name}"), O_WRONLY)
             call.checked(SYS_WRITE, fd, call.text(line), len(line))
             call.checked(SYS_CLOSE, fd)
-        for address_of, numbers in ((stdio, (0, 1)), (stderr, (2,))):  # before /run is covered
+        for listener, address_of, numbers in zip(
+            setup.listeners, setup.addresses, ((0, 1), (2,)), strict=True
+        ):
             sock = call.checked(SYS_SOCKET, socket.AF_UNIX, socket.SOCK_STREAM, 0)
             address = struct.pack("H", socket.AF_UNIX) + address_of.encode() + b"\0"
-            call.checked(SYS_CONNECT, sock, call.put(address), len(address))
+            call.checked(SYS_CONNECT, sock, call.put(address), len(address))  # before /run is covered
             for number in numbers:
                 if sock != number:
                     call.checked(SYS_DUP2, sock, number)
             if sock not in numbers:
                 call.checked(SYS_CLOSE, sock)
+            connections.append(_accepted(listener, child))
+        _join(call, connections[0], setup.tasks)  # before it runs anything
         call.checked(SYS_MOUNT, call.text("none"), call.text("/"), 0, MS_REC | MS_PRIVATE, 0)
-        tmpfs, options = call.text("tmpfs"), call.text(f"size={disk_mb}m,mode=1777")
+        tmpfs, options = call.text("tmpfs"), call.text(f"size={setup.disk_mb}m,mode=1777")
         for target in ("/tmp", "/dev/shm"):  # noqa: S108 - the call's own
             call.checked(SYS_MOUNT, tmpfs, call.text(target), tmpfs, MS_NOSUID | MS_NODEV, options)
         devpts, pts = call.text("devpts"), call.text("newinstance,ptmxmode=0666,mode=0620")
         call.checked(SYS_MOUNT, devpts, call.text("/dev/pts"), devpts, MS_NOSUID | MS_NOEXEC, pts)
         proc = call.text("proc")  # its own pid namespace's: only itself
         call.checked(SYS_MOUNT, proc, call.text("/proc"), proc, MS_NOSUID | MS_NODEV | MS_NOEXEC, 0)
-        limit = call.put(struct.pack("QQ", cpu_seconds, cpu_seconds + 1))  # SIGXCPU, then SIGKILL
+        limit = call.put(struct.pack("QQ", setup.cpu_seconds, setup.cpu_seconds + 1))  # SIGXCPU, then SIGKILL
         call.checked(SYS_PRLIMIT64, 0, RLIMIT_CPU, limit, 0)
         mask = call.put(struct.pack("Q", self._mask))
         call.checked(SYS_RT_SIGPROCMASK, SIG_SETMASK, mask, 0, SIGSET_BYTES)
@@ -280,24 +306,21 @@ class FrozenTemplate:
         except BaseException:
             os.close(pidfd)
             raise
-        return child, pidfd
+        return Cloned(child, pidfd, *connections)
 
     # -- any thread ---------------------------------------------------------------------
 
-    def clone(
-        self, tasks: list[Path], stdio: str, stderr: str, cpu_seconds: int, disk_mb: int
-    ) -> Future[tuple[int, int]]:
-        """A call's process (host pid, pidfd), set up and running, when the future is done:
-        it then connects to the sockets at ``stdio`` and ``stderr`` (paths as the template
-        sees them) and runs the tool's script.
+    def clone(self, setup: CallSetUp) -> Future[Cloned]:
+        """A call's process, set up as ``setup`` says and running the tool's script, when
+        the future is done.
 
-        The future's error: ``TraceError`` (the template is no longer usable), or
-        ``TemplateRefused`` once the template is closed."""
-        done: Future[tuple[int, int]] = Future()
+        The future's error: ``TraceError`` (the call could not be set up; the template
+        may be unusable: ``ended``), or ``TemplateRefused`` once the template is closed."""
+        done: Future[Cloned] = Future()
         if not self._tracer.is_alive():
             done.set_exception(TemplateRefused("the tool's template is closed"))
             return done
-        self._jobs.put((self._clone, (tasks, stdio, stderr, cpu_seconds, disk_mb), done))
+        self._jobs.put((self._clone, (setup,), done))
         return done
 
     def ended(self) -> str | None:
@@ -330,6 +353,53 @@ class FrozenTemplate:
             pidfd, self._pidfd = self._pidfd, None
             if pidfd is not None:
                 os.close(pidfd)
+
+
+def _accepted(listener: socket.socket, pid: int) -> socket.socket:
+    """The connection of process ``pid`` (by the kernel's word, SO_PEERCRED); any other
+    is closed unread."""
+    deadline = time.monotonic() + CONNECT_S
+    while (left := deadline - time.monotonic()) > 0:
+        if not select.select([listener], [], [], left)[0]:
+            break
+        try:
+            connection, _ = listener.accept()
+        except BlockingIOError:
+            continue
+        peer = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        if peer == pid:
+            connection.setblocking(False)
+            return connection
+        connection.close()
+    raise TraceError(0, f"the call's process {pid} was not seen on its socket")
+
+
+def _join(call: Injector, io: socket.socket, tasks: list[Path]) -> None:
+    """The call's process joins its cgroup by writing 0 to each of ``tasks``, through
+    descriptors this process opened and sends it over its socket (``io``, its stdin): a
+    process that moves itself spares the kernel's global lock, whose writer waits for an
+    RCU grace period (``CallCgroup.join_files``), long on an idle machine."""
+    fds = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in tasks]
+    try:
+        io.sendmsg([b"j"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    finally:
+        for fd in fds:
+            os.close(fd)
+    space = socket.CMSG_SPACE(4 * len(fds))
+    byte, control = call.put(bytes(1)), call.put(bytes(space))
+    iov = call.put(struct.pack("QQ", byte, 1))
+    header = call.put(struct.pack("QI4xQQQQi4x", 0, 0, iov, 1, control, space, 0))
+    if call.checked(SYS_RECVMSG, 0, header, MSG_CMSG_CLOEXEC) != 1:
+        raise TraceError(0, "the call's process did not receive its cgroup")
+    data = call.read(control, space)
+    length, level, kind = struct.unpack_from("Qii", data)
+    received = array.array("i", data[16:length])
+    if (level, kind, len(received)) != (socket.SOL_SOCKET, socket.SCM_RIGHTS, len(fds)):
+        raise TraceError(0, "the call's process did not receive its cgroup")
+    zero = call.text("0")
+    for fd in received:
+        call.checked(SYS_WRITE, fd, zero, 1)
+        call.checked(SYS_CLOSE, fd)
 
 
 def _kill_quietly(pid: int) -> None:

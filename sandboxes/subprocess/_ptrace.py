@@ -156,6 +156,11 @@ class Injector:
         os.pwrite(self._memory, data, address)
         return address
 
+    def read(self, address: int, size: int) -> bytes:
+        """``size`` bytes of the tracee's memory at ``address`` (after a ``put``)."""
+        assert self._memory is not None
+        return os.pread(self._memory, size, address)
+
     def text(self, value: str) -> int:
         return self.put(value.encode() + b"\0")
 
