@@ -1,12 +1,14 @@
 """Many calls at once through one ``Runner``: correctness, latency and leftovers under load.
 
-    python3 bench/load.py [--calls 1000] [--concurrency 64] [--rounds 4] [--pool 8]
+    python3 bench/load.py [--calls 1000] [--concurrency 64] [--rounds 4] [--pool 8] [--fork]
 
 Each call adds two numbers chosen for it, so a wrong or swapped answer is caught. Prints
 p50/p99 of the calls' own durations and the throughput, next to a bare ``python3 main.py``
 spawn of the same tool measured in the same run (the cold-call ratio). With ``--pool N``
 (0: skip) a second runner whose policy gives ``add_numbers`` a warm pool of ``N`` takes
-the same load, and the warm hits (the audit's ``warm``) are counted. The throughput is
+the same load, and the warm hits (the audit's ``warm``) are counted; with ``--fork`` a
+third runner takes it with ``add_numbers`` in fork mode (each call forked from a
+template of the tool, once the template is ready). The throughput is
 measured in rounds, each a batch of bare spawns then a batch of cold runner calls then
 one of pooled calls, so that a machine that slows down or speeds up during the run (a
 shared VM does) weighs on every rate alike; the ratios are those of the totals. Each
@@ -86,7 +88,7 @@ def leftovers() -> list[str]:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if b"runner-exec" in cmdline or b"runner-launch" in cmdline:  # run it alone
+            if any(mark in cmdline for mark in (b"runner-exec", b"runner-launch", b"runner_fork.py")):
                 found.append(f"process {entry.name}")
     mounts = Path("/proc/self/mounts").read_text()
     found += [line.split()[1] for line in mounts.splitlines() if f"/runner-ws/{mine}" in line]
@@ -113,13 +115,19 @@ async def load(runner: Runner, calls: range, concurrency: int) -> tuple[list[flo
     return durations, correct
 
 
-def pooled_runner(size: int, audit: Path) -> Runner:
-    """A runner whose policy gives ``add_numbers`` a warm pool of ``size``."""
+def pooled_runner(size: int, audit: Path, mode: str = "warm") -> Runner:
+    """A runner whose policy gives ``add_numbers`` a pool of ``size`` (``mode``: warm or fork)."""
     policy = yaml.safe_load((STARTER / "policies.yaml").read_text())
-    policy.setdefault("tools", {}).setdefault("add_numbers", {})["pool"] = size
-    path = STARTER / f"policies-pool{size}.yaml"
+    policy.setdefault("tools", {})["add_numbers"] = {"pool": size, "pool_mode": mode}
+    path = STARTER / f"policies-{mode}{size}.yaml"
     path.write_text(yaml.safe_dump(policy))
-    return Runner.load(tools=STARTER / "tools", policies=path, audit_log=audit)
+    runner = Runner.load(tools=STARTER / "tools", policies=path, audit_log=audit)
+    deadline = time.monotonic() + 30
+    while mode == "fork" and runner.warm_sandboxes().get("add_numbers") != 1:
+        if time.monotonic() > deadline:
+            raise SystemExit("no fork-mode template within 30 s (does this machine have fork mode?)")
+        time.sleep(0.01)
+    return runner
 
 
 def warm_attempts(audit: Path) -> tuple[int, int]:
@@ -167,6 +175,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--pool", type=int, default=8, help="pool size of the pooled runner (0: none)")
+    parser.add_argument("--fork", action="store_true", help="a third runner, with add_numbers in fork mode")
     args = parser.parse_args()
     per_round = args.calls // args.rounds
     load_before = os.getloadavg()[0]
@@ -175,6 +184,9 @@ def main() -> None:
     audit = STARTER / "pooled-audit.log"
     if args.pool:
         rows.append(Rows(f"pool {args.pool}", pooled_runner(args.pool, audit)))
+    fork_audit = STARTER / "forked-audit.log"
+    if args.fork:
+        rows.append(Rows("forked", pooled_runner(1, fork_audit, "fork")))
     bare_ms = statistics.median(timed(bare, 20))
     cold_ms = statistics.median(timed(lambda: runner.call("add_numbers", {"a": 1, "b": 2}), 20))
     me = psutil.Process()
@@ -196,11 +208,14 @@ def main() -> None:
     print(f"bare    {ceiling:.0f} spawns/s; CPU per spawn {bare_busy / calls * 1000:.1f} ms")
     for row in rows:
         print(row.line(calls, ceiling))
+    for row in rows:
+        row.runner.close()
     if args.pool:
-        for row in rows:
-            row.runner.close()
         warm, attempts = warm_attempts(audit)
         print(f"pooled runner: {warm} of {attempts} attempts warm")
+    if args.fork:
+        warm, attempts = warm_attempts(fork_audit)
+        print(f"forked runner: {warm} of {attempts} attempts forked")
     print(
         f"runner process: RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB, "
         f"open descriptors {fds_before} -> {fds_after}"
