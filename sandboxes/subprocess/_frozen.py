@@ -43,7 +43,14 @@ from pathlib import Path
 from typing import Any
 
 from sandboxes._watchdog import forget_sandbox_init, parent_and_start, watch_sandbox_init
-from sandboxes.base import SandboxUnavailable
+from sandboxes.subprocess._frozen_checks import (
+    TemplateRefused,
+    capabilities,
+    sandboxed,
+    shared_mappings,
+    status,
+    untrustworthy,
+)
 from sandboxes.subprocess._ptrace import (
     CONT,
     DETACH,
@@ -78,11 +85,6 @@ CAPABILITY_V3 = 0x20080522
 MOUNTS = 5  # made in each call's process: /, /tmp, /dev/shm, /dev/pts, /proc
 STOP_TRIES = 200  # about 10 ms apart: a template not found in its read by then is refused
 CONNECT_S = 5.0  # for a call's process to be seen on its sockets
-NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
-
-
-class TemplateRefused(SandboxUnavailable):
-    """The template ended, or failed a check, before it could serve a call."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,7 @@ class FrozenTemplate:
         readable, _, _ = select.select([process.stdout], [], [], ready_s)
         if not readable or os.read(process.stdout.fileno(), 1) != b"r":
             raise TemplateRefused("the tool's template did not start (its imports failed or took too long)")
-        init, template, _ = _sandboxed(process.pid)
+        init, template, _ = sandboxed(process.pid)
         self._init = (init, parent_and_start(init)[1])
         watch_sandbox_init(*self._init)  # should the runner die: its death takes them all
         # Seized with no event to trace yet: until it is frozen, the tool's own mount or
@@ -193,24 +195,24 @@ class FrozenTemplate:
         threads = list(Path(f"/proc/{template}/task").iterdir())
         if len(threads) != 1:
             raise TemplateRefused(f"the tool's imports left {len(threads)} threads in its template")
-        if _status(template, "Seccomp_filters") != "1" or _status(template, "NoNewPrivs") != "1":
+        if status(template, "Seccomp_filters") != "1" or status(template, "NoNewPrivs") != "1":
             raise TemplateRefused("the tool's imports loaded a system-call filter of their own")
         request(SETOPTIONS, template, 0, O_TRACEFORK | O_TRACECLONE | O_TRACESECCOMP | O_EXITKILL)
         try:
             frozen = Injector(template, base)
             # Every signal blocked: a pending one (a timer the import set goes on firing)
             # would make each call's clone fail. A call gets back the template's mask.
-            self._mask = int(_status(template, "SigBlk"), 16)
+            self._mask = int(status(template, "SigBlk"), 16)
             everything = frozen.put(struct.pack("Q", (1 << 64) - 1))
             frozen.checked(SYS_RT_SIGPROCMASK, SIG_SETMASK, everything, 0, SIGSET_BYTES)
             frozen.close()
             for fd in Path(f"/proc/{template}/fd").iterdir():
                 frozen.checked(SYS_CLOSE, int(fd.name))
-            for low, high in _shared_mappings(template):
+            for low, high in shared_mappings(template):
                 frozen.checked(SYS_MUNMAP, low, high - low)
         except TraceError as exc:
             raise TemplateRefused(f"the tool's template could not be frozen: {exc}") from exc
-        problem = _untrustworthy(init, template, _sandboxed(process.pid))
+        problem = untrustworthy(init, template, sandboxed(process.pid))
         if problem:
             raise TemplateRefused(f"the tool's template is refused: {problem}")
         return template, base
@@ -296,7 +298,7 @@ class FrozenTemplate:
         call.checked(SYS_CAPSET, header, call.put(bytes(24)))  # nothing, in its user namespace
         # Checked from outside: each mount went through the tracer (a filter of the tool's
         # own could fake them; ``_freeze`` refuses one), and no capability is left.
-        if call.approved != MOUNTS or _capabilities(child) != 0:
+        if call.approved != MOUNTS or capabilities(child) != 0:
             raise TraceError(0, f"the call's process {child} was not set up as asked")
         pidfd = os.pidfd_open(child)
         try:
@@ -405,73 +407,3 @@ def _join(call: Injector, io: socket.socket, tasks: list[Path]) -> None:
 def _kill_quietly(pid: int) -> None:
     with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGKILL)
-
-
-def _status(pid: int, field: str) -> str:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return line.split(":", 1)[1].strip()
-    return ""
-
-
-def _capabilities(pid: int) -> int:
-    return int(_status(pid, "CapEff") or "0", 16) | int(_status(pid, "CapPrm") or "0", 16)
-
-
-def _shared_mappings(pid: int) -> list[tuple[int, int]]:
-    found = []
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        span, perms = line.split()[:2]
-        if perms[3] == "s":
-            low, high = (int(part, 16) for part in span.split("-"))
-            found.append((low, high))
-    return found
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(child) for child in (task / "children").read_text().split()]
-    return found
-
-
-def _descendants(roots: list[int]) -> list[int]:
-    """``roots`` and every process under them (one that vanishes meanwhile: without its own)."""
-    found, todo = [], list(roots)
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        with contextlib.suppress(FileNotFoundError):
-            todo += _children(pid)
-    return found
-
-
-def _sandboxed(bwrap: int) -> tuple[int, int, list[int]]:
-    """Bubblewrap's init in the sandbox, the template (its first child) and every other
-    process there."""
-    inits = _children(bwrap)
-    if len(inits) != 1:
-        raise TemplateRefused("the tool's sandbox is not as started")
-    children = _children(inits[0])
-    if not children:
-        raise TemplateRefused("the tool's template exited")
-    template = min(children, key=lambda pid: parent_and_start(pid)[1])
-    others = [pid for pid in _descendants(children) if pid != template]
-    return inits[0], template, others
-
-
-def _untrustworthy(init: int, template: int, now: tuple[int, int, list[int]]) -> str | None:
-    """What the import left that would outlive it in the template, if anything."""
-    if now[:2] != (init, template):
-        return "its sandbox changed while it was frozen"
-    others = now[2]
-    if others:
-        return f"the imports left processes besides the template: {others}"
-    for kind in NAMESPACES:
-        if Path(f"/proc/{template}/ns/{kind}").stat().st_ino != Path(f"/proc/{init}/ns/{kind}").stat().st_ino:
-            return f"the template left its sandbox's {kind} namespace"
-    if any(Path(f"/proc/{template}/fd").iterdir()):
-        return "descriptors are left open in the template"
-    if _shared_mappings(template):
-        return "a shared mapping is left in the template"
-    return None

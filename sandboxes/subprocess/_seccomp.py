@@ -91,8 +91,8 @@ def compiled_filter(*, memory_counted: bool, traced: bool = False) -> bytes:
     """The BPF program (one per process and mode; it depends on nothing of a call).
     ``memory_counted``: a cgroup charges the tool's memory (else ``UNCOUNTED_MEMORY``).
     ``traced``: ``mount`` and ``clone`` into new namespaces go to a ptrace tracer instead
-    of failing (with no tracer attached they fail, ENOSYS): for ``bench/fork_floor.py``'s
-    frozen template, whose tracer makes those calls in it and in the calls it clones.
+    of failing (with no tracer attached they fail, ENOSYS): for fork mode's frozen
+    template (``_frozen``), whose tracer makes those calls in it and in the calls it clones.
 
     Raises:
         SeccompUnavailable: libseccomp cannot be loaded or rejects a rule.
