@@ -103,8 +103,10 @@ class SandboxOutcome:
     degraded: bool = False
     # When degraded: each isolation layer that was missing, with what to install.
     missing: tuple[str, ...] = ()
-    # The run used a sandbox started ahead of its call (a warm pool).
+    # The run used a sandbox started ahead of its call (a warm pool), or forked from a
+    # template of its tool (fork mode: ``forked`` too).
     warm: bool = False
+    forked: bool = False
     # The cluster node the run was dispatched to; None for a run on this host.
     node: str | None = None
 

@@ -133,6 +133,13 @@ def write_tool(root: Path, name: str, code: str, **manifest: Any) -> Path:
     return folder
 
 
+# RUNNER_TEST_POOL_MODE=fork: every runner a ToolBench builds keeps each tool it may pool in
+# fork mode, and waits until the pools are ready (``scripts/test-fork-mode.sh`` runs the
+# isolation, limit, kill-guarantee and hostile tests so).
+FORK_SUITE = os.environ.get("RUNNER_TEST_POOL_MODE") == "fork"
+FORK_READY_S = 10.0
+
+
 class ToolBench:
     """A tool directory and policy of one test, and runners built over them."""
 
@@ -141,19 +148,34 @@ class ToolBench:
         self.tools = root / "tools"
         self.tools.mkdir()
         self.policy: dict[str, Any] = yaml.safe_load(yaml.safe_dump(BASE_POLICY))
+        if FORK_SUITE:
+            self.policy["pool"] = {"size": 1, "mode": "fork"}
+
         self.audit_log = root / "audit.log"
 
     def tool(self, name: str, code: str, **manifest: Any) -> Path:
         return write_tool(self.tools, name, code, **manifest)
 
-    def runner(self, **kwargs: Any) -> Runner:
+    def write_policy(self) -> Path:
         policy_path = self.root / "policies.yaml"
         policy_path.write_text(yaml.safe_dump(self.policy))
-        return Runner.load(tools=self.tools, policies=policy_path, audit_log=self.audit_log, **kwargs)
+        return policy_path
+
+    def runner(self, **kwargs: Any) -> Runner:
+        runner = Runner.load(
+            tools=self.tools, policies=self.write_policy(), audit_log=self.audit_log, **kwargs
+        )
+        if FORK_SUITE and self.policy.get("pool", {}).get("mode") == "fork":
+            # Each pool ready (a template, or warm sandboxes where fork mode is refused),
+            # or as many as are after a bound: a tool whose sandbox cannot start has none.
+            deadline = time.monotonic() + FORK_READY_S
+            while min(runner.warm_sandboxes().values(), default=1) < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return runner
 
     def spawn_runner(self, tool: str, request_id: str) -> subprocess.Popen[bytes]:
         """A runner in a process of its own, calling ``tool`` with a 30 s timeout, to be killed."""
-        self.runner()  # writes the policy file
+        self.write_policy()
         script = (
             "import sys\nfrom runner import Runner\n"
             "runner = Runner.load(tools=sys.argv[1], policies=sys.argv[2], audit_log=sys.argv[3])\n"

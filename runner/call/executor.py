@@ -244,6 +244,7 @@ class Executor:
             code=error.code.value if error else None,
             degraded=outcome.degraded,
             warm=outcome.warm,
+            **({"forked": True} if outcome.forked else {}),
             **({"pooled": True} if pooled else {}),
             missing=list(outcome.missing),
             **({"node": outcome.node} if outcome.node is not None else {}),

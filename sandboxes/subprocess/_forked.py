@@ -32,7 +32,7 @@ from sandboxes.base import Limits, SandboxOutcome, StopReason
 from sandboxes.events import EventSink, OutputBudget, StderrSplitter
 from sandboxes.subprocess._frozen import CallSetUp, Cloned
 from sandboxes.subprocess._outcome import outcome
-from sandboxes.subprocess._process import Ending, ProcessResult
+from sandboxes.subprocess._process import LIMITS_POLL_MAX_S, LIMITS_POLL_S, Ending, ProcessResult
 from sandboxes.subprocess._ptrace import TraceError
 
 if TYPE_CHECKING:
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 # its pidfd says it exited.
 PIDFD_GET_INFO, PIDFD_INFO_EXIT, PIDFD_INFO_SIZE = 0xC040FF0B, 1 << 3, 64
 REAP_WAIT_S, REAP_POLL_S = 2.0, 0.0005
-CPU_POLL_S = 0.1
 KILL_WAIT_S = 10.0
 STDERR_TAIL_BYTES = 8192
 CHUNK = 65536
@@ -122,7 +121,8 @@ class ForkedCall:
             result = await self._exchange(cloned, payload)
         duration_ms = (time.monotonic() - started) * 1000
         token = os.urandom(8).hex()  # no exec guard's: a tool's "not found" is its own
-        return outcome(result, True, token, duration_ms, False, missing=(), cgroup=self._group, limits=limits)
+        told = outcome(result, True, token, duration_ms, False, missing=(), cgroup=self._group, limits=limits)
+        return dataclasses.replace(told, forked=True)
 
     async def _exchange(self, cloned: Cloned, payload: bytes) -> ProcessResult:
         limits = self._limits
@@ -137,7 +137,7 @@ class ForkedCall:
                     _feed(cloned.io, payload),
                     _read_stdout(cloned.io, stdout, budget),
                     _read_stderr(cloned.err, stderr),
-                    _watch_cpu(self._group, limits.cpu_seconds),
+                    _watch_limits(self._group, limits.cpu_seconds),
                 )
                 if ending is Ending.EXITED:
                     await _exited(cloned.pidfd)
@@ -245,13 +245,24 @@ async def _received(loop: asyncio.AbstractEventLoop, connection: socket.socket) 
         return b""
 
 
-async def _watch_cpu(group: CallCgroup | None, cpu_seconds: int) -> Ending | None:
-    """The CPU time of all the call's processes together, against its limit (each one
-    alone meets its CPU-time rlimit)."""
+async def _watch_limits(group: CallCgroup | None, cpu_seconds: int) -> Ending | None:
+    """The limits of all the call's processes together, polled as a sandbox's are
+    (``_process.LIMITS_POLL_S`` doubling to ``LIMITS_POLL_MAX_S``): a process of it that
+    the kernel OOM-killed, or socket buffers past its share, end it with its memory limit
+    (its parent may go on waiting); its CPU time, read again only once it could have run
+    out, with its CPU limit (each process alone meets its CPU-time rlimit)."""
+    poll_every, cpu_look_at = LIMITS_POLL_S, time.monotonic()
     while group is not None:
-        await asyncio.sleep(CPU_POLL_S)
-        if group.cpu_seconds() >= cpu_seconds:
-            return Ending.CPU_BUDGET
+        await asyncio.sleep(poll_every)
+        poll_every = min(poll_every * 2, LIMITS_POLL_MAX_S)
+        if group.oom_kills() > 0 or group.sockets_overran():
+            return Ending.MEMORY_LIMIT
+        now = time.monotonic()
+        if now >= cpu_look_at:
+            left = cpu_seconds - group.cpu_seconds()
+            if left < 0:
+                return Ending.CPU_BUDGET
+            cpu_look_at = now + left / (os.cpu_count() or 1)
     await asyncio.Event().wait()
     return None
 

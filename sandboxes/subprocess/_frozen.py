@@ -77,6 +77,7 @@ CLONE_PARENT, SIGCHLD = 0x8000, 17
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 SYS_READ, SYS_CLOSE, SYS_MUNMAP, SYS_DUP2, SYS_SOCKET, SYS_CONNECT = 0, 3, 11, 33, 41, 42
 SYS_RECVMSG, MSG_CMSG_CLOEXEC = 47, 0x40000000
+SYS_IOCTL, SIOCSIFFLAGS, LOOPBACK_UP = 16, 0x8914, 0x1 | 0x8 | 0x40  # IFF_UP, IFF_LOOPBACK, IFF_RUNNING
 SYS_CLONE, SYS_WRITE, SYS_CAPSET, SYS_MOUNT, SYS_OPENAT = 56, 1, 126, 165, 257
 SYS_RT_SIGPROCMASK, SIG_SETMASK, SIGSET_BYTES = 14, 2, 8
 SYS_PRLIMIT64, RLIMIT_CPU = 302, 0
@@ -290,6 +291,10 @@ class FrozenTemplate:
         call.checked(SYS_MOUNT, devpts, call.text("/dev/pts"), devpts, MS_NOSUID | MS_NOEXEC, pts)
         proc = call.text("proc")  # its own pid namespace's: only itself
         call.checked(SYS_MOUNT, proc, call.text("/proc"), proc, MS_NOSUID | MS_NODEV | MS_NOEXEC, 0)
+        # Its own network: loopback only, up (as bubblewrap's is), for a tool that talks to itself.
+        inet = call.checked(SYS_SOCKET, socket.AF_INET, socket.SOCK_DGRAM, 0)
+        call.checked(SYS_IOCTL, inet, SIOCSIFFLAGS, call.put(struct.pack("16sH22x", b"lo", LOOPBACK_UP)))
+        call.checked(SYS_CLOSE, inet)
         limit = call.put(struct.pack("QQ", setup.cpu_seconds, setup.cpu_seconds + 1))  # SIGXCPU, then SIGKILL
         call.checked(SYS_PRLIMIT64, 0, RLIMIT_CPU, limit, 0)
         mask = call.put(struct.pack("Q", self._mask))

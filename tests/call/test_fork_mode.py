@@ -108,6 +108,10 @@ def test_each_call_is_forked_from_one_template_into_a_sandbox_of_its_own(
         # Nothing of a call outlives it: the template alone is left.
         wait_for(lambda: processes_with_env(f"FORK_MARK={mark}") == [template], 10.0)
         assert runner._pools.takes()["trace"] == (6, 0)
+    attempts = [
+        json.loads(line) for line in bench.audit_log.read_text().splitlines() if '"call.attempt"' in line
+    ]
+    assert [(event["warm"], event.get("forked")) for event in attempts] == [(True, True)] * 6
     for n, answer in enumerate(answers):
         assert answer.success, answer.error
         result = answer.result

@@ -188,7 +188,7 @@ def test_the_breaker_counts_each_reason_as_the_table_says(bench: ToolBench, case
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
 def test_each_reason_through_the_command_line(bench: ToolBench, case: Case) -> None:
     make(bench, case)
-    bench.runner()  # writes the policy file
+    bench.write_policy()
     argv = [sys.executable, "-m", "runner", "exec", case.id, "--tools", str(bench.tools)]
     argv += ["--policies", str(bench.root / "policies.yaml"), "--audit-log", str(bench.audit_log)]
     argv += ["--retries", str(RETRIES), "--retry-delay", "0", "--deadline", "60000", "--timeout", "20000"]

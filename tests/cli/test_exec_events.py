@@ -31,7 +31,7 @@ def test_save_content_writes_each_block_and_piped_stderr_shows_no_events(
     bench: ToolBench, tmp_path: Path
 ) -> None:
     bench.tool("eventful", EVENTFUL)
-    bench.runner()  # writes the policy file
+    bench.write_policy()
     folder = tmp_path / "blocks"
     done = subprocess.run(
         runner_argv(bench, "exec", "eventful", "--save-content", str(folder)),

@@ -20,7 +20,7 @@ ECHO_TOOL = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.std
 def validate(
     bench: ToolBench, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    bench.runner()  # writes the policy file
+    bench.write_policy()
     config = ["--tools", str(bench.tools), "--policies", str(bench.root / "policies.yaml")]
     return subprocess.run(
         [sys.executable, "-m", "runner", *config, "validate", *args],

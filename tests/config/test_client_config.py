@@ -21,7 +21,7 @@ SECRET = "tok-9f8e7d6c5b4a"
 
 
 def configure(bench: ToolBench, *args: str, home: Path | None = None) -> subprocess.CompletedProcess[str]:
-    bench.runner()  # writes the policy file
+    bench.write_policy()
     home = home or bench.root / "home"
     env = {**os.environ, "HOME": str(home), "RUNNER_TOKEN": SECRET}
     env.pop("XDG_CONFIG_HOME", None)

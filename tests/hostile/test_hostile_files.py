@@ -46,7 +46,7 @@ def alias_bomb(levels: int = 9, fan_out: int = 9) -> str:
 
 def test_a_yaml_alias_bomb_manifest_is_reported_and_left_out_in_milliseconds(bench: ToolBench) -> None:
     bench.tool("ok", ECHO)
-    bench.runner()  # writes the policy file
+    bench.write_policy()
     bomb = bench.tools / "bomb"
     bomb.mkdir()
     (bomb / "tool.yaml").write_text(alias_bomb())
@@ -67,7 +67,7 @@ def test_a_yaml_alias_bomb_manifest_is_reported_and_left_out_in_milliseconds(ben
 
 def test_a_manifest_larger_than_256_kib_is_left_out(bench: ToolBench) -> None:
     bench.tool("ok", ECHO)
-    bench.runner()  # writes the policy file
+    bench.write_policy()
     folder = bench.tool("big", ECHO)
     padding = "".join(f"# {'x' * 76}\n" for _ in range(4000))  # 320 KB of comments
     (folder / "tool.yaml").write_text((folder / "tool.yaml").read_text() + padding)

@@ -72,7 +72,7 @@ def test_a_tool_printing_nan_infinity_or_an_overflowing_number_is_a_parse_error(
 @pytest.mark.parametrize("stdout", ["Infinity", "1.8e308", "[1e999]"])
 def test_runner_exec_never_prints_infinity(bench: ToolBench, stdout: str) -> None:
     bench.tool("inf", printing(stdout))
-    bench.runner()  # writes the policy file
+    bench.write_policy()
 
     def refuse(name: str) -> Any:
         raise AssertionError(f"runner exec printed {name}")

@@ -307,7 +307,7 @@ def test_validation_runs_off_the_event_loop(bench: ToolBench) -> None:
 
 
 def _cli(bench: ToolBench, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    bench.runner()  # writes the policy file
+    bench.write_policy()
     argv = [
         sys.executable,
         "-m",

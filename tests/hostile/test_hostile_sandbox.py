@@ -78,6 +78,8 @@ def test_concurrent_sandboxes_run_as_distinct_host_uids_from_the_runners_range(b
         print(json.dumps({"inside": os.getuid(), "status": status}))
         """,
     )
+    # Cold: found by REQUEST_ID; a fork-mode tool's calls share its template's uid (docs/security.md).
+    bench.policy["tools"] = {"whoami": {"pool": 0}}
     runner = bench.runner()
     seen: list[tuple[int, int]] = []
 
@@ -315,6 +317,7 @@ def test_host_paths_do_not_reach_setup_failures_or_the_sandboxes_proc(bench: Too
         print(json.dumps({"init": open("/proc/1/cmdline", "rb").read().decode(errors="replace")}))
         """,
     )
+    bench.policy["tools"] = {"cmdline": {"pool": 0}}  # its second call must start cold
     runner = bench.runner()
     answer = runner.handle({"toolName": "cmdline"})
     assert answer["success"] is True, answer

@@ -417,6 +417,7 @@ def test_the_tool_has_a_uid_of_its_own_on_the_host_side(bench: ToolBench) -> Non
     if os.geteuid() != 0:
         pytest.skip("only a root runner changes user; otherwise the tool is the runner's own user")
     bench.tool("idle", "import sys, time\nsys.stdin.read()\ntime.sleep(1.5)\nprint('{}')\n")
+    bench.policy["tools"] = {"idle": {"pool": 0}}  # found by its REQUEST_ID: cold (forked: test_fork_mode.py)
     runner = bench.runner()
     done: list[dict[str, Any]] = []
     caller = threading.Thread(

@@ -84,7 +84,7 @@ def _next_round(harness: subprocess.Popen[str]) -> None:
 def _harness(
     bench: ToolBench, tool: str, rounds: int, runners: int, max_delay_ms: int, sessions: bool = False
 ) -> subprocess.Popen[str]:
-    bench.runner()  # writes the policy file
+    bench.write_policy()
     argv = [
         sys.executable,
         str(HERE / "kill_harness.py"),

@@ -134,7 +134,7 @@ def test_definitions_list_only_what_the_role_may_call(tools_bench: ToolBench) ->
 
 
 def _export(bench: ToolBench, *args: str) -> subprocess.CompletedProcess[str]:
-    bench.runner()  # writes the policy file
+    bench.write_policy()
     command = [
         sys.executable,
         "-m",
