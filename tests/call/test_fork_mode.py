@@ -71,6 +71,18 @@ elif what == "fork":
         if os.fork() == 0:
             time.sleep(30)
             os._exit(0)
+elif what == "child_memory":  # the parent waits on: only the poll sees the OOM kill
+    if os.fork() == 0:
+        hoard = []
+        while True:
+            hoard.append(bytearray(16 * 1024 * 1024))
+    time.sleep(60)
+elif what == "loopback":
+    import socket
+    server = socket.create_server(("127.0.0.1", 0))
+    socket.create_connection(server.getsockname()).sendall(b"ok")
+    print(json.dumps({"what": server.accept()[0].recv(2).decode()}))
+    sys.exit(0)
 elif what == "exit":
     sys.exit(3)
 print(json.dumps({"what": what}))
@@ -133,7 +145,7 @@ def test_a_forked_call_meets_its_limits_and_is_gone_after_each(bench: ToolBench)
         _ready(runner, "limited")
         (template,) = processes_with_env(f"FORK_MARK={mark}")
         reasons: dict[str, Any] = {}
-        for what in ("sleep", "spin", "memory", "output", "fork", "exit", "fine"):
+        for what in ("sleep", "spin", "memory", "child_memory", "output", "fork", "exit", "loopback", "fine"):
             answer = runner.call("limited", {"what": what})
             error = answer.error
             reasons[what] = (
@@ -145,9 +157,11 @@ def test_a_forked_call_meets_its_limits_and_is_gone_after_each(bench: ToolBench)
         "sleep": ("TIMEOUT", None),
         "spin": ("EXECUTION_ERROR", "cpu_limit"),
         "memory": ("EXECUTION_ERROR", "memory_limit"),
+        "child_memory": ("EXECUTION_ERROR", "memory_limit"),
         "output": ("EXECUTION_ERROR", "output_limit"),
         "fork": ("EXECUTION_ERROR", "pids_limit"),
         "exit": ("EXECUTION_ERROR", "exit_code"),
+        "loopback": {"what": "ok"},
         "fine": {"what": "fine"},
     }
 
