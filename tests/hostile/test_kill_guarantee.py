@@ -84,6 +84,9 @@ def _next_round(harness: subprocess.Popen[str]) -> None:
 def _harness(
     bench: ToolBench, tool: str, rounds: int, runners: int, max_delay_ms: int, sessions: bool = False
 ) -> subprocess.Popen[str]:
+    # No pool: the harness's own runner, which lives on, would keep sandboxes of the tool
+    # (a fork-mode runner killed mid-call: test_fork_mode_hostile.py).
+    bench.policy["pool"] = {"size": 0}
     bench.write_policy()
     argv = [
         sys.executable,
