@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The tests of dispatch, hosted servers, pools, egress rules and the CLI again, on the
+# The tests of dispatch, hosted servers, pools, fork mode, egress rules and the CLI again, on the
 # Python the system ships (/usr/bin/python3; Debian 12: 3.11.2, the oldest the package
 # supports): build the wheel, install it with its [dev,ray] extras into a fresh virtual
 # environment made from that interpreter (nothing of another Python's site-packages), then
@@ -34,7 +34,8 @@ if [ ${#tests[@]} -eq 0 ]; then
   tests=(
     tests/dispatch/test_system_python.py tests/dispatch/test_dispatch_bundle.py tests/dispatch/test_dispatch_ray.py
     tests/mcp/hosted/test_hosted.py tests/mcp/hosted/test_hosted_servers.py tests/mcp/hosted/test_hosted_pools.py
-    tests/call/test_pools.py tests/config/test_egress_rules.py tests/cli/test_cli.py tests/cli/test_cli_human.py
+    tests/call/test_pools.py tests/call/test_fork_mode.py tests/hostile/test_fork_mode_hostile.py
+    tests/config/test_egress_rules.py tests/cli/test_cli.py tests/cli/test_cli_human.py
   )
 fi
 

@@ -270,3 +270,35 @@ def test_each_template_runs_as_a_leased_uid_of_its_own_as_do_its_calls(bench: To
             (uids[name],) = asyncio.run(hold())
     assert uids["one"] != uids["two"]
     assert all(UID_BASE <= uid < UID_BASE + UID_COUNT for uid in uids.values())
+
+
+def _warned(capfd: pytest.CaptureFixture[str], said: list[str], text: str) -> bool:
+    said.append(capfd.readouterr().err)
+    return text in "".join(said)
+
+
+@pytest.mark.parametrize("shell", [False, True], ids=["python", "shell"])
+def test_a_tool_without_fork_mode_is_served_warm_and_the_operator_hears_why(
+    bench: ToolBench, capfd: pytest.CaptureFixture[str], shell: bool
+) -> None:
+    if not shell and FORKABLE:
+        pytest.skip("this machine has fork mode: a Python tool gets it")
+    if shell:  # no fork mode for it on any machine
+        bench.tool("limited", "", command=["sh", "-c", 'cat >/dev/null; echo \'{"what": "fine"}\''])
+    else:
+        bench.tool("limited", LIMITS)
+    bench.policy["pool"] = {"size": 1, "mode": "fork"}
+    said: list[str] = []
+    with bench.runner() as runner:
+        runner.warm_sandboxes()
+        wait_for(lambda: _warned(capfd, said, "limited cannot run in fork mode"), 30.0)
+        wait_for(lambda: runner.warm_sandboxes().get("limited") == 1, 30.0)  # a warm sandbox instead
+        answer = runner.call("limited", {"what": "fine"})
+        assert runner._pools.takes()["limited"] == (1, 0)
+    assert answer.success and answer.result == {"what": "fine"}, answer.error
+    why = "python3 SCRIPT.py" if shell else "fork mode needs"
+    assert why in "".join(said), said
+    attempts = [
+        json.loads(line) for line in bench.audit_log.read_text().splitlines() if '"call.attempt"' in line
+    ]
+    assert [(event["warm"], event.get("forked")) for event in attempts] == [(True, None)]
