@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import functools
 import os
 import signal
 import socket
@@ -88,7 +89,14 @@ class ForkedCall:
         started = time.monotonic()
         limits = self._limits
         name = os.urandom(8).hex()
-        self._group = await asyncio.to_thread(self._cgroups.create, limits.memory_mb, limits.max_pids)
+        making = asyncio.ensure_future(
+            asyncio.to_thread(self._cgroups.create, limits.memory_mb, limits.max_pids)
+        )
+        try:
+            self._group = await asyncio.shield(making)
+        except asyncio.CancelledError:
+            making.add_done_callback(_remove_late)  # made all the same: removed once it is
+            raise
         for end in ("io", "err"):
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._listeners.append(listener)
@@ -109,13 +117,16 @@ class ForkedCall:
         try:
             cloned = await asyncio.wrap_future(cloning)
         except asyncio.CancelledError:
-            cloning.add_done_callback(_kill_late)
+            # The clone may be under way in the tracer's thread, with the listeners: they
+            # are closed, and what it made killed, once it is over.
+            listeners, self._listeners = self._listeners, []
+            cloning.add_done_callback(functools.partial(_kill_late, listeners))
             raise
         except TraceError as exc:
+            self._close_listeners()
             message = f"the call could not be forked: {exc}"
             return SandboxOutcome.never_ran(StopReason.SANDBOX_UNAVAILABLE, message)
-        finally:
-            self._close_listeners()  # taken: no one else may connect
+        self._close_listeners()  # taken: no one else may connect
         self._pidfd = cloned.pidfd
         with cloned.io, cloned.err:
             result = await self._exchange(cloned, payload)
@@ -159,12 +170,8 @@ class ForkedCall:
         await asyncio.to_thread(self.discard)
 
     def _close_listeners(self) -> None:
-        for listener in self._listeners:
-            path = listener.getsockname()
-            listener.close()
-            with contextlib.suppress(OSError):
-                Path(path).unlink()
-        self._listeners = []
+        listeners, self._listeners = self._listeners, []
+        _close(listeners)
 
     def discard(self) -> None:
         pidfd, self._pidfd = self._pidfd, None
@@ -178,8 +185,10 @@ class ForkedCall:
             group.remove()  # kills what is left in it first
 
 
-def _kill_late(cloning: Future[Cloned]) -> None:
-    """A clone whose call was cancelled meanwhile: its process is killed once made."""
+def _kill_late(listeners: list[socket.socket], cloning: Future[Cloned]) -> None:
+    """A clone whose call was cancelled meanwhile, once it is over: its listeners closed,
+    and its process, if it was made, killed."""
+    _close(listeners)
     if cloning.cancelled() or cloning.exception() is not None:
         return
     cloned = cloning.result()
@@ -188,6 +197,19 @@ def _kill_late(cloning: Future[Cloned]) -> None:
     os.close(cloned.pidfd)
     cloned.io.close()
     cloned.err.close()
+
+
+def _remove_late(making: asyncio.Future[CallCgroup]) -> None:
+    if not making.cancelled() and making.exception() is None:
+        making.result().remove()
+
+
+def _close(listeners: list[socket.socket]) -> None:
+    for listener in listeners:
+        path = listener.getsockname()
+        listener.close()
+        with contextlib.suppress(OSError):
+            Path(path).unlink()
 
 
 async def _first_ending(*steps: object) -> Ending:

@@ -165,6 +165,10 @@ class FrozenTemplate:
         try:
             while (job := self._jobs.get()) is not None:
                 work, args, done = job
+                # Cancelled while it waited (its call was): nothing is made. Once running it
+                # can no longer be cancelled; its caller then cleans up what it made.
+                if not done.set_running_or_notify_cancel():
+                    continue
                 try:
                     done.set_result(work(*args))
                 except BaseException as exc:

@@ -228,6 +228,34 @@ def test_a_cancelled_call_leaves_nothing_and_the_template_serves_the_next(bench:
 
 
 @needs_fork_mode
+def test_calls_cancelled_while_they_are_forked_leave_nothing_and_the_template_serves_on(
+    bench: ToolBench,
+) -> None:
+    mark = _marker()
+    bench.tool("limited", LIMITS, env={"FORK_MARK": mark}, limits={"timeout_ms": 30000})
+    bench.policy["pool"] = {"size": 1, "mode": "fork"}
+    with bench.runner() as runner:
+        _ready(runner, "limited")
+        (template,) = processes_with_env(f"FORK_MARK={mark}")
+
+        async def cancel_while_forking(after_s: float) -> None:
+            calls = [asyncio.ensure_future(runner.acall("limited", {"what": "sleep"})) for _ in range(8)]
+            await asyncio.sleep(after_s)  # some waiting for the tracer, one being set up, some running
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+
+        for after_s in (0.0, 0.002, 0.005, 0.01, 0.02):
+            asyncio.run(cancel_while_forking(after_s))
+            wait_for(lambda: processes_with_env(f"FORK_MARK={mark}") == [template], 10.0)
+        hits = runner._pools.takes()["limited"][0]
+        assert runner.call("limited", {"what": "fine"}).result == {"what": "fine"}
+        assert runner._pools.takes()["limited"][0] == hits + 1  # the same template served it
+        assert processes_with_env(f"FORK_MARK={mark}") == [template]
+    wait_for(lambda: our_cgroups(os.getpid()) == [], 10.0)
+
+
+@needs_fork_mode
 def test_a_template_killed_from_outside_is_replaced_and_calls_meanwhile_start_cold(
     forked: tuple[ToolBench, str],
 ) -> None:
