@@ -24,6 +24,10 @@ class ForkTemplate(Protocol):
         """None while calls can be forked from it; else, for the operator, why not."""
         ...
 
+    def retire(self) -> None:
+        """No more calls: discard it once the calls running from it have ended."""
+        ...
+
     def discard(self) -> None:
         """Kill the template and every call still running from it."""
         ...

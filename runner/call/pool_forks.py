@@ -59,7 +59,8 @@ class ForkTemplates:
 
     def follow(self, plans: dict[str, PoolPlan]) -> None:
         """Keep a template for each of ``plans`` (all in fork mode), and no other: the
-        templates of the last plans are discarded (made under the old rules)."""
+        templates of the last plans (made under the old rules) are discarded once their
+        calls in flight have ended."""
         with self._lock:
             if self._closing:
                 return
@@ -67,8 +68,8 @@ class ForkTemplates:
             self._forks = {name: _Fork(plan) for name, plan in plans.items()}
             for fork in self._forks.values():
                 self._start(fork)
-        if old:
-            self._in_thread(self._discard, old)
+        if old:  # their calls in flight finish with what they started with
+            self._in_thread(self._retire, old)
 
     def plan(self, tool_name: str) -> PoolPlan | None:
         """The fork-mode plan of ``tool_name``; None when it has none."""
@@ -165,6 +166,13 @@ class ForkTemplates:
                 f"{plan.spec.tool_name} cannot run in fork mode ({refused}): its pool keeps warm sandboxes"
             )
             self._refused(plan)
+
+    def _retire(self, templates: list[ForkTemplate]) -> None:
+        for template in templates:
+            try:
+                template.retire()
+            except Exception as exc:  # one failed teardown must not keep the others alive
+                self._fault(exc)
 
     def _discard(self, templates: list[ForkTemplate]) -> None:
         for template in templates:

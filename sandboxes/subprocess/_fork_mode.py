@@ -14,18 +14,20 @@ import platform
 import re
 import shutil
 import stat
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes.base import LaunchSpec, Limits, SandboxUnavailable
+from sandboxes.subprocess._cgroup import CallCgroup, CgroupUnavailable
 from sandboxes.subprocess._command import reachable_by_others
 from sandboxes.subprocess._forked import ForkedCall, exit_status_known
 from sandboxes.subprocess._frozen import FrozenTemplate
 from sandboxes.subprocess._launch import drop_privileges_argv
 from sandboxes.subprocess._layout import SANDBOX_UID, Sources, bwrap_argv
 from sandboxes.subprocess._seccomp import compiled_filter, sealed_memfd
-from sandboxes.view import LIBRARY_MOUNT, SCRATCH_MOUNT, tool_env
+from sandboxes.view import LIBRARY_MOUNT, SCRATCH_MOUNT, TOOL_MOUNT, tool_env
 
 if TYPE_CHECKING:
     from sandboxes.subprocess.sandbox import SubprocessSandbox
@@ -33,6 +35,14 @@ if TYPE_CHECKING:
 CALLS_MOUNT = "/run/runner-calls"
 TEMPLATE_SCRIPT = f"{LIBRARY_MOUNT}/runner_fork.py"
 READY_S = 30.0  # for the tool's imports
+SHELL = "/bin/sh"
+# Joins the template's cgroup (writing 0: itself, before anything else is started) and
+# bounds the imports' CPU time, then starts the sandbox.
+TEMPLATE_LAUNCH = """
+for f in $RUNNER_CGROUPS; do printf 0 > "$f" || exit 125; done
+ulimit -S -t "$RUNNER_CPU" && ulimit -H -t $((RUNNER_CPU + 1)) || exit 125
+exec "$@"
+"""
 SOCKET_PATH_MAX = 108  # sun_path, its final NUL included
 _PYTHON = re.compile(r"^(?:.*/)?python3(?:\.\d+)?$")
 _SCRIPT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\.py$")
@@ -65,6 +75,10 @@ class ToolTemplate:
     """One tool's template in fork mode; each ``call`` is a sandbox for one call, cloned
     from it when it runs. Blocking: made and discarded off the event loop.
 
+    The template's own processes (bubblewrap, its init, the imports) are in a cgroup of
+    their own with the tool's memory and process limits, and the imports under its
+    CPU-time rlimit, as a sandbox's tool is.
+
     Raises:
         SandboxUnavailable: the machine or the tool cannot have one (``fork_problem``), or
             the template was refused (``TemplateRefused``).
@@ -75,19 +89,24 @@ class ToolTemplate:
         problem = fork_problem(owner, spec, limits)
         if problem is not None:
             raise SandboxUnavailable(problem)
-        assert owner.cgroups is not None and owner.bwrap is not None and owner.setpriv is not None
+        assert owner.cgroups is not None
         self._cgroups = owner.cgroups
-        self._limits = limits
         self._template: FrozenTemplate | None = None
+        self._lock = threading.Lock()
+        self._running = 0  # calls made by ``call`` and not yet discarded
+        self._retired = False  # discarded once its last running call is
         # Named as a call's scratch folder: the watchdog removes it should the runner die.
         self._folder = owner.scratch_root / owner.next_name()
         self._calls = self._folder / "calls"
         if len(str(self._calls)) + len("/0123456789abcdef.err") >= SOCKET_PATH_MAX:
             raise SandboxUnavailable("fork mode: the runner's state folder's path is too long for a socket's")
         self._lease: IdentityLease | None = lease_identity()  # the template's and its calls'
+        self._group: CallCgroup | None = None
         try:
-            self._folder.mkdir(mode=0o755)
-            self._folder.chmod(0o755)
+            # Only the template's gid passes: the tool's copy in it is no one else's to read.
+            self._folder.mkdir(mode=0o750)
+            os.chown(self._folder, 0, self._lease.gid)
+            self._folder.chmod(0o750)
             self._calls.mkdir(mode=0o711)  # its sockets' names cannot be listed
             self._calls.chmod(0o711)
             tool_dir = (
@@ -95,10 +114,18 @@ class ToolTemplate:
                 if reachable_by_others(spec.tool_dir)
                 else _copy_tool(spec.tool_dir, self._folder)
             )
+            self._group = owner.cgroups.create(limits.memory_mb, limits.max_pids)
             argv, fds = self._argv(owner, spec, limits, tool_dir)
-            self._template = FrozenTemplate(argv, fds, SANDBOX_UID, READY_S)
-        except BaseException:
+            env = {
+                "PATH": "/usr/bin:/bin",
+                "RUNNER_CGROUPS": " ".join(str(path) for path in self._group.join_files),
+                "RUNNER_CPU": str(limits.cpu_seconds),
+            }
+            self._template = FrozenTemplate(argv, fds, env, (SANDBOX_UID, TOOL_MOUNT), READY_S)
+        except BaseException as exc:
             self.discard()
+            if isinstance(exc, CgroupUnavailable):
+                raise SandboxUnavailable(str(exc)) from exc
             raise
 
     def _argv(
@@ -118,6 +145,7 @@ class ToolTemplate:
         lease = self._lease
         assert lease is not None
         argv = [
+            SHELL, "-c", TEMPLATE_LAUNCH, "runner-fork",
             *drop_privileges_argv(owner.setpriv, lease.uid, lease.gid),
             owner.bwrap, "--args", str(args), "--", python, TEMPLATE_SCRIPT, script,
         ]  # fmt: skip
@@ -125,28 +153,54 @@ class ToolTemplate:
 
     def call(self, limits: Limits) -> ForkedCall:
         """A sandbox for one call under ``limits`` (this template's, but the timeout)."""
-        if self._template is None:
-            raise SandboxUnavailable("the tool's template is closed")
-        return ForkedCall(self._template, self._cgroups, (self._calls, CALLS_MOUNT), limits)
+        with self._lock:
+            if self._template is None or self._retired:
+                raise SandboxUnavailable("the tool's template is closed")
+            self._running += 1
+        return ForkedCall(self._template, self._cgroups, (self._calls, CALLS_MOUNT), limits, self._ended_call)
 
     def ended(self) -> str | None:
         """None while calls can be forked; else why not."""
-        return self._template.ended() if self._template is not None else "the tool's template is closed"
+        template = self._template
+        return template.ended() if template is not None else "the tool's template is closed"
+
+    def retire(self) -> None:
+        """No more calls: discard it once the calls running from it have ended (a reload:
+        calls in flight finish with what they started with)."""
+        with self._lock:
+            self._retired = True
+            now = self._running == 0
+        if now:
+            self.discard()
+
+    def _ended_call(self) -> None:
+        with self._lock:
+            self._running -= 1
+            now = self._retired and self._running == 0
+        if now:
+            self.discard()
 
     def discard(self) -> None:
         """Kill the template and every call still running from it; give its uid back."""
-        template, self._template = self._template, None
-        if template is not None:
-            template.close()
-        shutil.rmtree(self._folder, ignore_errors=True)
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            lease.release()  # the template is gone, and each call went with its cgroup
+        with self._lock:
+            template, self._template = self._template, None
+            group, self._group = self._group, None
+            lease, self._lease = self._lease, None
+        try:
+            if template is not None:
+                template.close()
+        finally:
+            if group is not None:
+                group.remove()  # kills what is left in it first
+            shutil.rmtree(self._folder, ignore_errors=True)
+            if lease is not None:
+                lease.release()  # the template is gone, and each call went with its cgroup
 
 
 def _copy_tool(source: Path, folder: Path) -> Path:
-    """The tool's folder, copied where the template's uid can read it: regular files and
-    folders only (links and special files are left out: never followed as root)."""
+    """The tool's folder, copied where the template's uid can reach it (and no one but
+    it and root): regular files and folders only, with their permissions (links and
+    special files are left out: never followed as root)."""
     target = folder / "tool"
 
     def skipped(directory: str, names: list[str]) -> set[str]:
@@ -159,5 +213,7 @@ def _copy_tool(source: Path, folder: Path) -> Path:
 
     shutil.copytree(source, target, symlinks=True, ignore=skipped)
     for path in (target, *target.rglob("*")):
-        path.chmod(0o755 if path.is_dir() else 0o644)
+        # As readable as the original for the template's uid, which reads as "others";
+        # never set-id (the copy is root's).
+        path.chmod(stat.S_IMODE(path.lstat().st_mode) & 0o777)
     return target

@@ -23,7 +23,9 @@ import os
 import signal
 import socket
 import struct
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING
 from sandboxes._streams import TailBuffer
 from sandboxes.base import Limits, SandboxOutcome, StopReason
 from sandboxes.events import EventSink, OutputBudget, StderrSplitter
+from sandboxes.subprocess._cgroup import CgroupUnavailable
 from sandboxes.subprocess._frozen import CallSetUp, Cloned
 from sandboxes.subprocess._outcome import outcome
 from sandboxes.subprocess._process import LIMITS_POLL_MAX_S, LIMITS_POLL_S, Ending, ProcessResult
@@ -68,8 +71,14 @@ class ForkedCall:
     """A call's sandbox in fork mode (a ``WarmSandbox``): nothing exists until ``run``."""
 
     def __init__(
-        self, template: FrozenTemplate, cgroups: CgroupFactory, calls: tuple[Path, str], limits: Limits
+        self,
+        template: FrozenTemplate,
+        cgroups: CgroupFactory,
+        calls: tuple[Path, str],
+        limits: Limits,
+        ended: Callable[[], None],
     ) -> None:
+        self._ended: Callable[[], None] | None = ended  # told once, when it is discarded
         self._template = template
         self._cgroups = cgroups
         self._calls, self._calls_inside = calls  # the sockets' folder: on the host, in the sandbox
@@ -89,14 +98,6 @@ class ForkedCall:
         started = time.monotonic()
         limits = self._limits
         name = os.urandom(8).hex()
-        making = asyncio.ensure_future(
-            asyncio.to_thread(self._cgroups.create, limits.memory_mb, limits.max_pids)
-        )
-        try:
-            self._group = await asyncio.shield(making)
-        except asyncio.CancelledError:
-            making.add_done_callback(_remove_late)  # made all the same: removed once it is
-            raise
         for end in ("io", "err"):
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._listeners.append(listener)
@@ -107,7 +108,9 @@ class ForkedCall:
             listener.setblocking(False)
         inside = f"{self._calls_inside}/{name}"
         setup = CallSetUp(
-            self._group.join_files,
+            self._cgroups,
+            limits.memory_mb,
+            limits.max_pids,
             (self._listeners[0], self._listeners[1]),
             (f"{inside}.io", f"{inside}.err"),
             limits.cpu_seconds,
@@ -122,12 +125,12 @@ class ForkedCall:
             listeners, self._listeners = self._listeners, []
             cloning.add_done_callback(functools.partial(_kill_late, listeners))
             raise
-        except TraceError as exc:
+        except (TraceError, CgroupUnavailable) as exc:
             self._close_listeners()
             message = f"the call could not be forked: {exc}"
             return SandboxOutcome.never_ran(StopReason.SANDBOX_UNAVAILABLE, message)
         self._close_listeners()  # taken: no one else may connect
-        self._pidfd = cloned.pidfd
+        self._pidfd, self._group = cloned.pidfd, cloned.group
         with cloned.io, cloned.err:
             result = await self._exchange(cloned, payload)
         duration_ms = (time.monotonic() - started) * 1000
@@ -183,6 +186,9 @@ class ForkedCall:
         group, self._group = self._group, None
         if group is not None:
             group.remove()  # kills what is left in it first
+        ended, self._ended = self._ended, None
+        if ended is not None:
+            ended()
 
 
 def _kill_late(listeners: list[socket.socket], cloning: Future[Cloned]) -> None:
@@ -197,11 +203,8 @@ def _kill_late(listeners: list[socket.socket], cloning: Future[Cloned]) -> None:
     os.close(cloned.pidfd)
     cloned.io.close()
     cloned.err.close()
-
-
-def _remove_late(making: asyncio.Future[CallCgroup]) -> None:
-    if not making.cancelled() and making.exception() is None:
-        making.result().remove()
+    # Off the tracer's thread (this one): the removal waits for the process to be gone.
+    threading.Thread(target=cloned.group.remove, name="runner-fork-cancelled", daemon=True).start()
 
 
 def _close(listeners: list[socket.socket]) -> None:

@@ -23,7 +23,6 @@ Every ptrace request comes from the one thread that seized the template (``_trac
 
 from __future__ import annotations
 
-import array
 import collections
 import contextlib
 import os
@@ -43,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from sandboxes._watchdog import forget_sandbox_init, parent_and_start, watch_sandbox_init
+from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory
+from sandboxes.subprocess._frozen_calls import accepted, join
 from sandboxes.subprocess._frozen_checks import (
     TemplateRefused,
     capabilities,
@@ -62,6 +63,7 @@ from sandboxes.subprocess._ptrace import (
     O_TRACESECCOMP,
     SEIZE,
     SETOPTIONS,
+    WALL,
     Injector,
     Regs,
     TraceError,
@@ -76,7 +78,7 @@ FRESH = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET
 CLONE_PARENT, SIGCHLD = 0x8000, 17
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 SYS_READ, SYS_CLOSE, SYS_MUNMAP, SYS_DUP2, SYS_SOCKET, SYS_CONNECT = 0, 3, 11, 33, 41, 42
-SYS_RECVMSG, MSG_CMSG_CLOEXEC = 47, 0x40000000
+SYS_CHDIR = 80
 SYS_IOCTL, SIOCSIFFLAGS, LOOPBACK_UP = 16, 0x8914, 0x1 | 0x8 | 0x40  # IFF_UP, IFF_LOOPBACK, IFF_RUNNING
 SYS_CLONE, SYS_WRITE, SYS_CAPSET, SYS_MOUNT, SYS_OPENAT = 56, 1, 126, 165, 257
 SYS_RT_SIGPROCMASK, SIG_SETMASK, SIGSET_BYTES = 14, 2, 8
@@ -85,14 +87,15 @@ AT_FDCWD, O_WRONLY = -100, 1
 CAPABILITY_V3 = 0x20080522
 MOUNTS = 5  # made in each call's process: /, /tmp, /dev/shm, /dev/pts, /proc
 STOP_TRIES = 200  # about 10 ms apart: a template not found in its read by then is refused
-CONNECT_S = 5.0  # for a call's process to be seen on its sockets
 
 
 @dataclass(frozen=True)
 class CallSetUp:
     """What a call's process is given before it runs anything of its own."""
 
-    tasks: list[Path]  # its cgroup's join files: it writes 0 to each (itself, on v1 ``tasks``)
+    cgroups: CgroupFactory  # its cgroup is made from it, with these limits
+    memory_mb: int
+    max_pids: int
     listeners: tuple[socket.socket, socket.socket]  # of its stdin and stdout, of its stderr
     addresses: tuple[str, str]  # where it connects to them, as the template sees them
     cpu_seconds: int
@@ -105,6 +108,7 @@ class Cloned:
 
     pid: int
     pidfd: int
+    group: CallCgroup  # its cgroup: the caller's to remove
     io: socket.socket  # its stdin and stdout
     err: socket.socket  # its stderr
 
@@ -112,15 +116,25 @@ class Cloned:
 class FrozenTemplate:
     """One tool's frozen template in its sandbox; ``clone`` makes each call's process.
 
-    ``argv`` starts the sandbox (bubblewrap, its descriptors in ``pass_fds``); ``inside``
-    is the uid and gid the tool runs as in it. Blocks until the template is frozen.
+    ``argv`` starts the sandbox (bubblewrap, its descriptors in ``pass_fds``, the
+    environment ``env``); ``inside`` is the uid and gid the tool runs as in it, and ``cwd``
+    its working folder there. Blocks until the template is frozen.
 
     Raises:
         TemplateRefused: it did not say ready in ``ready_s``, or failed a check.
     """
 
-    def __init__(self, argv: list[str], pass_fds: tuple[int, ...], inside: int, ready_s: float) -> None:
-        self._inside = inside
+    def __init__(
+        self,
+        argv: list[str],
+        pass_fds: tuple[int, ...],
+        env: dict[str, str],
+        inside: tuple[int, str],
+        ready_s: float,
+    ) -> None:
+        self._inside, self._cwd = inside
+        self._closed = False  # no job is queued once it is (under ``_closing``)
+        self._closing = threading.Lock()
         self._jobs: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]] | None] = (
             queue.Queue()
         )
@@ -134,7 +148,7 @@ class FrozenTemplate:
         # as the template.
         self._tracer = threading.Thread(
             target=self._trace,
-            args=(argv, pass_fds, ready_s, ready),
+            args=(argv, pass_fds, env, ready_s, ready),
             daemon=True,
             name="runner-fork-template",
         )
@@ -147,11 +161,18 @@ class FrozenTemplate:
 
     # -- the tracer's thread: every ptrace request comes from it ------------------------
 
-    def _trace(self, argv: list[str], pass_fds: tuple[int, ...], ready_s: float, ready: Future[None]) -> None:
+    def _trace(
+        self,
+        argv: list[str],
+        pass_fds: tuple[int, ...],
+        env: dict[str, str],
+        ready_s: float,
+        ready: Future[None],
+    ) -> None:
         try:
             try:
                 self.process = subprocess.Popen(
-                    argv, pass_fds=pass_fds, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    argv, pass_fds=pass_fds, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,
                 )  # fmt: skip
             finally:
@@ -159,6 +180,8 @@ class FrozenTemplate:
                     os.close(fd)
             self._template, self._base = self._freeze(ready_s)
         except BaseException as exc:
+            if isinstance(exc, OSError):  # it exited, or did not stop as asked, while frozen
+                exc = TemplateRefused(f"the tool's template could not be frozen: {exc}")
             ready.set_exception(exc)
             return
         ready.set_result(None)
@@ -175,6 +198,19 @@ class FrozenTemplate:
                     done.set_exception(exc)
         finally:
             _kill_quietly(self._template)
+            with self._closing:
+                self._closed = True
+            self._refuse_queued()
+
+    def _refuse_queued(self) -> None:
+        """Fail every job still queued: the tracer is gone (no job is queued after this)."""
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None and job[2].set_running_or_notify_cancel():
+                job[2].set_exception(TemplateRefused("the tool's template is closed"))
 
     def _freeze(self, ready_s: float) -> tuple[int, Regs]:
         process = self.process
@@ -200,6 +236,8 @@ class FrozenTemplate:
         threads = list(Path(f"/proc/{template}/task").iterdir())
         if len(threads) != 1:
             raise TemplateRefused(f"the tool's imports left {len(threads)} threads in its template")
+        if str(Path(f"/proc/{template}/cwd").readlink()) != self._cwd:  # a call would start there
+            raise TemplateRefused(f"the tool's imports left its template outside {self._cwd}")
         if status(template, "Seccomp_filters") != "1" or status(template, "NoNewPrivs") != "1":
             raise TemplateRefused("the tool's imports loaded a system-call filter of their own")
         request(SETOPTIONS, template, 0, O_TRACEFORK | O_TRACECLONE | O_TRACESECCOMP | O_EXITKILL)
@@ -245,23 +283,30 @@ class FrozenTemplate:
 
     def _clone(self, setup: CallSetUp) -> Cloned:
         """A call's process, cloned, set up and let go."""
+        group = setup.cgroups.create(setup.memory_mb, setup.max_pids)
         try:
             template = Injector(self._template, self._base)
             template.checked(SYS_CLONE, FRESH | CLONE_PARENT | SIGCHLD, 0, 0, 0, 0)
-        except TraceError as exc:
+        except BaseException as exc:
+            group.remove()
             self._broken = f"a call could not be cloned from it: {exc}"
             raise
         (child,) = template.children
         connections: list[socket.socket] = []
         try:
-            return self._set_up(child, setup, connections)
+            return self._set_up(child, group, setup, connections)
         except BaseException:
             _kill_quietly(child)
+            with contextlib.suppress(OSError):
+                os.waitpid(child, WALL)  # traced: it is ours to reap first
             for connection in connections:
                 connection.close()
+            group.remove()
             raise
 
-    def _set_up(self, child: int, setup: CallSetUp, connections: list[socket.socket]) -> Cloned:
+    def _set_up(
+        self, child: int, group: CallCgroup, setup: CallSetUp, connections: list[socket.socket]
+    ) -> Cloned:
         if stop_of(child)[0] != EVENT_STOP:
             raise TraceError(0, f"the call's process {child} did not stop at its start")
         call = Injector(child, self._base)
@@ -285,8 +330,8 @@ class FrozenTemplate:
                     call.checked(SYS_DUP2, sock, number)
             if sock not in numbers:
                 call.checked(SYS_CLOSE, sock)
-            connections.append(_accepted(listener, child))
-        _join(call, connections[0], setup.tasks)  # before it runs anything
+            connections.append(accepted(listener, child))
+        join(call, connections[0], group.join_files)  # before it runs anything
         call.checked(SYS_MOUNT, call.text("none"), call.text("/"), 0, MS_REC | MS_PRIVATE, 0)
         tmpfs, options = call.text("tmpfs"), call.text(f"size={setup.disk_mb}m,mode=1777")
         for target in ("/tmp", "/dev/shm"):  # noqa: S108 - the call's own
@@ -295,6 +340,7 @@ class FrozenTemplate:
         call.checked(SYS_MOUNT, devpts, call.text("/dev/pts"), devpts, MS_NOSUID | MS_NOEXEC, pts)
         proc = call.text("proc")  # its own pid namespace's: only itself
         call.checked(SYS_MOUNT, proc, call.text("/proc"), proc, MS_NOSUID | MS_NODEV | MS_NOEXEC, 0)
+        call.checked(SYS_CHDIR, call.text(self._cwd))  # whatever the import left, checked below
         # Its own network: loopback only, up (as bubblewrap's is), for a tool that talks to itself.
         inet = call.checked(SYS_SOCKET, socket.AF_INET, socket.SOCK_DGRAM, 0)
         call.checked(SYS_IOCTL, inet, SIOCSIFFLAGS, call.put(struct.pack("16sH22x", b"lo", LOOPBACK_UP)))
@@ -307,7 +353,11 @@ class FrozenTemplate:
         call.checked(SYS_CAPSET, header, call.put(bytes(24)))  # nothing, in its user namespace
         # Checked from outside: each mount went through the tracer (a filter of the tool's
         # own could fake them; ``_freeze`` refuses one), and no capability is left.
-        if call.approved != MOUNTS or capabilities(child) != 0:
+        if (
+            call.approved != MOUNTS
+            or capabilities(child) != 0
+            or str(Path(f"/proc/{child}/cwd").readlink()) != self._cwd
+        ):
             raise TraceError(0, f"the call's process {child} was not set up as asked")
         pidfd = os.pidfd_open(child)
         try:
@@ -317,7 +367,7 @@ class FrozenTemplate:
         except BaseException:
             os.close(pidfd)
             raise
-        return Cloned(child, pidfd, *connections)
+        return Cloned(child, pidfd, group, *connections)
 
     # -- any thread ---------------------------------------------------------------------
 
@@ -328,10 +378,11 @@ class FrozenTemplate:
         The future's error: ``TraceError`` (the call could not be set up; the template
         may be unusable: ``ended``), or ``TemplateRefused`` once the template is closed."""
         done: Future[Cloned] = Future()
-        if not self._tracer.is_alive():
-            done.set_exception(TemplateRefused("the tool's template is closed"))
-            return done
-        self._jobs.put((self._clone, (setup,), done))
+        with self._closing:
+            if not self._closed:
+                self._jobs.put((self._clone, (setup,), done))
+                return done
+        done.set_exception(TemplateRefused("the tool's template is closed"))
         return done
 
     def ended(self) -> str | None:
@@ -348,12 +399,21 @@ class FrozenTemplate:
 
     def close(self) -> None:
         """Kill the template's sandbox, and every call still in it (blocking)."""
-        self._jobs.put(None)
+        with self._closing:
+            self._closed = True
+            self._jobs.put(None)
         self._tracer.join(10)
         process = self.process
+        try:
+            if process is not None:
+                _kill_quietly(process.pid)
+                process.wait(timeout=10)
+        finally:
+            self._forget()
+
+    def _forget(self) -> None:
+        process = self.process
         if process is not None:
-            _kill_quietly(process.pid)
-            process.wait(timeout=10)
             for pipe in (process.stdin, process.stdout):
                 if pipe is not None:
                     pipe.close()
@@ -364,53 +424,6 @@ class FrozenTemplate:
             pidfd, self._pidfd = self._pidfd, None
             if pidfd is not None:
                 os.close(pidfd)
-
-
-def _accepted(listener: socket.socket, pid: int) -> socket.socket:
-    """The connection of process ``pid`` (by the kernel's word, SO_PEERCRED); any other
-    is closed unread."""
-    deadline = time.monotonic() + CONNECT_S
-    while (left := deadline - time.monotonic()) > 0:
-        if not select.select([listener], [], [], left)[0]:
-            break
-        try:
-            connection, _ = listener.accept()
-        except BlockingIOError:
-            continue
-        peer = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
-        if peer == pid:
-            connection.setblocking(False)
-            return connection
-        connection.close()
-    raise TraceError(0, f"the call's process {pid} was not seen on its socket")
-
-
-def _join(call: Injector, io: socket.socket, tasks: list[Path]) -> None:
-    """The call's process joins its cgroup by writing 0 to each of ``tasks``, through
-    descriptors this process opened and sends it over its socket (``io``, its stdin): a
-    process that moves itself spares the kernel's global lock, whose writer waits for an
-    RCU grace period (``CallCgroup.join_files``), long on an idle machine."""
-    fds = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in tasks]
-    try:
-        io.sendmsg([b"j"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-    finally:
-        for fd in fds:
-            os.close(fd)
-    space = socket.CMSG_SPACE(4 * len(fds))
-    byte, control = call.put(bytes(1)), call.put(bytes(space))
-    iov = call.put(struct.pack("QQ", byte, 1))
-    header = call.put(struct.pack("QI4xQQQQi4x", 0, 0, iov, 1, control, space, 0))
-    if call.checked(SYS_RECVMSG, 0, header, MSG_CMSG_CLOEXEC) != 1:
-        raise TraceError(0, "the call's process did not receive its cgroup")
-    data = call.read(control, space)
-    length, level, kind = struct.unpack_from("Qii", data)
-    received = array.array("i", data[16:length])
-    if (level, kind, len(received)) != (socket.SOL_SOCKET, socket.SCM_RIGHTS, len(fds)):
-        raise TraceError(0, "the call's process did not receive its cgroup")
-    zero = call.text("0")
-    for fd in received:
-        call.checked(SYS_WRITE, fd, zero, 1)
-        call.checked(SYS_CLOSE, fd)
 
 
 def _kill_quietly(pid: int) -> None:

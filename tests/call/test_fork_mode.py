@@ -144,6 +144,8 @@ def test_a_forked_call_meets_its_limits_and_is_gone_after_each(bench: ToolBench)
     with bench.runner() as runner:
         _ready(runner, "limited")
         (template,) = processes_with_env(f"FORK_MARK={mark}")
+        templates_own = our_cgroups(os.getpid())  # its imports' limits
+        assert len(templates_own) == 3 if os.path.exists("/sys/fs/cgroup/pids/tasks") else 1
         reasons: dict[str, Any] = {}
         for what in ("sleep", "spin", "memory", "child_memory", "output", "fork", "exit", "loopback", "fine"):
             answer = runner.call("limited", {"what": what})
@@ -152,7 +154,8 @@ def test_a_forked_call_meets_its_limits_and_is_gone_after_each(bench: ToolBench)
                 (error.code.value, error.details.get("reason")) if error is not None else answer.result
             )
             assert processes_with_env(f"FORK_MARK={mark}") == [template], what
-            assert our_cgroups(os.getpid()) == [], what  # each call's cgroup is gone with it
+            assert our_cgroups(os.getpid()) == templates_own, what  # each call's is gone with it
+    wait_for(lambda: our_cgroups(os.getpid()) == [], 10.0)  # the template's with it
     assert reasons == {
         "sleep": ("TIMEOUT", None),
         "spin": ("EXECUTION_ERROR", "cpu_limit"),
@@ -330,3 +333,45 @@ def test_a_tool_without_fork_mode_is_served_warm_and_the_operator_hears_why(
         json.loads(line) for line in bench.audit_log.read_text().splitlines() if '"call.attempt"' in line
     ]
     assert [(event["warm"], event.get("forked")) for event in attempts] == [(True, None)]
+
+
+# Imports that break the tool's limits, or leave the template where a call would start.
+BAD_IMPORTS = {
+    "memory": "hoard = [bytearray(16 << 20) for _ in range(40)]\n",  # 640 MB against 128
+    "processes": (
+        "import os, time\n"
+        "for _ in range(100):\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(60)\n"
+        "        os._exit(0)\n"
+    ),
+    "cpu": "while True:\n    pass\n",  # past cpu_seconds: 1
+    "cwd": "import os\nos.chdir('/proc')\n",  # a call would start in the template's /proc
+    "exits": "import os, time\nos.write(1, b'r')\ntime.sleep(0.4)\nos._exit(0)\n",  # ready, then gone
+}
+
+
+@needs_fork_mode
+@pytest.mark.parametrize("bad", sorted(BAD_IMPORTS))
+def test_a_template_whose_imports_break_its_limits_or_leave_it_astray_is_refused(
+    bench: ToolBench, capfd: pytest.CaptureFixture[str], bad: str
+) -> None:
+    mark = _marker()
+    folder = bench.tool(
+        "astray",
+        "import json, sys\nimport heavy\nsys.stdin.read()\nprint(json.dumps({'ok': True}))\n",
+        env={"FORK_MARK": mark},
+        limits={"memory_mb": 128, "max_pids": 32, "cpu_seconds": 1, "timeout_ms": 5000},
+    )
+    (folder / "heavy.py").write_text(BAD_IMPORTS[bad])
+    bench.policy["pool"] = {"size": 1, "mode": "fork"}
+    said: list[str] = []
+    with bench.runner() as runner:
+        runner.warm_sandboxes()
+        wait_for(lambda: _warned(capfd, said, "astray cannot run in fork mode"), 30.0)
+    text = "".join(said)
+    assert "internal error" not in text, text  # refused, not a fault of the runner
+    why = {"cwd": "outside /tool", "processes": "processes besides the template"}.get(bad)
+    assert why is None or why in text, text
+    # The imports were held to the tool's limits, and nothing of them is left.
+    wait_for(lambda: processes_with_env(f"FORK_MARK={mark}") == [], 10.0)
