@@ -11,6 +11,8 @@ import asyncio
 import json
 import os
 import signal
+import stat
+import subprocess
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -83,6 +85,8 @@ elif what == "loopback":
     socket.create_connection(server.getsockname()).sendall(b"ok")
     print(json.dumps({"what": server.accept()[0].recv(2).decode()}))
     sys.exit(0)
+elif what == "nap":
+    time.sleep(1.5)
 elif what == "exit":
     sys.exit(3)
 print(json.dumps({"what": what}))
@@ -375,3 +379,50 @@ def test_a_template_whose_imports_break_its_limits_or_leave_it_astray_is_refused
     assert why is None or why in text, text
     # The imports were held to the tool's limits, and nothing of them is left.
     wait_for(lambda: processes_with_env(f"FORK_MARK={mark}") == [], 10.0)
+
+
+@needs_fork_mode
+def test_a_reload_lets_forked_calls_in_flight_finish_and_then_retires_their_template(
+    bench: ToolBench,
+) -> None:
+    mark = _marker()
+    bench.tool("limited", LIMITS, env={"FORK_MARK": mark})
+    bench.policy["pool"] = {"size": 1, "mode": "fork"}
+    with bench.runner() as runner:
+        _ready(runner, "limited")
+        (old,) = processes_with_env(f"FORK_MARK={mark}")
+
+        async def reload_under_a_call() -> Any:
+            call = asyncio.ensure_future(runner.acall("limited", {"what": "nap"}))
+            await asyncio.to_thread(wait_for, lambda: len(processes_with_env(f"FORK_MARK={mark}")) == 2, 10.0)
+            runner.reload(tools=[bench.tools], policies=bench.root / "policies.yaml")
+            # The next call brings the pools to the new policy: the old template retires.
+            assert (await runner.acall("limited", {"what": "fine"})).result == {"what": "fine"}
+            assert old in processes_with_env(f"FORK_MARK={mark}")  # its call still runs
+            return await call
+
+        answer = asyncio.run(reload_under_a_call())
+        assert answer.success and answer.result == {"what": "nap"}, answer.error
+        wait_for(lambda: old not in processes_with_env(f"FORK_MARK={mark}"), 10.0)  # then it is gone
+        _ready(runner, "limited")
+        assert runner.call("limited", {"what": "fine"}).result == {"what": "fine"}
+
+
+@needs_fork_mode
+def test_a_private_tools_copy_is_readable_by_its_template_alone(bench: ToolBench) -> None:
+    from sandboxes.subprocess.sandbox import default_state_dir
+
+    bench.tools.chmod(0o700)  # its folder private: the template gets a copy of it
+    bench.tool("limited", LIMITS)
+    (bench.tools / "limited" / "private.txt").write_text("root's alone")
+    (bench.tools / "limited" / "private.txt").chmod(0o600)
+    bench.policy["pool"] = {"size": 1, "mode": "fork"}
+    with bench.runner() as runner:
+        _ready(runner, "limited")
+        (copy,) = (default_state_dir() / "scratch").glob(f"{os.getpid()}-*/tool")
+        folder = copy.parent.stat()
+        assert (stat.S_IMODE(folder.st_mode), folder.st_uid) == (0o750, 0)
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "cat", str(copy / "main.py")]
+        assert subprocess.run(nobody, capture_output=True, check=False).returncode != 0  # another local user
+        assert stat.S_IMODE((copy / "private.txt").stat().st_mode) == 0o600  # as the original: not the tool's
+        assert runner.call("limited", {"what": "fine"}).result == {"what": "fine"}
