@@ -55,6 +55,7 @@ class ForkTemplates:
         self._lock = threading.RLock()
         self._forks: dict[str, _Fork] = {}
         self._threads: set[threading.Thread] = set()
+        self._retired: list[ForkTemplate] = []  # of earlier plans: discarded at close at the latest
         self._closing = False
 
     def follow(self, plans: dict[str, PoolPlan]) -> None:
@@ -68,6 +69,7 @@ class ForkTemplates:
             self._forks = {name: _Fork(plan) for name, plan in plans.items()}
             for fork in self._forks.values():
                 self._start(fork)
+            self._retired = [kept for kept in self._retired if kept.ended() is None] + old
         if old:  # their calls in flight finish with what they started with
             self._in_thread(self._retire, old)
 
@@ -92,7 +94,10 @@ class ForkTemplates:
             ended = template.ended()
             if ended is None:
                 fork.lost = 0
-                return Ready(template.call(fork.plan.limits), self._clock())
+                try:
+                    return Ready(template.call(fork.plan.limits), self._clock())
+                except SandboxUnavailable:  # closed meanwhile (the runner is closing)
+                    return None
             fork.template = None
             fork.lost += 1
             fork.retry_at = self._clock() + back_off_s(fork.lost)
@@ -118,7 +123,8 @@ class ForkTemplates:
         with self._lock:
             self._closing = True
             templates = [fork.template for fork in self._forks.values() if fork.template is not None]
-            self._forks = {}
+            templates += self._retired  # those whose calls are still running too
+            self._forks, self._retired = {}, []
         self._discard(templates)
         while True:  # templates being started or discarded: each is discarded by its thread
             with self._lock:
