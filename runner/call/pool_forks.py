@@ -174,16 +174,15 @@ class ForkTemplates:
             self._refused(plan)
 
     def _retire(self, templates: list[ForkTemplate]) -> None:
-        for template in templates:
-            try:
-                template.retire()
-            except Exception as exc:  # one failed teardown must not keep the others alive
-                self._fault(exc)
+        self._each(templates, lambda template: template.retire())
 
     def _discard(self, templates: list[ForkTemplate]) -> None:
+        self._each(templates, lambda template: template.discard())
+
+    def _each(self, templates: list[ForkTemplate], act: Callable[[ForkTemplate], None]) -> None:
         for template in templates:
             try:
-                template.discard()
+                act(template)
             except Exception as exc:  # one failed teardown must not keep the others alive
                 self._fault(exc)
 

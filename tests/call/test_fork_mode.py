@@ -108,8 +108,14 @@ def forked(bench: ToolBench) -> Iterator[tuple[ToolBench, str]]:
 
 
 def _ready(runner: Runner, tool: str) -> None:
-    runner.warm_sandboxes()  # the pools follow the policy
     wait_for(lambda: runner.warm_sandboxes().get(tool) == 1, 30.0)
+
+
+def _template(runner: Runner, tool: str, mark: str) -> int:
+    """The pid of ``tool``'s template, once it is ready (the only process with ``mark``)."""
+    _ready(runner, tool)
+    (template,) = processes_with_env(f"FORK_MARK={mark}")
+    return template
 
 
 @needs_fork_mode
@@ -118,8 +124,7 @@ def test_each_call_is_forked_from_one_template_into_a_sandbox_of_its_own(
 ) -> None:
     bench, mark = forked
     with bench.runner() as runner:
-        _ready(runner, "trace")
-        (template,) = processes_with_env(f"FORK_MARK={mark}")
+        template = _template(runner, "trace", mark)
         answers = [runner.call("trace", {"n": n}) for n in range(6)]
         # Nothing of a call outlives it: the template alone is left.
         wait_for(lambda: processes_with_env(f"FORK_MARK={mark}") == [template], 10.0)
@@ -146,8 +151,7 @@ def test_a_forked_call_meets_its_limits_and_is_gone_after_each(bench: ToolBench)
                "cpu_seconds": 1, "max_pids": 32, "max_output_bytes": 1024 * 1024})  # fmt: skip
     bench.policy["pool"] = {"size": 1, "mode": "fork"}
     with bench.runner() as runner:
-        _ready(runner, "limited")
-        (template,) = processes_with_env(f"FORK_MARK={mark}")
+        template = _template(runner, "limited", mark)
         templates_own = our_cgroups(os.getpid())  # its imports' limits
         assert len(templates_own) == 3 if os.path.exists("/sys/fs/cgroup/pids/tasks") else 1
         reasons: dict[str, Any] = {}
@@ -219,8 +223,7 @@ def test_a_cancelled_call_leaves_nothing_and_the_template_serves_the_next(bench:
     bench.tool("limited", LIMITS, env={"FORK_MARK": mark}, limits={"timeout_ms": 30000})
     bench.policy["pool"] = {"size": 1, "mode": "fork"}
     with bench.runner() as runner:
-        _ready(runner, "limited")
-        (template,) = processes_with_env(f"FORK_MARK={mark}")
+        template = _template(runner, "limited", mark)
 
         async def cancel_one() -> None:
             call = asyncio.ensure_future(runner.acall("limited", {"what": "sleep"}))
@@ -242,8 +245,7 @@ def test_calls_cancelled_while_they_are_forked_leave_nothing_and_the_template_se
     bench.tool("limited", LIMITS, env={"FORK_MARK": mark}, limits={"timeout_ms": 30000})
     bench.policy["pool"] = {"size": 1, "mode": "fork"}
     with bench.runner() as runner:
-        _ready(runner, "limited")
-        (template,) = processes_with_env(f"FORK_MARK={mark}")
+        template = _template(runner, "limited", mark)
 
         async def cancel_while_forking(after_s: float) -> None:
             calls = [asyncio.ensure_future(runner.acall("limited", {"what": "sleep"})) for _ in range(8)]
@@ -268,8 +270,7 @@ def test_a_template_killed_from_outside_is_replaced_and_calls_meanwhile_start_co
 ) -> None:
     bench, mark = forked
     with bench.runner() as runner:
-        _ready(runner, "trace")
-        (template,) = processes_with_env(f"FORK_MARK={mark}")
+        template = _template(runner, "trace", mark)
         os.kill(template, signal.SIGKILL)
         wait_for(lambda: runner.warm_sandboxes().get("trace") == 0 or not psutil.pid_exists(template), 10.0)
         answer = runner.call("trace", {"n": 1})  # finds the template dead: starts cold
@@ -325,7 +326,6 @@ def test_a_tool_without_fork_mode_is_served_warm_and_the_operator_hears_why(
     bench.policy["pool"] = {"size": 1, "mode": "fork"}
     said: list[str] = []
     with bench.runner() as runner:
-        runner.warm_sandboxes()
         wait_for(lambda: _warned(capfd, said, "limited cannot run in fork mode"), 30.0)
         wait_for(lambda: runner.warm_sandboxes().get("limited") == 1, 30.0)  # a warm sandbox instead
         answer = runner.call("limited", {"what": "fine"})
@@ -370,8 +370,7 @@ def test_a_template_whose_imports_break_its_limits_or_leave_it_astray_is_refused
     (folder / "heavy.py").write_text(BAD_IMPORTS[bad])
     bench.policy["pool"] = {"size": 1, "mode": "fork"}
     said: list[str] = []
-    with bench.runner() as runner:
-        runner.warm_sandboxes()
+    with bench.runner():
         wait_for(lambda: _warned(capfd, said, "astray cannot run in fork mode"), 30.0)
     text = "".join(said)
     assert "internal error" not in text, text  # refused, not a fault of the runner
@@ -389,8 +388,7 @@ def test_a_reload_lets_forked_calls_in_flight_finish_and_then_retires_their_temp
     bench.tool("limited", LIMITS, env={"FORK_MARK": mark})
     bench.policy["pool"] = {"size": 1, "mode": "fork"}
     with bench.runner() as runner:
-        _ready(runner, "limited")
-        (old,) = processes_with_env(f"FORK_MARK={mark}")
+        old = _template(runner, "limited", mark)
 
         async def reload_under_a_call() -> Any:
             call = asyncio.ensure_future(runner.acall("limited", {"what": "nap"}))

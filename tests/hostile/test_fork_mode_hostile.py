@@ -53,7 +53,6 @@ def _probe(bench: ToolBench, mode: str) -> str:
 
 
 def _ready(runner: Runner, tool: str) -> None:
-    runner.warm_sandboxes()  # the pools follow the policy
     wait_for(lambda: runner.warm_sandboxes().get(tool) == 1, 30.0)
 
 
@@ -150,7 +149,6 @@ def test_a_template_whose_import_left_a_thread_is_refused_and_its_calls_are_serv
     mark = _probe(bench, "thread")
     said: list[str] = []
     with bench.runner() as runner:
-        runner.warm_sandboxes()
 
         def told() -> bool:
             said.append(capfd.readouterr().err)
