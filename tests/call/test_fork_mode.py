@@ -422,15 +422,19 @@ def test_a_private_tools_copy_is_readable_by_its_template_alone(bench: ToolBench
 
     bench.tools.chmod(0o700)  # its folder private: the template gets a copy of it
     bench.tool("limited", LIMITS)
-    (bench.tools / "limited" / "private.txt").write_text("root's alone")
-    (bench.tools / "limited" / "private.txt").chmod(0o600)
+    private = (
+        bench.tools / "limited" / f"private-{_marker()}.txt"
+    )  # found by it: runners other tests left open have copies too
+    private.write_text("root's alone")
+    private.chmod(0o600)
     bench.policy["pool"] = {"size": 1, "mode": "fork"}
     with bench.runner() as runner:
         _ready(runner, "limited")
-        (copy,) = (default_state_dir() / "scratch").glob(f"{os.getpid()}-*/tool")
+        (copied,) = (default_state_dir() / "scratch").glob(f"{os.getpid()}-*/tool/{private.name}")
+        copy = copied.parent
         folder = copy.parent.stat()
         assert (stat.S_IMODE(folder.st_mode), folder.st_uid) == (0o750, 0)
         nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "cat", str(copy / "main.py")]
         assert subprocess.run(nobody, capture_output=True, check=False).returncode != 0  # another local user
-        assert stat.S_IMODE((copy / "private.txt").stat().st_mode) == 0o600  # as the original: not the tool's
+        assert stat.S_IMODE(copied.stat().st_mode) == 0o600  # as the original: not the tool's
         assert runner.call("limited", {"what": "fine"}).result == {"what": "fine"}
