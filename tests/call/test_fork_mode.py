@@ -113,6 +113,21 @@ def _ready(runner: Runner, tool: str) -> None:
     wait_for(lambda: runner.warm_sandboxes().get(tool) == 1, 30.0)
 
 
+def _recording_cgroups(runner: Runner) -> list[Path]:
+    """The folders of every cgroup ``runner``'s subprocess backend makes from now on."""
+    factory = runner._sandbox_factory("subprocess").cgroups  # type: ignore[attr-defined]
+    made: list[Path] = []
+    create = factory.create
+
+    def recording(memory_mb: int, max_pids: int) -> Any:
+        group = create(memory_mb, max_pids)
+        made.extend(group.dirs)
+        return group
+
+    factory.create = recording
+    return made
+
+
 def _cgroups() -> set[Path]:
     """The call cgroups of this process's runners."""
     return set(our_cgroups(os.getpid()))
@@ -157,12 +172,12 @@ def test_a_forked_call_meets_its_limits_and_is_gone_after_each(bench: ToolBench)
     bench.tool("limited", LIMITS, env={"FORK_MARK": mark}, limits={"timeout_ms": 2000, "memory_mb": 128,
                "cpu_seconds": 1, "max_pids": 32, "max_output_bytes": 1024 * 1024})  # fmt: skip
     bench.policy["pool"] = {"size": 1, "mode": "fork"}
-    # Compared with what was there before: runners other tests left open may hold some.
-    before = _cgroups()
     with bench.runner() as runner:
         template = _template(runner, "limited", mark)
-        templates_own = _cgroups() - before  # its imports' limits
-        assert len(templates_own) == 3 if os.path.exists("/sys/fs/cgroup/pids/tasks") else 1
+        # This runner's own cgroups (runners other tests left open may make some meanwhile).
+        templates_own = runner._pools._forks._forks["limited"].template._group.dirs  # type: ignore[union-attr]
+        assert len(templates_own) == (3 if os.path.exists("/sys/fs/cgroup/pids/tasks") else 1)  # its imports'
+        calls_own = _recording_cgroups(runner)
         reasons: dict[str, Any] = {}
         for what in ("sleep", "spin", "memory", "child_memory", "output", "fork", "exit", "loopback", "fine"):
             answer = runner.call("limited", {"what": what})
@@ -171,8 +186,8 @@ def test_a_forked_call_meets_its_limits_and_is_gone_after_each(bench: ToolBench)
                 (error.code.value, error.details.get("reason")) if error is not None else answer.result
             )
             assert processes_with_env(f"FORK_MARK={mark}") == [template], what
-            assert not _cgroups() - before - templates_own, what  # each call's is gone with it
-    wait_for(lambda: not _cgroups() & templates_own, 10.0)  # the template's with it
+            assert calls_own and not [d for d in calls_own if d.exists()], what  # each call's is gone with it
+    wait_for(lambda: not [d for d in templates_own if d.exists()], 10.0)  # the template's with it
     assert reasons == {
         "sleep": ("TIMEOUT", None),
         "spin": ("EXECUTION_ERROR", "cpu_limit"),
@@ -253,9 +268,9 @@ def test_calls_cancelled_while_they_are_forked_leave_nothing_and_the_template_se
     mark = _marker()
     bench.tool("limited", LIMITS, env={"FORK_MARK": mark}, limits={"timeout_ms": 30000})
     bench.policy["pool"] = {"size": 1, "mode": "fork"}
-    before = _cgroups()
     with bench.runner() as runner:
         template = _template(runner, "limited", mark)
+        calls_own = _recording_cgroups(runner)
 
         async def cancel_while_forking(after_s: float) -> None:
             calls = [asyncio.ensure_future(runner.acall("limited", {"what": "sleep"})) for _ in range(8)]
@@ -271,7 +286,7 @@ def test_calls_cancelled_while_they_are_forked_leave_nothing_and_the_template_se
         assert runner.call("limited", {"what": "fine"}).result == {"what": "fine"}
         assert runner._pools.takes()["limited"][0] == hits + 1  # the same template served it
         assert processes_with_env(f"FORK_MARK={mark}") == [template]
-    wait_for(lambda: _cgroups() <= before, 10.0)
+    wait_for(lambda: not [d for d in calls_own if d.exists()], 10.0)  # none left by a cancel
 
 
 @needs_fork_mode
