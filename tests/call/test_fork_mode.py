@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import ToolBench, our_cgroups, wait_for
+from conftest import ToolBench, wait_for
 
 from runner import Runner
 from sandboxes.subprocess._forked import exit_status_known
@@ -126,11 +126,6 @@ def _recording_cgroups(runner: Runner) -> list[Path]:
 
     factory.create = recording
     return made
-
-
-def _cgroups() -> set[Path]:
-    """The call cgroups of this process's runners."""
-    return set(our_cgroups(os.getpid()))
 
 
 def _template(runner: Runner, tool: str, mark: str) -> int:
