@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 from sandboxes._identity import IdentityLease, lease_identity
 from sandboxes.base import LaunchSpec, Limits, SandboxUnavailable
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupUnavailable
-from sandboxes.subprocess._command import reachable_by_others
+from sandboxes.subprocess._command import SHELL, reachable_by_others
 from sandboxes.subprocess._forked import ForkedCall, exit_status_known
 from sandboxes.subprocess._frozen import FrozenTemplate
-from sandboxes.subprocess._launch import drop_privileges_argv
+from sandboxes.subprocess._launch import drop_privileges_argv, launcher_argv
 from sandboxes.subprocess._layout import SANDBOX_UID, Sources, bwrap_argv
 from sandboxes.subprocess._seccomp import compiled_filter, sealed_memfd
 from sandboxes.view import LIBRARY_MOUNT, SCRATCH_MOUNT, TOOL_MOUNT, tool_env
@@ -35,14 +35,6 @@ if TYPE_CHECKING:
 CALLS_MOUNT = "/run/runner-calls"
 TEMPLATE_SCRIPT = f"{LIBRARY_MOUNT}/runner_fork.py"
 READY_S = 30.0  # for the tool's imports
-SHELL = "/bin/sh"
-# Joins the template's cgroup (writing 0: itself, before anything else is started) and
-# bounds the imports' CPU time, then starts the sandbox.
-TEMPLATE_LAUNCH = """
-for f in $RUNNER_CGROUPS; do printf 0 > "$f" || exit 125; done
-ulimit -S -t "$RUNNER_CPU" && ulimit -H -t $((RUNNER_CPU + 1)) || exit 125
-exec "$@"
-"""
 SOCKET_PATH_MAX = 108  # sun_path, its final NUL included
 _PYTHON = re.compile(r"^(?:.*/)?python3(?:\.\d+)?$")
 _SCRIPT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\.py$")
@@ -120,6 +112,7 @@ class ToolTemplate:
                 "PATH": "/usr/bin:/bin",
                 "RUNNER_CGROUPS": " ".join(str(path) for path in self._group.join_files),
                 "RUNNER_CPU": str(limits.cpu_seconds),
+                "RUNNER_PID": str(os.getpid()),  # a runner gone before the join: nothing starts
             }
             self._template = FrozenTemplate(argv, fds, env, (SANDBOX_UID, TOOL_MOUNT), READY_S)
         except BaseException as exc:
@@ -145,11 +138,12 @@ class ToolTemplate:
         lease = self._lease
         assert lease is not None
         argv = [
-            SHELL, "-c", TEMPLATE_LAUNCH, "runner-fork",
             *drop_privileges_argv(owner.setpriv, lease.uid, lease.gid),
             owner.bwrap, "--args", str(args), "--", python, TEMPLATE_SCRIPT, script,
         ]  # fmt: skip
-        return argv, (seccomp, args)
+        # The sandboxes' own launcher: it joins the template's cgroup (writing 0: itself,
+        # before anything else starts), bounds the imports' CPU time, then starts it.
+        return launcher_argv(SHELL, argv, None), (seccomp, args)
 
     def call(self, limits: Limits) -> ForkedCall:
         """A sandbox for one call under ``limits`` (this template's, but the timeout)."""
