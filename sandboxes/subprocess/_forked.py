@@ -36,7 +36,13 @@ from sandboxes.events import EventSink, OutputBudget, StderrSplitter
 from sandboxes.subprocess._cgroup import CgroupUnavailable
 from sandboxes.subprocess._frozen import CallSetUp, Cloned
 from sandboxes.subprocess._outcome import outcome
-from sandboxes.subprocess._process import LIMITS_POLL_MAX_S, LIMITS_POLL_S, Ending, ProcessResult
+from sandboxes.subprocess._process import (
+    LIMITS_POLL_MAX_S,
+    LIMITS_POLL_S,
+    Ending,
+    ProcessResult,
+    WholeLimits,
+)
 from sandboxes.subprocess._ptrace import TraceError
 
 if TYPE_CHECKING:
@@ -271,23 +277,18 @@ async def _received(loop: asyncio.AbstractEventLoop, connection: socket.socket) 
 
 
 async def _watch_limits(group: CallCgroup | None, cpu_seconds: int) -> Ending | None:
-    """The limits of all the call's processes together, polled as a sandbox's are
-    (``_process.LIMITS_POLL_S`` doubling to ``LIMITS_POLL_MAX_S``): a process of it that
-    the kernel OOM-killed, or socket buffers past its share, end it with its memory limit
-    (its parent may go on waiting); its CPU time, read again only once it could have run
-    out, with its CPU limit (each process alone meets its CPU-time rlimit)."""
-    poll_every, cpu_look_at = LIMITS_POLL_S, time.monotonic()
-    while group is not None:
+    """The limits of all the call's processes together (``WholeLimits``), polled as a
+    sandbox's are (``LIMITS_POLL_S`` doubling to ``LIMITS_POLL_MAX_S``): an OOM kill ends
+    the call even while its parent goes on waiting (each process alone also meets its
+    CPU-time rlimit)."""
+    poll_every = LIMITS_POLL_S
+    whole = WholeLimits(group, cpu_seconds) if group is not None else None
+    while whole is not None:
         await asyncio.sleep(poll_every)
         poll_every = min(poll_every * 2, LIMITS_POLL_MAX_S)
-        if group.oom_kills() > 0 or group.sockets_overran():
-            return Ending.MEMORY_LIMIT
-        now = time.monotonic()
-        if now >= cpu_look_at:
-            left = cpu_seconds - group.cpu_seconds()
-            if left < 0:
-                return Ending.CPU_BUDGET
-            cpu_look_at = now + left / (os.cpu_count() or 1)
+        broken = whole.breached()
+        if broken is not None:
+            return broken
     await asyncio.Event().wait()
     return None
 

@@ -36,7 +36,7 @@ from sandboxes.subprocess._launch import PIDS_CAPPED
 from sandboxes.subprocess._network import SandboxNetwork
 from sandboxes.subprocess._outcome import outcome, shim_marks
 from sandboxes.subprocess._prime import FdPipe
-from sandboxes.subprocess._process import EXIT_GRACE_S, Driven, Ending, drive
+from sandboxes.subprocess._process import EXIT_GRACE_S, Driven, Ending, WholeLimits, drive
 from sandboxes.subprocess._staged_folders import FolderId, NoNamespace, StagedFolders
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class PreparedSubprocess(OneRun):
         # the token the exec guard reads first.
         self._popen: subprocess.Popen[bytes] | None = None
         self._token = ""
-        self._cpu_look_at = 0.0  # when ``_breached`` next reads the CPU time
+        self._whole: WholeLimits | None = None  # made at the first ``_breached``
         self._tree: ProcessTree | None = None
 
     @property
@@ -313,21 +313,11 @@ class PreparedSubprocess(OneRun):
         return tree is not None and tree.breached() is not None
 
     def _breached(self) -> Ending | None:
-        """A limit of the tool as a whole that is already broken (polled while it runs).
-
-        The CPU time is read again only once it could have run out: all the tool's
-        processes together use at most one second per CPU per second.
-        """
+        """A limit of the tool as a whole that is already broken (polled while it runs)."""
         assert self._cgroup is not None
-        if self._cgroup.oom_kills() > 0 or self._cgroup.sockets_overran():
-            return Ending.MEMORY_LIMIT
-        now = time.monotonic()
-        if now >= self._cpu_look_at:
-            left = self._limits.cpu_seconds - self._cgroup.cpu_seconds()
-            if left < 0:
-                return Ending.CPU_BUDGET
-            self._cpu_look_at = now + left / (os.cpu_count() or 1)
-        return None
+        if self._whole is None:
+            self._whole = WholeLimits(self._cgroup, self._limits.cpu_seconds)
+        return self._whole.breached()
 
     # -- the end -------------------------------------------------------------------------
 

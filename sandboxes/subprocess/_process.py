@@ -13,15 +13,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sandboxes._exchange import Exchange, StdoutSink
 from sandboxes._streams import OutputOverflow
 from sandboxes.cancellation import finish_shielded
 from sandboxes.events import StderrSplitter
 from sandboxes.view import READ_CHUNK
+
+if TYPE_CHECKING:
+    from sandboxes.subprocess._cgroup import CallCgroup
 
 # How often the limits of the whole tool (CPU time, OOM kills, over all its processes)
 # are checked: 50 ms after the start, then twice as long each time up to 0.2 s. Each look
@@ -45,6 +50,29 @@ class Ending(enum.Enum):
     CPU_BUDGET = "cpu_budget"
     MEMORY_LIMIT = "memory_limit"  # the kernel OOM-killed some process of the tool
     FINISHED = "finished"  # the exchange ended the run: a dialogue's ``talk`` returned
+
+
+class WholeLimits:
+    """A limit of a tool as a whole that is already broken, read from its cgroup (polled
+    while it runs): a process of it the kernel OOM-killed, or socket buffers past its
+    share, is its memory limit; its CPU time, read again only once it could have run out
+    (all its processes together use at most one second per CPU per second), its CPU limit."""
+
+    def __init__(self, group: CallCgroup, cpu_seconds: int) -> None:
+        self._group = group
+        self._cpu_seconds = cpu_seconds
+        self._cpu_look_at = 0.0  # when the CPU time is read next
+
+    def breached(self) -> Ending | None:
+        if self._group.oom_kills() > 0 or self._group.sockets_overran():
+            return Ending.MEMORY_LIMIT
+        now = time.monotonic()
+        if now >= self._cpu_look_at:
+            left = self._cpu_seconds - self._group.cpu_seconds()
+            if left < 0:
+                return Ending.CPU_BUDGET
+            self._cpu_look_at = now + left / (os.cpu_count() or 1)
+        return None
 
 
 class Driven(Protocol):
