@@ -24,6 +24,7 @@ from sandboxes.subprocess._cgroup import CallCgroup, CgroupUnavailable
 from sandboxes.subprocess._command import SHELL, reachable_by_others
 from sandboxes.subprocess._forked import ForkedCall, exit_status_known
 from sandboxes.subprocess._frozen import FrozenTemplate
+from sandboxes.subprocess._frozen_calls import CallSetUp
 from sandboxes.subprocess._launch import drop_privileges_argv, launcher_argv
 from sandboxes.subprocess._layout import SANDBOX_UID, Sources, bwrap_argv
 from sandboxes.subprocess._seccomp import compiled_filter, sealed_memfd
@@ -82,7 +83,7 @@ class ToolTemplate:
         if problem is not None:
             raise SandboxUnavailable(problem)
         assert owner.cgroups is not None
-        self._cgroups = owner.cgroups
+        self._teardowns = owner.teardowns
         self._template: FrozenTemplate | None = None
         self._lock = threading.Lock()
         self._running = 0  # calls made by ``call`` and not yet discarded
@@ -114,7 +115,12 @@ class ToolTemplate:
                 "RUNNER_CPU": str(limits.cpu_seconds),
                 "RUNNER_PID": str(os.getpid()),  # a runner gone before the join: nothing starts
             }
-            self._template = FrozenTemplate(argv, fds, env, (SANDBOX_UID, TOOL_MOUNT), READY_S)
+            setup = CallSetUp(
+                owner.cgroups, limits.memory_mb, limits.max_pids, limits.cpu_seconds, limits.disk_mb,
+                (self._calls, CALLS_MOUNT),
+            )  # fmt: skip
+            self._template = FrozenTemplate(argv, fds, env, (SANDBOX_UID, TOOL_MOUNT), READY_S, setup)
+            self._template.spare()
         except BaseException as exc:
             self.discard()
             if isinstance(exc, CgroupUnavailable):
@@ -151,7 +157,7 @@ class ToolTemplate:
             if self._template is None or self._retired:
                 raise SandboxUnavailable("the tool's template is closed")
             self._running += 1
-        return ForkedCall(self._template, self._cgroups, (self._calls, CALLS_MOUNT), limits, self._ended_call)
+        return ForkedCall(self._template, limits, self._ended_call, self._teardowns)
 
     def ended(self) -> str | None:
         """None while calls can be forked; else why not."""
@@ -171,8 +177,11 @@ class ToolTemplate:
         with self._lock:
             self._running -= 1
             now = self._retired and self._running == 0
+            template = None if self._retired else self._template
         if now:
             self.discard()
+        elif template is not None:
+            template.spare()  # the next call's, made now that this one's is over
 
     def discard(self) -> None:
         """Kill the template and every call still running from it; give its uid back."""

@@ -27,14 +27,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandboxes._streams import TailBuffer
 from sandboxes.base import Limits, SandboxOutcome, StopReason
 from sandboxes.events import EventSink, OutputBudget, StderrSplitter
 from sandboxes.subprocess._cgroup import CgroupUnavailable
-from sandboxes.subprocess._frozen import CallSetUp, Cloned
+from sandboxes.subprocess._frozen_calls import Cloned
 from sandboxes.subprocess._outcome import outcome
 from sandboxes.subprocess._process import (
     LIMITS_POLL_MAX_S,
@@ -46,7 +45,8 @@ from sandboxes.subprocess._process import (
 from sandboxes.subprocess._ptrace import TraceError
 
 if TYPE_CHECKING:
-    from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory
+    from sandboxes._deferred import DeferredTeardown
+    from sandboxes.subprocess._cgroup import CallCgroup
     from sandboxes.subprocess._frozen import FrozenTemplate
 
 # PIDFD_GET_INFO with PIDFD_INFO_EXIT (Linux 6.15): the wait status of a process that is
@@ -77,22 +77,15 @@ class ForkedCall:
     """A call's sandbox in fork mode (a ``WarmSandbox``): nothing exists until ``run``."""
 
     def __init__(
-        self,
-        template: FrozenTemplate,
-        cgroups: CgroupFactory,
-        calls: tuple[Path, str],
-        limits: Limits,
-        ended: Callable[[], None],
+        self, template: FrozenTemplate, limits: Limits, ended: Callable[[], None], teardowns: DeferredTeardown
     ) -> None:
         self._ended: Callable[[], None] | None = ended  # told once, when it is discarded
         self._template = template
-        self._cgroups = cgroups
-        self._calls, self._calls_inside = calls  # the sockets' folder: on the host, in the sandbox
         self._limits = limits
+        self._teardowns = teardowns
         self._sink: EventSink | None = None
         self._group: CallCgroup | None = None
         self._pidfd: int | None = None
-        self._listeners: list[socket.socket] = []
 
     def set_timeout(self, timeout_ms: int) -> None:
         self._limits = dataclasses.replace(self._limits, timeout_ms=timeout_ms)
@@ -103,39 +96,17 @@ class ForkedCall:
     async def run(self, payload: bytes) -> SandboxOutcome:
         started = time.monotonic()
         limits = self._limits
-        name = os.urandom(8).hex()
-        for end in ("io", "err"):
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._listeners.append(listener)
-            path = self._calls / f"{name}.{end}"
-            listener.bind(str(path))
-            path.chmod(0o666)
-            listener.listen(1)
-            listener.setblocking(False)
-        inside = f"{self._calls_inside}/{name}"
-        setup = CallSetUp(
-            self._cgroups,
-            limits.memory_mb,
-            limits.max_pids,
-            (self._listeners[0], self._listeners[1]),
-            (f"{inside}.io", f"{inside}.err"),
-            limits.cpu_seconds,
-            limits.disk_mb,
-        )
-        cloning = self._template.clone(setup)
+        cloning = self._template.clone()
         try:
             cloned = await asyncio.wrap_future(cloning)
         except asyncio.CancelledError:
-            # The clone may be under way in the tracer's thread, with the listeners: they
-            # are closed, and what it made killed, once it is over.
-            listeners, self._listeners = self._listeners, []
-            cloning.add_done_callback(functools.partial(_kill_late, listeners))
+            # The clone may be under way in the tracer's thread: what it made is killed
+            # once it is over.
+            cloning.add_done_callback(_kill_late)
             raise
         except (TraceError, CgroupUnavailable) as exc:
-            self._close_listeners()
             message = f"the call could not be forked: {exc}"
             return SandboxOutcome.never_ran(StopReason.SANDBOX_UNAVAILABLE, message)
-        self._close_listeners()  # taken: no one else may connect
         self._pidfd, self._group = cloned.pidfd, cloned.group
         with cloned.io, cloned.err:
             result = await self._exchange(cloned, payload)
@@ -176,31 +147,36 @@ class ForkedCall:
         return ProcessResult(ending, returncode, bytes(stdout), tail.text())
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.discard)
-
-    def _close_listeners(self) -> None:
-        listeners, self._listeners = self._listeners, []
-        _close(listeners)
+        self.discard()
 
     def discard(self) -> None:
+        """Kill what is left of the call and close its pidfd; its cgroup's removal (which
+        waits for the last of its processes to be gone) is handed to the backend's
+        teardown thread, off the call's path."""
         pidfd, self._pidfd = self._pidfd, None
         if pidfd is not None:
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             os.close(pidfd)
-        self._close_listeners()
         group, self._group = self._group, None
+        ended, self._ended = self._ended, None
+        if group is not None or ended is not None:
+            self._teardowns.submit(functools.partial(_remove, group, ended))
+
+
+def _remove(group: CallCgroup | None, ended: Callable[[], None] | None) -> None:
+    # Told first: the next call's process is then made while this one's cgroup goes.
+    try:
         if group is not None:
             group.remove()  # kills what is left in it first
-        ended, self._ended = self._ended, None
+    finally:
         if ended is not None:
             ended()
 
 
-def _kill_late(listeners: list[socket.socket], cloning: Future[Cloned]) -> None:
-    """A clone whose call was cancelled meanwhile, once it is over: its listeners closed,
-    and its process, if it was made, killed."""
-    _close(listeners)
+def _kill_late(cloning: Future[Cloned]) -> None:
+    """A clone whose call was cancelled meanwhile, once it is over: its process, if it was
+    made, killed."""
     if cloning.cancelled() or cloning.exception() is not None:
         return
     cloned = cloning.result()
@@ -211,14 +187,6 @@ def _kill_late(listeners: list[socket.socket], cloning: Future[Cloned]) -> None:
     cloned.err.close()
     # Off the tracer's thread (this one): the removal waits for the process to be gone.
     threading.Thread(target=cloned.group.remove, name="runner-fork-cancelled", daemon=True).start()
-
-
-def _close(listeners: list[socket.socket]) -> None:
-    for listener in listeners:
-        path = listener.getsockname()
-        listener.close()
-        with contextlib.suppress(OSError):
-            Path(path).unlink()
 
 
 async def _first_ending(*steps: object) -> Ending:

@@ -13,7 +13,9 @@ instruction of its own, it puts it in the call's cgroup, maps its uid, connects 
 stdin and stdout to a socket of the runner's and its stderr to another, mounts a fresh
 ``/tmp``, ``/dev/shm``, ``/dev/pts`` and ``/proc``, sets its CPU-time rlimit and signal
 mask, and drops every capability it has in its user namespace. Then the child returns
-from the template's read, with nothing read, and runs the tool's script.
+from the template's read, with nothing read, and runs the tool's script. Once asked
+(``spare``), the next call's child is made ahead and held, stopped before its first
+instruction, so that a call only lets its child go.
 
 The template's seccomp filter is the sandbox's, except that ``mount`` and ``clone`` into
 new namespaces go to the tracer instead of failing: made by this module (the only tracer
@@ -37,16 +39,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sandboxes._watchdog import forget_sandbox_init, parent_and_start, watch_sandbox_init
-from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory
-from sandboxes.subprocess._frozen_calls import accepted, join
+from sandboxes.subprocess._frozen_calls import CallSetUp, Cloned, Inside, close_listeners, listening, set_up
 from sandboxes.subprocess._frozen_checks import (
     TemplateRefused,
-    capabilities,
     sandboxed,
     shared_mappings,
     status,
@@ -76,49 +75,18 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 FRESH = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS
 CLONE_PARENT, SIGCHLD = 0x8000, 17
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
-SYS_READ, SYS_CLOSE, SYS_MUNMAP, SYS_DUP2, SYS_SOCKET, SYS_CONNECT = 0, 3, 11, 33, 41, 42
-SYS_CHDIR = 80
-SYS_IOCTL, SIOCSIFFLAGS, LOOPBACK_UP = 16, 0x8914, 0x1 | 0x8 | 0x40  # IFF_UP, IFF_LOOPBACK, IFF_RUNNING
-SYS_CLONE, SYS_WRITE, SYS_CAPSET, SYS_MOUNT, SYS_OPENAT = 56, 1, 126, 165, 257
+SYS_READ, SYS_CLOSE, SYS_MUNMAP, SYS_CLONE = 0, 3, 11, 56
 SYS_RT_SIGPROCMASK, SIG_SETMASK, SIGSET_BYTES = 14, 2, 8
-SYS_PRLIMIT64, RLIMIT_CPU = 302, 0
-AT_FDCWD, O_WRONLY = -100, 1
-CAPABILITY_V3 = 0x20080522
-MOUNTS = 5  # made in each call's process: /, /tmp, /dev/shm, /dev/pts, /proc
 STOP_TRIES = 200  # about 10 ms apart: a template not found in its read by then is refused
-
-
-@dataclass(frozen=True)
-class CallSetUp:
-    """What a call's process is given before it runs anything of its own."""
-
-    cgroups: CgroupFactory  # its cgroup is made from it, with these limits
-    memory_mb: int
-    max_pids: int
-    listeners: tuple[socket.socket, socket.socket]  # of its stdin and stdout, of its stderr
-    addresses: tuple[str, str]  # where it connects to them, as the template sees them
-    cpu_seconds: int
-    disk_mb: int
-
-
-@dataclass(frozen=True)
-class Cloned:
-    """A call's process, running: its host pid, a pidfd of it, and its sockets."""
-
-    pid: int
-    pidfd: int
-    group: CallCgroup  # its cgroup: the caller's to remove
-    io: socket.socket  # its stdin and stdout
-    err: socket.socket  # its stderr
 
 
 class FrozenTemplate:
     """One tool's frozen template in its sandbox; ``clone`` makes each call's process.
 
     ``argv`` starts the sandbox (bubblewrap, its descriptors in ``pass_fds``, the
-    environment ``env``); ``inside`` is the uid and gid the tool runs as in it, and ``cwd``
-    its working folder there. Blocks until the template is frozen.
+    environment ``env``); ``inside`` is the uid and gid the tool runs as in it, and its
+    working folder there; ``setup`` what each call's process is given. Blocks until the
+    template is frozen. One call's process is kept made ahead once ``spare`` is asked.
 
     Raises:
         TemplateRefused: it did not say ready in ``ready_s``, or failed a check.
@@ -131,8 +99,12 @@ class FrozenTemplate:
         env: dict[str, str],
         inside: tuple[int, str],
         ready_s: float,
+        setup: CallSetUp,
     ) -> None:
-        self._inside, self._cwd = inside
+        self._uid, self._cwd = inside
+        self._setup = setup
+        self._spare: Cloned | None = None  # the tracer's alone
+        self._spare_queued = False
         self._closed = False  # no job is queued once it is (under ``_closing``)
         self._closing = threading.Lock()
         self._jobs: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]] | None] = (
@@ -179,6 +151,7 @@ class FrozenTemplate:
                 for fd in pass_fds:
                     os.close(fd)
             self._template, self._base = self._freeze(ready_s)
+            self._inside = Inside(self._uid, self._cwd, self._mask)
         except BaseException as exc:
             if isinstance(exc, OSError):  # it exited, or did not stop as asked, while frozen
                 exc = TemplateRefused(f"the tool's template could not be frozen: {exc}")
@@ -197,6 +170,9 @@ class FrozenTemplate:
                 except BaseException as exc:
                     done.set_exception(exc)
         finally:
+            spare, self._spare = self._spare, None
+            if spare is not None:
+                spare.drop()
             _kill_quietly(self._template)
             with self._closing:
                 self._closed = True
@@ -281,109 +257,85 @@ class FrozenTemplate:
             time.sleep(random.uniform(0.005, 0.015))  # noqa: S311  # never in step with a timer of the tool's
         raise TemplateRefused(f"the tool's template never waited in its read of stdin ({dict(where)})")
 
-    def _clone(self, setup: CallSetUp) -> Cloned:
-        """A call's process, cloned, set up and let go."""
-        group = setup.cgroups.create(setup.memory_mb, setup.max_pids)
+    def _clone(self) -> Cloned:
+        """A call's process, let go: the spare, or one made now."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            try:
+                return self._let_go(spare)
+            except TraceError:
+                spare.drop()  # killed meanwhile (by root): made afresh
+        made = self._make()
         try:
-            template = Injector(self._template, self._base)
-            template.checked(SYS_CLONE, FRESH | CLONE_PARENT | SIGCHLD, 0, 0, 0, 0)
-        except BaseException as exc:
-            group.remove()
-            self._broken = f"a call could not be cloned from it: {exc}"
-            raise
-        (child,) = template.children
-        connections: list[socket.socket] = []
-        try:
-            return self._set_up(child, group, setup, connections)
+            return self._let_go(made)
         except BaseException:
-            _kill_quietly(child)
-            with contextlib.suppress(OSError):
-                os.waitpid(child, WALL)  # traced: it is ours to reap first
-            for connection in connections:
-                connection.close()
-            group.remove()
+            made.drop()
             raise
 
-    def _set_up(
-        self, child: int, group: CallCgroup, setup: CallSetUp, connections: list[socket.socket]
-    ) -> Cloned:
-        if stop_of(child)[0] != EVENT_STOP:
-            raise TraceError(0, f"the call's process {child} did not stop at its start")
-        call = Injector(child, self._base)
-        inside = self._inside
-        for name, line in (
-            ("uid_map", f"{inside} {inside} 1"),
-            ("setgroups", "deny"),
-            ("gid_map", f"{inside} {inside} 1"),
-        ):
-            fd = call.checked(SYS_OPENAT, AT_FDCWD, call.text(f"/proc/self/{name}"), O_WRONLY)
-            call.checked(SYS_WRITE, fd, call.text(line), len(line))
-            call.checked(SYS_CLOSE, fd)
-        for listener, address_of, numbers in zip(
-            setup.listeners, setup.addresses, ((0, 1), (2,)), strict=True
-        ):
-            sock = call.checked(SYS_SOCKET, socket.AF_UNIX, socket.SOCK_STREAM, 0)
-            address = struct.pack("H", socket.AF_UNIX) + address_of.encode() + b"\0"
-            call.checked(SYS_CONNECT, sock, call.put(address), len(address))  # before /run is covered
-            for number in numbers:
-                if sock != number:
-                    call.checked(SYS_DUP2, sock, number)
-            if sock not in numbers:
-                call.checked(SYS_CLOSE, sock)
-            connections.append(accepted(listener, child))
-        join(call, connections[0], group.join_files)  # before it runs anything
-        call.checked(SYS_MOUNT, call.text("none"), call.text("/"), 0, MS_REC | MS_PRIVATE, 0)
-        tmpfs, options = call.text("tmpfs"), call.text(f"size={setup.disk_mb}m,mode=1777")
-        for target in ("/tmp", "/dev/shm"):  # noqa: S108 - the call's own
-            call.checked(SYS_MOUNT, tmpfs, call.text(target), tmpfs, MS_NOSUID | MS_NODEV, options)
-        devpts, pts = call.text("devpts"), call.text("newinstance,ptmxmode=0666,mode=0620")
-        call.checked(SYS_MOUNT, devpts, call.text("/dev/pts"), devpts, MS_NOSUID | MS_NOEXEC, pts)
-        proc = call.text("proc")  # its own pid namespace's: only itself
-        call.checked(SYS_MOUNT, proc, call.text("/proc"), proc, MS_NOSUID | MS_NODEV | MS_NOEXEC, 0)
-        call.checked(SYS_CHDIR, call.text(self._cwd))  # whatever the import left, checked below
-        # Its own network: loopback only, up (as bubblewrap's is), for a tool that talks to itself.
-        inet = call.checked(SYS_SOCKET, socket.AF_INET, socket.SOCK_DGRAM, 0)
-        call.checked(SYS_IOCTL, inet, SIOCSIFFLAGS, call.put(struct.pack("16sH22x", b"lo", LOOPBACK_UP)))
-        call.checked(SYS_CLOSE, inet)
-        limit = call.put(struct.pack("QQ", setup.cpu_seconds, setup.cpu_seconds + 1))  # SIGXCPU, then SIGKILL
-        call.checked(SYS_PRLIMIT64, 0, RLIMIT_CPU, limit, 0)
-        mask = call.put(struct.pack("Q", self._mask))
-        call.checked(SYS_RT_SIGPROCMASK, SIG_SETMASK, mask, 0, SIGSET_BYTES)
-        header = call.put(struct.pack("Ii", CAPABILITY_V3, 0))
-        call.checked(SYS_CAPSET, header, call.put(bytes(24)))  # nothing, in its user namespace
-        # Checked from outside: each mount went through the tracer (a filter of the tool's
-        # own could fake them; ``_freeze`` refuses one), and no capability is left.
-        if (
-            call.approved != MOUNTS
-            or capabilities(child) != 0
-            or str(Path(f"/proc/{child}/cwd").readlink()) != self._cwd
-        ):
-            raise TraceError(0, f"the call's process {child} was not set up as asked")
-        pidfd = os.pidfd_open(child)
+    def _make_spare(self) -> None:
+        self._spare_queued = False
+        if self._spare is None and not self._closed:
+            self._spare = self._make()
+
+    def _make(self) -> Cloned:
+        """A call's process, cloned and set up, stopped before its first instruction."""
+        setup = self._setup
+        listened = listening(setup)
         try:
-            os.sched_setaffinity(child, self._cpus)  # the call runs on any
-            call.close(result=0)  # it returns from the template's read, with nothing read
-            request(DETACH, child)
-        except BaseException:
-            os.close(pidfd)
-            raise
-        return Cloned(child, pidfd, group, *connections)
+            group = setup.cgroups.create(setup.memory_mb, setup.max_pids)
+            try:
+                template = Injector(self._template, self._base)
+                template.checked(SYS_CLONE, FRESH | CLONE_PARENT | SIGCHLD, 0, 0, 0, 0)
+            except BaseException as exc:
+                group.remove()
+                self._broken = f"a call could not be cloned from it: {exc}"
+                raise
+            (child,) = template.children
+            connections: list[socket.socket] = []
+            try:
+                set_up(child, self._base, group, setup, self._inside, listened, connections)
+                pidfd = os.pidfd_open(child)
+            except BaseException:
+                _kill_quietly(child)
+                with contextlib.suppress(OSError):
+                    os.waitpid(child, WALL)  # traced: it is ours to reap first
+                for connection in connections:
+                    connection.close()
+                group.remove()
+                raise
+            return Cloned(child, pidfd, group, *connections)
+        finally:
+            close_listeners(listened[0])  # taken: no one else may connect
+
+    def _let_go(self, cloned: Cloned) -> Cloned:
+        os.sched_setaffinity(cloned.pid, self._cpus)  # the call runs on any
+        request(DETACH, cloned.pid)
+        return cloned
 
     # -- any thread ---------------------------------------------------------------------
 
-    def clone(self, setup: CallSetUp) -> Future[Cloned]:
-        """A call's process, set up as ``setup`` says and running the tool's script, when
-        the future is done.
+    def clone(self) -> Future[Cloned]:
+        """A call's process, set up and running the tool's script, when the future is done.
 
         The future's error: ``TraceError`` (the call could not be set up; the template
         may be unusable: ``ended``), or ``TemplateRefused`` once the template is closed."""
         done: Future[Cloned] = Future()
         with self._closing:
             if not self._closed:
-                self._jobs.put((self._clone, (setup,), done))
+                self._jobs.put((self._clone, (), done))
                 return done
         done.set_exception(TemplateRefused("the tool's template is closed"))
         return done
+
+    def spare(self) -> None:
+        """Have the next call's process made ahead, set up and held stopped (if none is):
+        that call then only lets it go. Made from the template like any call's, before
+        the call exists; a failure shows in ``ended``."""
+        with self._closing:
+            if self._closed or self._spare_queued:
+                return
+            self._spare_queued = True
+            self._jobs.put((self._make_spare, (), Future()))
 
     def ended(self) -> str | None:
         """None while the template can serve calls; else why not."""

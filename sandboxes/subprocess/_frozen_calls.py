@@ -1,21 +1,110 @@
-"""What passes between the runner and a call's process while the runner sets it up
-(``_frozen``): its sockets, accepted from it alone, and its cgroup's descriptors, which
-it writes itself."""
+"""A call's process in fork mode, set up by the runner before it runs anything of its own
+(``_frozen``): its sockets, accepted from it alone, its cgroup's descriptors, which it
+writes itself, its uid, mounts, network, limits and capabilities, each made by a system
+call the runner makes it make, and checked from outside."""
 
 from __future__ import annotations
 
 import array
+import contextlib
 import os
 import select
+import signal
 import socket
 import struct
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from sandboxes.subprocess._ptrace import Injector, TraceError
+from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory
+from sandboxes.subprocess._frozen_checks import capabilities
+from sandboxes.subprocess._ptrace import EVENT_STOP, WALL, Injector, Regs, TraceError, stop_of
 
 SYS_WRITE, SYS_CLOSE, SYS_RECVMSG, MSG_CMSG_CLOEXEC = 1, 3, 47, 0x40000000
+SYS_DUP2, SYS_SOCKET, SYS_CONNECT, SYS_CHDIR, SYS_OPENAT = 33, 41, 42, 80, 257
+SYS_IOCTL, SIOCSIFFLAGS, LOOPBACK_UP = 16, 0x8914, 0x1 | 0x8 | 0x40  # IFF_UP, IFF_LOOPBACK, IFF_RUNNING
+SYS_CAPSET, SYS_MOUNT, SYS_PRLIMIT64, RLIMIT_CPU = 126, 165, 302, 0
+SYS_RT_SIGPROCMASK, SIG_SETMASK, SIGSET_BYTES = 14, 2, 8
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+AT_FDCWD, O_WRONLY = -100, 1
+CAPABILITY_V3 = 0x20080522
+MOUNTS = 5  # made in each call's process: /, /tmp, /dev/shm, /dev/pts, /proc
 CONNECT_S = 5.0  # for a call's process to be seen on its sockets
+
+
+@dataclass(frozen=True)
+class CallSetUp:
+    """What each call's process of a template is given before it runs anything of its own."""
+
+    cgroups: CgroupFactory  # its cgroup is made from it, with these limits
+    memory_mb: int
+    max_pids: int
+    cpu_seconds: int
+    disk_mb: int
+    calls: tuple[Path, str]  # the folder of the calls' sockets: on the host, in the sandbox
+
+
+@dataclass(frozen=True)
+class Inside:
+    """What every call of one template starts with: the uid and gid it runs as, its
+    working folder, and its signal mask (the template's, before it was frozen)."""
+
+    uid: int
+    cwd: str
+    mask: int
+
+
+@dataclass(frozen=True)
+class Cloned:
+    """A call's process: set up and stopped before its first instruction while its tracer
+    holds it, then running."""
+
+    pid: int
+    pidfd: int
+    group: CallCgroup  # its cgroup: removed with it
+    io: socket.socket  # its stdin and stdout
+    err: socket.socket  # its stderr
+
+    def drop(self) -> None:
+        """Kill it while its tracer holds it, reap it (traced: ours to reap first) and
+        remove what it had."""
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.waitpid(self.pid, WALL)
+        os.close(self.pidfd)
+        self.io.close()
+        self.err.close()
+        self.group.remove()
+
+
+def listening(setup: CallSetUp) -> tuple[list[socket.socket], tuple[str, str]]:
+    """A call's two listeners (stdin and stdout, stderr), under a name no one can guess
+    in a folder no one can list, and their addresses as the template sees them."""
+    folder, inside = setup.calls
+    name = os.urandom(8).hex()
+    listeners = []
+    try:
+        for end in ("io", "err"):
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listeners.append(listener)
+            path = folder / f"{name}.{end}"
+            listener.bind(str(path))
+            path.chmod(0o666)
+            listener.listen(1)
+            listener.setblocking(False)
+    except BaseException:
+        close_listeners(listeners)
+        raise
+    return listeners, (f"{inside}/{name}.io", f"{inside}/{name}.err")
+
+
+def close_listeners(listeners: list[socket.socket]) -> None:
+    for listener in listeners:
+        path = listener.getsockname()
+        listener.close()
+        with contextlib.suppress(OSError):
+            Path(path).unlink()
 
 
 def accepted(listener: socket.socket, pid: int) -> socket.socket:
@@ -63,3 +152,69 @@ def join(call: Injector, io: socket.socket, tasks: list[Path]) -> None:
     for fd in received:
         call.checked(SYS_WRITE, fd, zero, 1)
         call.checked(SYS_CLOSE, fd)
+
+
+def set_up(
+    child: int,
+    base: Regs,
+    group: CallCgroup,
+    setup: CallSetUp,
+    inside: Inside,
+    listened: tuple[list[socket.socket], tuple[str, str]],
+    connections: list[socket.socket],
+) -> None:
+    """Set up the call's process ``child``, cloned from the template stopped at ``base``,
+    and check it. It is left stopped, its registers put back (once let go by its
+    tracer, it returns from the template's read with nothing read). Its accepted sockets
+    are appended to ``connections`` as they come (the caller's to close should this fail)."""
+    if stop_of(child)[0] != EVENT_STOP:
+        raise TraceError(0, f"the call's process {child} did not stop at its start")
+    call = Injector(child, base)
+    for name, line in (
+        ("uid_map", f"{inside.uid} {inside.uid} 1"),
+        ("setgroups", "deny"),
+        ("gid_map", f"{inside.uid} {inside.uid} 1"),
+    ):
+        fd = call.checked(SYS_OPENAT, AT_FDCWD, call.text(f"/proc/self/{name}"), O_WRONLY)
+        call.checked(SYS_WRITE, fd, call.text(line), len(line))
+        call.checked(SYS_CLOSE, fd)
+    listeners, addresses = listened
+    for listener, address_of, numbers in zip(listeners, addresses, ((0, 1), (2,)), strict=True):
+        sock = call.checked(SYS_SOCKET, socket.AF_UNIX, socket.SOCK_STREAM, 0)
+        address = struct.pack("H", socket.AF_UNIX) + address_of.encode() + b"\0"
+        call.checked(SYS_CONNECT, sock, call.put(address), len(address))  # before /run is covered
+        for number in numbers:
+            if sock != number:
+                call.checked(SYS_DUP2, sock, number)
+        if sock not in numbers:
+            call.checked(SYS_CLOSE, sock)
+        connections.append(accepted(listener, child))
+    join(call, connections[0], group.join_files)  # before it runs anything
+    call.checked(SYS_MOUNT, call.text("none"), call.text("/"), 0, MS_REC | MS_PRIVATE, 0)
+    tmpfs, options = call.text("tmpfs"), call.text(f"size={setup.disk_mb}m,mode=1777")
+    for target in ("/tmp", "/dev/shm"):  # noqa: S108 - the call's own
+        call.checked(SYS_MOUNT, tmpfs, call.text(target), tmpfs, MS_NOSUID | MS_NODEV, options)
+    devpts, pts = call.text("devpts"), call.text("newinstance,ptmxmode=0666,mode=0620")
+    call.checked(SYS_MOUNT, devpts, call.text("/dev/pts"), devpts, MS_NOSUID | MS_NOEXEC, pts)
+    proc = call.text("proc")  # its own pid namespace's: only itself
+    call.checked(SYS_MOUNT, proc, call.text("/proc"), proc, MS_NOSUID | MS_NODEV | MS_NOEXEC, 0)
+    call.checked(SYS_CHDIR, call.text(inside.cwd))  # whatever the import left, checked below
+    # Its own network: loopback only, up (as bubblewrap's is), for a tool that talks to itself.
+    inet = call.checked(SYS_SOCKET, socket.AF_INET, socket.SOCK_DGRAM, 0)
+    call.checked(SYS_IOCTL, inet, SIOCSIFFLAGS, call.put(struct.pack("16sH22x", b"lo", LOOPBACK_UP)))
+    call.checked(SYS_CLOSE, inet)
+    limit = call.put(struct.pack("QQ", setup.cpu_seconds, setup.cpu_seconds + 1))  # SIGXCPU, then SIGKILL
+    call.checked(SYS_PRLIMIT64, 0, RLIMIT_CPU, limit, 0)
+    mask = call.put(struct.pack("Q", inside.mask))
+    call.checked(SYS_RT_SIGPROCMASK, SIG_SETMASK, mask, 0, SIGSET_BYTES)
+    header = call.put(struct.pack("Ii", CAPABILITY_V3, 0))
+    call.checked(SYS_CAPSET, header, call.put(bytes(24)))  # nothing, in its user namespace
+    # Checked from outside: each mount went through the tracer (a filter of the tool's
+    # own could fake them; the freeze refuses one), and no capability is left.
+    if (
+        call.approved != MOUNTS
+        or capabilities(child) != 0
+        or str(Path(f"/proc/{child}/cwd").readlink()) != inside.cwd
+    ):
+        raise TraceError(0, f"the call's process {child} was not set up as asked")
+    call.close(result=0)  # stopped still: when let go, it returns from the template's read

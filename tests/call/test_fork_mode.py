@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 import pytest
 from conftest import ToolBench, wait_for
+from support.fork_probes import running_with, spare_of
 
 from runner import Runner
 from sandboxes.subprocess._forked import exit_status_known
@@ -52,6 +53,7 @@ print(json.dumps({
     "seen": state.seen,
     "imported_at": state.imported_at,
     "request": request["context"].get("requestId"),
+    "started": int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19]),
 }))
 """
 
@@ -128,10 +130,25 @@ def _recording_cgroups(runner: Runner) -> list[Path]:
     return made
 
 
+def _left_but_the_spares(made: list[Path], mark: str) -> list[Path]:
+    """The cgroups of ``made`` that are still there, but the spare's (it holds the spare
+    alone)."""
+    spare = [str(pid) for pid in spare_of(processes_with_env(f"FORK_MARK={mark}"))]
+    left = []
+    for folder in made:
+        try:
+            if (folder / "cgroup.procs").read_text().split() != spare or not spare:
+                left.append(folder)
+        except OSError:
+            pass  # removed meanwhile
+    return left
+
+
 def _template(runner: Runner, tool: str, mark: str) -> int:
-    """The pid of ``tool``'s template, once it is ready (the only process with ``mark``)."""
+    """The pid of ``tool``'s template, once it is ready (the only process with ``mark``
+    but the spare, the first call's process made ahead)."""
     _ready(runner, tool)
-    (template,) = processes_with_env(f"FORK_MARK={mark}")
+    (template,) = running_with(mark)
     return template
 
 
@@ -144,7 +161,7 @@ def test_each_call_is_forked_from_one_template_into_a_sandbox_of_its_own(
         template = _template(runner, "trace", mark)
         answers = [runner.call("trace", {"n": n}) for n in range(6)]
         # Nothing of a call outlives it: the template alone is left.
-        wait_for(lambda: processes_with_env(f"FORK_MARK={mark}") == [template], 10.0)
+        wait_for(lambda: running_with(mark) == [template], 10.0)
         assert runner._pools.takes()["trace"] == (6, 0)
     attempts = [
         json.loads(line) for line in bench.audit_log.read_text().splitlines() if '"call.attempt"' in line
@@ -159,6 +176,35 @@ def test_each_call_is_forked_from_one_template_into_a_sandbox_of_its_own(
         assert result["seen"] == [n]  # no earlier call's state: a fresh copy of the template's
     # Imported once, in the template, before any call.
     assert len({answer.result["imported_at"] for answer in answers}) == 1
+
+
+def _start_time(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+@needs_fork_mode
+def test_the_next_calls_process_is_made_ahead_and_held_before_its_first_instruction(
+    forked: tuple[ToolBench, str],
+) -> None:
+    """Made from the template before its call exists, stopped by its tracer until a call
+    takes it; the call then runs in it, with nothing of an earlier call's."""
+    bench, mark = forked
+    with bench.runner() as runner:
+        _template(runner, "trace", mark)
+        for n in range(3):
+            wait_for(lambda: spare_of(processes_with_env(f"FORK_MARK={mark}")) != [], 10.0)
+            (spare,) = spare_of(processes_with_env(f"FORK_MARK={mark}"))
+            assert psutil.Process(spare).status() == psutil.STATUS_TRACING_STOP
+            assert (
+                Path(f"/proc/{spare}/cgroup").read_text() != Path(f"/proc/{os.getpid()}/cgroup").read_text()
+            )
+            started = _start_time(spare)
+            answer = runner.call("trace", {"n": n})
+            assert answer.success, answer.error
+            assert answer.result["started"] == started  # the call ran in it
+            assert answer.result["seen"] == [n] and answer.result["tmp"] == []
+    # Closed: the spare went with the template.
+    wait_for(lambda: processes_with_env(f"FORK_MARK={mark}") == [], 10.0)
 
 
 @needs_fork_mode
@@ -180,8 +226,11 @@ def test_a_forked_call_meets_its_limits_and_is_gone_after_each(bench: ToolBench)
             reasons[what] = (
                 (error.code.value, error.details.get("reason")) if error is not None else answer.result
             )
-            assert processes_with_env(f"FORK_MARK={mark}") == [template], what
-            assert calls_own and not [d for d in calls_own if d.exists()], what  # each call's is gone with it
+            assert running_with(mark) == [template], what
+            # Each call's is gone with it (removed by the backend's teardown thread just
+            # after); the spare's alone is left.
+            assert calls_own, what
+            wait_for(lambda: _left_but_the_spares(calls_own, mark) == [], 10.0)
     wait_for(lambda: not [d for d in templates_own if d.exists()], 10.0)  # the template's with it
     assert reasons == {
         "sleep": ("TIMEOUT", None),
@@ -232,6 +281,7 @@ def test_sixteen_callers_at_once_each_get_their_own_answer(forked: tuple[ToolBen
         with ThreadPoolExecutor(16) as callers:
             answers = list(callers.map(lambda n: runner.call("trace", {"n": n}), range(64)))
         assert runner._pools.takes()["trace"] == (64, 0)
+    assert [answer.error.message for answer in answers if answer.error] == []
     assert [answer.result["seen"] for answer in answers] == [[n] for n in range(64)]
     assert all(answer.result["tmp"] == [] for answer in answers)
 
@@ -246,13 +296,13 @@ def test_a_cancelled_call_leaves_nothing_and_the_template_serves_the_next(bench:
 
         async def cancel_one() -> None:
             call = asyncio.ensure_future(runner.acall("limited", {"what": "sleep"}))
-            await asyncio.to_thread(wait_for, lambda: len(processes_with_env(f"FORK_MARK={mark}")) == 2, 10.0)
+            await asyncio.to_thread(wait_for, lambda: len(running_with(mark)) == 2, 10.0)
             call.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await call
 
         asyncio.run(cancel_one())
-        assert processes_with_env(f"FORK_MARK={mark}") == [template]  # gone before the cancel came back
+        assert running_with(mark) == [template]  # gone before the cancel came back
         assert runner.call("limited", {"what": "fine"}).result == {"what": "fine"}
 
 
@@ -276,11 +326,11 @@ def test_calls_cancelled_while_they_are_forked_leave_nothing_and_the_template_se
 
         for after_s in (0.0, 0.002, 0.005, 0.01, 0.02):
             asyncio.run(cancel_while_forking(after_s))
-            wait_for(lambda: processes_with_env(f"FORK_MARK={mark}") == [template], 10.0)
+            wait_for(lambda: running_with(mark) == [template], 10.0)
         hits = runner._pools.takes()["limited"][0]
         assert runner.call("limited", {"what": "fine"}).result == {"what": "fine"}
         assert runner._pools.takes()["limited"][0] == hits + 1  # the same template served it
-        assert processes_with_env(f"FORK_MARK={mark}") == [template]
+        assert running_with(mark) == [template]
     wait_for(lambda: not [d for d in calls_own if d.exists()], 10.0)  # none left by a cancel
 
 
@@ -316,10 +366,8 @@ def test_each_template_runs_as_a_leased_uid_of_its_own_as_do_its_calls(bench: To
 
             async def hold(tool: str = name, mark: str = mark) -> set[int]:
                 call = asyncio.ensure_future(runner.acall(tool, {"what": "sleep"}, timeout=2000))
-                await asyncio.to_thread(
-                    wait_for, lambda: len(processes_with_env(f"FORK_MARK={mark}")) == 2, 10.0
-                )
-                seen = {psutil.Process(pid).uids().real for pid in processes_with_env(f"FORK_MARK={mark}")}
+                await asyncio.to_thread(wait_for, lambda: len(running_with(mark)) == 2, 10.0)
+                seen = {psutil.Process(pid).uids().real for pid in running_with(mark)}
                 await call
                 return seen
 
@@ -412,16 +460,16 @@ def test_a_reload_lets_forked_calls_in_flight_finish_and_then_retires_their_temp
 
         async def reload_under_a_call() -> Any:
             call = asyncio.ensure_future(runner.acall("limited", {"what": "nap"}))
-            await asyncio.to_thread(wait_for, lambda: len(processes_with_env(f"FORK_MARK={mark}")) == 2, 10.0)
+            await asyncio.to_thread(wait_for, lambda: len(running_with(mark)) == 2, 10.0)
             runner.reload(tools=[bench.tools], policies=bench.root / "policies.yaml")
             # The next call brings the pools to the new policy: the old template retires.
             assert (await runner.acall("limited", {"what": "fine"})).result == {"what": "fine"}
-            assert old in processes_with_env(f"FORK_MARK={mark}")  # its call still runs
+            assert old in running_with(mark)  # its call still runs
             return await call
 
         answer = asyncio.run(reload_under_a_call())
         assert answer.success and answer.result == {"what": "nap"}, answer.error
-        wait_for(lambda: old not in processes_with_env(f"FORK_MARK={mark}"), 10.0)  # then it is gone
+        wait_for(lambda: old not in running_with(mark), 10.0)  # then it is gone
         _ready(runner, "limited")
         assert runner.call("limited", {"what": "fine"}).result == {"what": "fine"}
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import ToolBench, our_cgroups, wait_for
-from support.fork_probes import write_tool
+from support.fork_probes import running_with, write_tool
 
 from runner import Runner
 from sandboxes.subprocess._forked import exit_status_known
@@ -197,7 +197,7 @@ def test_a_runner_killed_mid_call_leaves_no_template_call_or_cgroup(bench: ToolB
     try:
         assert process.stdout is not None
         assert process.stdout.readline() == b"calling\n"
-        wait_for(lambda: len(processes_with_env(f"FORK_MARK={mark}")) == 2, 10.0)  # the template and its call
+        wait_for(lambda: len(running_with(mark)) == 2, 10.0)  # the template and its call
         process.send_signal(signal.SIGKILL)  # as the OOM killer would: no cleanup of its own runs
         process.wait()
         wait_for(

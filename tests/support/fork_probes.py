@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sandboxes.testing import processes_with_env
+
 MAIN = """import json, sys
 import runner_tool
 request = json.loads(sys.stdin.read())
@@ -332,3 +334,37 @@ def write_tool(folder: Path, mode: str, helper: Path) -> Path:
     (tool / "main.py").write_text(MAIN)
     (tool / "runner_tool.py").write_text(f"{helper.read_text()}\nMODE = {mode!r}\n{HOSTILE}")
     return tool
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+def spare_of(pids: list[int]) -> list[int]:
+    """Which of ``pids`` (a fork-mode tool's processes) is the next call's process, made
+    ahead: pid 1 of a pid namespace below the template's, held in a tracing stop before
+    its first instruction. There is one at most, and only it is ever in such a stop but
+    the template (pid 2 of the sandbox's namespace)."""
+    spares = []
+    for pid in pids:
+        try:
+            status = _status(pid)
+        except OSError:
+            continue  # gone meanwhile
+        if (
+            status["State"].startswith("t")
+            and status["NSpid"].split()[-1] == "1"
+            and len(status["NSpid"].split()) >= 3
+        ):
+            spares.append(pid)
+    assert len(spares) <= 1, f"{len(spares)} spares: {spares}"
+    return spares
+
+
+def running_with(mark: str) -> list[int]:
+    """The processes with ``FORK_MARK=mark`` in their environment but the spare: the
+    template and the calls' processes."""
+    pids = processes_with_env(f"FORK_MARK={mark}")
+    spare = spare_of(pids)
+    return [pid for pid in pids if pid not in spare]
