@@ -229,8 +229,8 @@ def test_a_forked_call_meets_its_limits_and_is_gone_after_each(bench: ToolBench)
             assert running_with(mark) == [template], what
             # Each call's is gone with it (removed by the backend's teardown thread just
             # after); the spare's alone is left.
-            assert calls_own, what
             wait_for(lambda: _left_but_the_spares(calls_own, mark) == [], 10.0)
+        assert len(calls_own) >= 8  # one call's may have been made before they were recorded
     wait_for(lambda: not [d for d in templates_own if d.exists()], 10.0)  # the template's with it
     assert reasons == {
         "sleep": ("TIMEOUT", None),

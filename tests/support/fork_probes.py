@@ -343,20 +343,17 @@ def _status(pid: int) -> dict[str, str]:
 
 def spare_of(pids: list[int]) -> list[int]:
     """Which of ``pids`` (a fork-mode tool's processes) is the next call's process, made
-    ahead: pid 1 of a pid namespace below the template's, held in a tracing stop before
-    its first instruction. There is one at most, and only it is ever in such a stop but
-    the template (pid 2 of the sandbox's namespace)."""
+    ahead (or being made): pid 1 of a pid namespace below the template's, still traced
+    by the runner, which lets a call's process go before the call runs. There is one at
+    most."""
     spares = []
     for pid in pids:
         try:
             status = _status(pid)
         except OSError:
             continue  # gone meanwhile
-        if (
-            status["State"].startswith("t")
-            and status["NSpid"].split()[-1] == "1"
-            and len(status["NSpid"].split()) >= 3
-        ):
+        levels = status["NSpid"].split()
+        if status["TracerPid"] != "0" and len(levels) >= 3 and levels[-1] == "1":
             spares.append(pid)
     assert len(spares) <= 1, f"{len(spares)} spares: {spares}"
     return spares
