@@ -31,6 +31,7 @@ import array
 import asyncio
 import fcntl
 import resource
+import socket
 import termios
 from collections import Counter, OrderedDict
 from collections.abc import Callable
@@ -42,10 +43,17 @@ Peer = tuple[str, int]
 # The share of the process's descriptors that the listeners may hold between them; the
 # rest is for sandboxes (pipes, pidfds), pools, the audit log and the tools' files.
 LISTENERS_SHARE = 0.5
-# The kernel's queue of connections not yet accepted, and how many asyncio accepts at once
-# before the gate sees them: each accepted one is a descriptor, so a burst of a flood
-# must not be taken in thousands (uvicorn's default is 2048).
-ACCEPT_BACKLOG = 64
+# How many connections asyncio accepts in one pass of the event loop, before the gate
+# sees them (in the next): each is a descriptor until then, so with a queue full of a
+# flood's connections, a few passes must not take hundreds.
+ACCEPT_BACKLOG = 16
+# The kernel's queue of connections not yet accepted (``listen_long``), capped by
+# ``net.core.somaxconn`` (4096 by default). When it is full the kernel drops a new
+# connection's handshake, which its client sends again a second later at the earliest,
+# and again, until it lands on a free place: beside a flood, a client's connection could
+# lose that race each time, and be reset. In the queue each waits its turn, at no
+# descriptor's cost to the runner.
+LISTEN_BACKLOG = 4096
 # What an unlimited number of descriptors counts as.
 UNLIMITED = 1 << 20
 # The fewest connections a listener keeps, however low the descriptor limit.
@@ -190,6 +198,13 @@ class ConnectionGate:
         counter[host] -= 1
         if not counter[host]:
             del counter[host]
+
+
+def listen_long(sock: socket.socket) -> None:
+    """Give the listening ``sock`` the kernel's long queue (``LISTEN_BACKLOG``): asyncio's
+    server listens with its accept batch as the queue's length, so this comes after it
+    has started."""
+    sock.listen(LISTEN_BACKLOG)
 
 
 def reset(transport: asyncio.BaseTransport) -> Callable[[], None]:

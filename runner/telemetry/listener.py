@@ -27,6 +27,7 @@ from runner.telemetry.connections import (
     ConnectionGate,
     ConnectionLimits,
     Peer,
+    listen_long,
     reset,
     unread,
 )
@@ -88,6 +89,7 @@ class MetricsServer:
     async def _serve(self) -> None:
         self._stopping = asyncio.Event()
         server = await asyncio.start_server(self._connection, sock=self._socket, backlog=ACCEPT_BACKLOG)
+        listen_long(self._socket)
         self._started.set()
         try:
             await self._stopping.wait()

@@ -20,7 +20,7 @@ from runner.mcp.serve.app import Caller, ToolService
 from runner.mcp.serve.auth import token_of
 from runner.mcp.serve.connections import gated_h11
 from runner.mcp.serve.sessions import http_app
-from runner.telemetry.connections import ACCEPT_BACKLOG, ConnectionGate, ConnectionLimits
+from runner.telemetry.connections import ACCEPT_BACKLOG, ConnectionGate, ConnectionLimits, listen_long
 
 MCP_PATH = "/mcp"
 DEFAULT_HOST = "127.0.0.1"
@@ -97,6 +97,11 @@ class _QuietServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield  # the lifecycle handles SIGTERM/SIGINT/SIGHUP
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        for sock in sockets or ():
+            listen_long(sock)
 
 
 class HttpTransport:

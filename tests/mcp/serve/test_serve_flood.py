@@ -6,9 +6,11 @@ the client with a token is the MCP SDK's."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -262,3 +264,55 @@ def test_a_kept_alive_connection_waits_its_idle_timeout_before_its_next_head_is_
         assert statuses == [200, 200]
     finally:
         assert server.stop() == 0
+
+
+# Connections held by the flood while the server is stopped: far more than asyncio's
+# accept batch (64), which used to be the kernel's queue too.
+QUEUED = 400
+
+
+def _answer_head(port: int) -> bytes:
+    """The head of the answer to a request without a token, on a connection of its own."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(b"POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+        return sock.recv(64)
+
+
+def _queued(port: int) -> int:
+    """Connections waiting in the queue of the listener on ``port`` (``ss``'s Recv-Q)."""
+    lines = subprocess.run(
+        ["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    return sum(int(line.split()[1]) for line in lines if line.strip())
+
+
+async def test_a_flood_that_outruns_the_server_leaves_a_clients_new_connection_its_turn(
+    bench: ToolBench, tools: str
+) -> None:
+    """While the server is stopped (a busy event loop, in the extreme), a flood from
+    another address opens hundreds of connections to each listener. They wait in its queue,
+    and so does a client's, behind them: none is dropped by the kernel (whose handshake,
+    sent again a second later and more, could lose to the flood's each time), and the
+    client is answered once the server runs again."""
+    server = HttpServer(bench, "--metrics", "127.0.0.1:0", soft_nofile=SOFT_NOFILE)
+    port, metrics = port_of(server.url), port_of(server.metrics_url)
+    try:
+        assert _answer_head(port).startswith(b"HTTP/1.1 401")  # serving
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            flood = Flood([port, metrics], count=QUEUED, source="127.0.0.2")
+            try:
+                wait_for(lambda: _queued(port) >= QUEUED and _queued(metrics) >= QUEUED, 30.0)
+                with concurrent.futures.ThreadPoolExecutor(1) as client:
+                    answer = client.submit(_answer_head, port)
+                    wait_for(lambda: _queued(port) >= QUEUED + 1, 30.0)
+                    os.kill(server.process.pid, signal.SIGCONT)
+                    head = answer.result(timeout=60)
+                assert flood.process.poll() is None
+            finally:
+                flood.stop()
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+    finally:
+        assert server.stop() == 0
+    assert head.startswith(b"HTTP/1.1 401"), head
