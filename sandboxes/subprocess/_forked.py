@@ -165,7 +165,8 @@ class ForkedCall:
 
 
 def _remove(group: CallCgroup | None, ended: Callable[[], None] | None) -> None:
-    # Told first: the next call's process is then made while this one's cgroup goes.
+    # The cgroup first: the next call's process, made once ``ended`` is told, then does
+    # not wait on the kernel's cgroup locks behind this removal.
     try:
         if group is not None:
             group.remove()  # kills what is left in it first
