@@ -48,12 +48,12 @@ LISTENERS_SHARE = 0.5
 # flood's connections, a few passes must not take hundreds.
 ACCEPT_BACKLOG = 16
 # The kernel's queue of connections not yet accepted (``listen_long``), capped by
-# ``net.core.somaxconn`` (4096 by default). When it is full the kernel drops a new
-# connection's handshake, which its client sends again a second later at the earliest,
-# and again, until it lands on a free place: beside a flood, a client's connection could
-# lose that race each time, and be reset. In the queue each waits its turn, at no
-# descriptor's cost to the runner.
-LISTEN_BACKLOG = 4096
+# ``net.core.somaxconn``. When it is full the kernel drops a new connection's handshake,
+# which its client sends again a second later at the earliest, and again, until it lands
+# on a free place: beside a flood, a client's connection could lose that race each time,
+# and be reset. In the queue each waits its turn, at no descriptor's cost to the runner;
+# what its peer sent waits there too, up to its receive buffer, in the kernel's memory.
+LISTEN_BACKLOG = 1024
 # What an unlimited number of descriptors counts as.
 UNLIMITED = 1 << 20
 # The fewest connections a listener keeps, however low the descriptor limit.

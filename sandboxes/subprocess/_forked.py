@@ -23,7 +23,6 @@ import os
 import signal
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -102,7 +101,7 @@ class ForkedCall:
         except asyncio.CancelledError:
             # The clone may be under way in the tracer's thread: what it made is killed
             # once it is over.
-            cloning.add_done_callback(_kill_late)
+            cloning.add_done_callback(functools.partial(_kill_late, self._teardowns))
             raise
         except (TraceError, CgroupUnavailable) as exc:
             message = f"the call could not be forked: {exc}"
@@ -175,7 +174,7 @@ def _remove(group: CallCgroup | None, ended: Callable[[], None] | None) -> None:
             ended()
 
 
-def _kill_late(cloning: Future[Cloned]) -> None:
+def _kill_late(teardowns: DeferredTeardown, cloning: Future[Cloned]) -> None:
     """A clone whose call was cancelled meanwhile, once it is over: its process, if it was
     made, killed."""
     if cloning.cancelled() or cloning.exception() is not None:
@@ -187,7 +186,7 @@ def _kill_late(cloning: Future[Cloned]) -> None:
     cloned.io.close()
     cloned.err.close()
     # Off the tracer's thread (this one): the removal waits for the process to be gone.
-    threading.Thread(target=cloned.group.remove, name="runner-fork-cancelled", daemon=True).start()
+    teardowns.submit(cloned.group.remove)
 
 
 async def _first_ending(*steps: object) -> Ending:

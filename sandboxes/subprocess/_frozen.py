@@ -43,7 +43,15 @@ from pathlib import Path
 from typing import Any
 
 from sandboxes._watchdog import forget_sandbox_init, parent_and_start, watch_sandbox_init
-from sandboxes.subprocess._frozen_calls import CallSetUp, Cloned, Inside, close_listeners, listening, set_up
+from sandboxes.subprocess._frozen_calls import (
+    CallSetUp,
+    Cloned,
+    Inside,
+    close_listeners,
+    listening,
+    set_up,
+    signalled,
+)
 from sandboxes.subprocess._frozen_checks import (
     TemplateRefused,
     sandboxed,
@@ -262,9 +270,11 @@ class FrozenTemplate:
         spare, self._spare = self._spare, None
         if spare is not None:
             try:
-                return self._let_go(spare)
-            except TraceError:
-                spare.drop()  # killed meanwhile (by root): made afresh
+                if not signalled(spare.pid):
+                    return self._let_go(spare)
+            except OSError:  # a ``TraceError`` too: killed meanwhile (by root)
+                pass
+            spare.drop()  # made afresh
         made = self._make()
         try:
             return self._let_go(made)
@@ -275,7 +285,12 @@ class FrozenTemplate:
     def _make_spare(self) -> None:
         self._spare_queued = False
         if self._spare is None and not self._closed:
-            self._spare = self._make()
+            try:
+                self._spare = self._make()
+            except Exception as exc:
+                # Never expected: said as the template's end (the operator log, the audit),
+                # and the tool served warm or cold until a new template is ready.
+                self._broken = self._broken or f"the next call's process could not be made: {exc}"
 
     def _make(self) -> Cloned:
         """A call's process, cloned and set up, stopped before its first instruction."""
@@ -286,11 +301,11 @@ class FrozenTemplate:
             try:
                 template = Injector(self._template, self._base)
                 template.checked(SYS_CLONE, FRESH | CLONE_PARENT | SIGCHLD, 0, 0, 0, 0)
+                (child,) = template.children
             except BaseException as exc:
                 group.remove()
                 self._broken = f"a call could not be cloned from it: {exc}"
                 raise
-            (child,) = template.children
             connections: list[socket.socket] = []
             try:
                 set_up(child, self._base, group, setup, self._inside, listened, connections)

@@ -25,6 +25,7 @@ SYS_DUP2, SYS_SOCKET, SYS_CONNECT, SYS_CHDIR, SYS_OPENAT = 33, 41, 42, 80, 257
 SYS_IOCTL, SIOCSIFFLAGS, LOOPBACK_UP = 16, 0x8914, 0x1 | 0x8 | 0x40  # IFF_UP, IFF_LOOPBACK, IFF_RUNNING
 SYS_CAPSET, SYS_MOUNT, SYS_PRLIMIT64, RLIMIT_CPU = 126, 165, 302, 0
 SYS_RT_SIGPROCMASK, SIG_SETMASK, SIGSET_BYTES = 14, 2, 8
+SYS_SETSID = 112
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 AT_FDCWD, O_WRONLY = -100, 1
 CAPABILITY_V3 = 0x20080522
@@ -76,6 +77,13 @@ class Cloned:
         self.io.close()
         self.err.close()
         self.group.remove()
+
+
+def signalled(pid: int) -> bool:
+    """Whether a signal waits for the held process ``pid`` (it would act in its call)."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    pending = [line.split(":", 1)[1].strip() for line in lines if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return len(pending) != 2 or any(int(mask, 16) for mask in pending)
 
 
 def listening(setup: CallSetUp) -> tuple[list[socket.socket], tuple[str, str]]:
@@ -170,6 +178,25 @@ def set_up(
     if stop_of(child)[0] != EVENT_STOP:
         raise TraceError(0, f"the call's process {child} did not stop at its start")
     call = Injector(child, base)
+    try:
+        _set_up(call, group, setup, inside, listened, connections)
+    finally:
+        call.forget()  # its scratch page's descriptor, however it ended
+
+
+def _set_up(
+    call: Injector,
+    group: CallCgroup,
+    setup: CallSetUp,
+    inside: Inside,
+    listened: tuple[list[socket.socket], tuple[str, str]],
+    connections: list[socket.socket],
+) -> None:
+    child = call.pid
+    # A session and process group of its own: a signal another call sends its group
+    # (``kill(0, ...)``) reaches neither this call nor the template, whose group the
+    # clone would share, nor a process made ahead and held until its call.
+    call.checked(SYS_SETSID)
     for name, line in (
         ("uid_map", f"{inside.uid} {inside.uid} 1"),
         ("setgroups", "deny"),

@@ -164,13 +164,19 @@ class Injector:
     def text(self, value: str) -> int:
         return self.put(value.encode() + b"\0")
 
+    def forget(self) -> None:
+        """Close the descriptor of the tracee's memory (after ``close``, or when the
+        tracee is given up)."""
+        if self._memory is not None:
+            os.close(self._memory)
+            self._memory = None
+
     def close(self, result: int | None = None) -> None:
         """Unmap the scratch page and put the registers back (``rax``: ``result``, as if
         the system call it stopped after returned that, and nothing to restart)."""
         if self._memory is not None:
-            os.close(self._memory)
+            self.forget()
             self.checked(11, self._scratch, 4096)  # munmap
-            self._memory = None
         regs = Regs.from_buffer_copy(self.base)
         if result is not None:
             regs.rax, regs.orig_rax = result & _WORD, _WORD

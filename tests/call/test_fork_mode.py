@@ -91,6 +91,13 @@ elif what == "loopback":
     sys.exit(0)
 elif what == "nap":
     time.sleep(1.5)
+elif what == "group":  # a signal to every process in its process group, then gone
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    time.sleep(params["after"])
+    # SIGINT: Python's handler acts in whichever call gets it (SIG_DFL ones do not act
+    # in pid 1 of a namespace, when sent from outside it).
+    os.kill(0, signal.SIGINT if params["signal"] == "int" else signal.SIGKILL)
 elif what == "exit":
     sys.exit(3)
 print(json.dumps({"what": what}))
@@ -496,3 +503,32 @@ def test_a_private_tools_copy_is_readable_by_its_template_alone(bench: ToolBench
         assert subprocess.run(nobody, capture_output=True, check=False).returncode != 0  # another local user
         assert stat.S_IMODE(copied.stat().st_mode) == 0o600  # as the original: not the tool's
         assert runner.call("limited", {"what": "fine"}).result == {"what": "fine"}
+
+
+@needs_fork_mode
+def test_a_call_that_signals_its_process_group_reaches_no_other_call_nor_the_template(
+    bench: ToolBench,
+) -> None:
+    """Each call's process is a session and process group of its own: ``kill(0, ...)``
+    reaches the calling call alone, not a call beside it, the template, or the next
+    call's process, made ahead and held meanwhile (a signal planted there would act in
+    whichever call took it next)."""
+    mark = _marker()
+    bench.tool("limited", LIMITS, env={"FORK_MARK": mark}, limits={"timeout_ms": 10000})
+    bench.policy["pool"] = {"size": 1, "mode": "fork"}
+    with bench.runner() as runner, ThreadPoolExecutor(2) as callers:
+        template = _template(runner, "limited", mark)
+        killer = callers.submit(runner.call, "limited", {"what": "group", "after": 0.5, "signal": "kill"})
+        beside = runner.call("limited", {"what": "nap"})  # runs while the group is killed
+        killer.result()
+        assert beside.result == {"what": "nap"}, beside.error
+        assert running_with(mark) == [template]
+        # A spare is made once a call ends: the planter signals its group while one is held.
+        planter = callers.submit(runner.call, "limited", {"what": "group", "after": 0.5, "signal": "int"})
+        assert runner.call("limited", {"what": "fine"}).result == {"what": "fine"}
+        wait_for(lambda: spare_of(processes_with_env(f"FORK_MARK={mark}")) != [], 10.0)
+        assert planter.result().result == {"what": "group"}
+        after = runner.call("limited", {"what": "fine"})
+        assert after.result == {"what": "fine"}, after.error
+        assert running_with(mark) == [template]
+        assert runner._pools.takes()["limited"] == (5, 0)  # each forked from the one template

@@ -35,7 +35,7 @@ from runner.config.sockets import MAX_REQUEST_BYTES, SocketPlaceError, prepare_f
 from runner.mcp.serve.app import ToolService
 from runner.mcp.serve.lifecycle import Transport
 from runner.mcp.serve.refusals import RefusalBudget
-from runner.telemetry.connections import ACCEPT_BACKLOG
+from runner.telemetry.connections import ACCEPT_BACKLOG, listen_long
 
 # Objects and arrays in a request line, counted (as opening brackets, those in strings
 # too) before it is parsed: parsing holds the interpreter's lock whatever thread it runs
@@ -165,8 +165,9 @@ class SocketTransport:
 
     async def serve(self) -> None:
         server = await asyncio.start_unix_server(
-            self._connection, sock=self._listener.sock, limit=MAX_REQUEST_BYTES + 1
+            self._connection, sock=self._listener.sock, limit=MAX_REQUEST_BYTES + 1, backlog=ACCEPT_BACKLOG
         )
+        listen_long(self._listener.sock)
         try:
             async with server:
                 await self._stopped.wait()
