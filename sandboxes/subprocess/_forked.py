@@ -1,14 +1,15 @@
 """One call of a tool in fork mode: its process cloned from the tool's frozen template
-(``_frozen``) when the call runs, fed, watched and ended as a sandbox's run is.
+(``_frozen``) when the call runs, then run by ``_process.drive`` as a sandbox's is.
 
 The call has a cgroup of its own (memory and process limits, joined before it runs
-anything), fresh namespaces, and its stdio on two sockets the runner listens on in a
-folder bound read-only into the template's sandbox, under names no one can list; a
-connection is taken only from the call's own process (``SO_PEERCRED``). Its exit status
-comes from its pidfd (``PIDFD_GET_INFO``): the call is bubblewrap's init's child, not
-the runner's. A call past its timeout, output cap or CPU time is killed through its
-pidfd (it is pid 1 of its own pid namespace, so everything in it goes too) and seen
-dead before its outcome is told; its cgroup is removed after it.
+anything), fresh namespaces, and its stdin, stdout and stderr on three sockets the
+runner listens on in a folder bound read-only into the template's sandbox, under names
+no one can list; a connection is taken only from the call's own process
+(``SO_PEERCRED``). Its exit status comes from its pidfd (``PIDFD_GET_INFO``): the call
+is bubblewrap's init's child, not the runner's. A call past its timeout, output cap or
+CPU time is killed through its pidfd (it is pid 1 of its own pid namespace, so
+everything in it goes too) and seen dead before its outcome is told; its cgroup is
+removed after it.
 """
 
 from __future__ import annotations
@@ -21,27 +22,22 @@ import fcntl
 import functools
 import os
 import signal
-import socket
 import struct
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from sandboxes._streams import TailBuffer
+from sandboxes._exchange import PayloadExchange
 from sandboxes.base import Limits, SandboxOutcome, StopReason
-from sandboxes.events import EventSink, OutputBudget, StderrSplitter
+from sandboxes.events import EventSink
+from sandboxes.subprocess._attach import close_transports
 from sandboxes.subprocess._cgroup import CgroupUnavailable
 from sandboxes.subprocess._frozen_calls import Cloned
 from sandboxes.subprocess._outcome import outcome
-from sandboxes.subprocess._process import (
-    LIMITS_POLL_MAX_S,
-    LIMITS_POLL_S,
-    Ending,
-    ProcessResult,
-    WholeLimits,
-)
+from sandboxes.subprocess._process import WholeLimits, drive
 from sandboxes.subprocess._ptrace import TraceError
+from sandboxes.view import READ_CHUNK
 
 if TYPE_CHECKING:
     from sandboxes._deferred import DeferredTeardown
@@ -53,9 +49,6 @@ if TYPE_CHECKING:
 # its pidfd says it exited.
 PIDFD_GET_INFO, PIDFD_INFO_EXIT, PIDFD_INFO_SIZE = 0xC040FF0B, 1 << 3, 64
 REAP_WAIT_S, REAP_POLL_S = 2.0, 0.0005
-KILL_WAIT_S = 10.0
-STDERR_TAIL_BYTES = 8192
-CHUNK = 65536
 
 
 def exit_status_known() -> bool:
@@ -107,43 +100,20 @@ class ForkedCall:
             message = f"the call could not be forked: {exc}"
             return SandboxOutcome.never_ran(StopReason.SANDBOX_UNAVAILABLE, message)
         self._pidfd, self._group = cloned.pidfd, cloned.group
-        with cloned.io, cloned.err:
-            result = await self._exchange(cloned, payload)
+        exchange = PayloadExchange(payload, limits.max_output_bytes, self._sink)
+        process = await _ForkedProcess.attach(cloned)
+        result = await drive(
+            process,
+            exchange,
+            b"",
+            limits.timeout_ms / 1000,
+            process.kill,
+            WholeLimits(cloned.group, limits.cpu_seconds).breached,
+        )
         duration_ms = (time.monotonic() - started) * 1000
         token = os.urandom(8).hex()  # no exec guard's: a tool's "not found" is its own
         told = outcome(result, True, token, duration_ms, False, missing=(), cgroup=self._group, limits=limits)
         return dataclasses.replace(told, forked=True)
-
-    async def _exchange(self, cloned: Cloned, payload: bytes) -> ProcessResult:
-        limits = self._limits
-        tail = TailBuffer(STDERR_TAIL_BYTES)
-        budget = OutputBudget(limits.max_output_bytes)
-        stderr = StderrSplitter(tail, self._sink, budget)
-        stdout = bytearray()
-        ending = Ending.EXITED
-        try:
-            async with asyncio.timeout(limits.timeout_ms / 1000):
-                ending = await _first_ending(
-                    _feed(cloned.io, payload),
-                    _read_stdout(cloned.io, stdout, budget),
-                    _read_stderr(cloned.err, stderr),
-                    _watch_limits(self._group, limits.cpu_seconds),
-                )
-                if ending is Ending.EXITED:
-                    await _exited(cloned.pidfd)
-        except TimeoutError:
-            ending = Ending.TIMEOUT
-        finally:
-            if ending is not Ending.EXITED:
-                await _kill(cloned.pidfd)
-        status = await _exit_status(cloned.pidfd) if ending is Ending.EXITED else None
-        if status is not None and os.WIFSIGNALED(status):
-            returncode: int | None = -os.WTERMSIG(status)
-        else:
-            returncode = os.WEXITSTATUS(status) if status is not None else None
-        if ending is not Ending.EXITED:
-            returncode = -signal.SIGKILL
-        return ProcessResult(ending, returncode, bytes(stdout), tail.text())
 
     async def close(self) -> None:
         self.discard()
@@ -183,82 +153,80 @@ def _kill_late(teardowns: DeferredTeardown, cloning: Future[Cloned]) -> None:
     with contextlib.suppress(OSError):
         signal.pidfd_send_signal(cloned.pidfd, signal.SIGKILL)
     os.close(cloned.pidfd)
-    cloned.io.close()
-    cloned.err.close()
+    cloned.close_sockets()
     # Off the tracer's thread (this one): the removal waits for the process to be gone.
     teardowns.submit(cloned.group.remove)
 
 
-async def _first_ending(*steps: object) -> Ending:
-    """Run the exchange's steps together until stdout and stderr have ended (then the
-    tool has exited or closed them), or one says the run must end."""
-    tasks = [asyncio.ensure_future(step) for step in steps]  # type: ignore[call-overload]
-    readers = set(tasks[1:3])
-    try:
-        while readers:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                tasks.remove(task)
-                readers.discard(task)
-                ending = task.result()
-                if ending is not None:
-                    return ending  # type: ignore[no-any-return]
-        return Ending.EXITED
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+class _ResetIsEnd(asyncio.StreamReader):
+    """A socket's stream as ``drive`` reads it: a reset is its end (the tool closed it so;
+    a pipe would have ended)."""
+
+    async def read(self, n: int = -1) -> bytes:
+        try:
+            return await super().read(n)
+        except ConnectionResetError:
+            return b""
 
 
-async def _feed(io: socket.socket, payload: bytes) -> None:
-    loop = asyncio.get_running_loop()
-    try:
-        await loop.sock_sendall(io, payload)
-        io.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass  # a tool that never read its input, or closed it: as with a pipe
-    await asyncio.Event().wait()  # fed: it waits for the others
+class _Transports:
+    """The call's three sockets' transports, closed together (``drive``'s last step)."""
+
+    def __init__(self, transports: list[asyncio.BaseTransport]) -> None:
+        self._transports = transports
+
+    def close(self) -> None:
+        close_transports(self._transports)
 
 
-async def _read_stdout(io: socket.socket, stdout: bytearray, budget: OutputBudget) -> Ending | None:
-    loop = asyncio.get_running_loop()
-    while chunk := await _received(loop, io):
-        if not budget.take(len(chunk)):
-            return Ending.OUTPUT_LIMIT
-        stdout += chunk
-    return None
+class _ForkedProcess:
+    """A forked call's process as ``drive`` runs it (``_process.Driven``): its sockets
+    as streams, its exit through its pidfd."""
 
+    def __init__(self, cloned: Cloned) -> None:
+        self._pidfd = cloned.pidfd
+        self.returncode: int | None = None
+        self.stdin: asyncio.StreamWriter | None = None
+        self.stdout: asyncio.StreamReader | None = None
+        self.stderr: asyncio.StreamReader | None = None
+        self._transport = _Transports([])
 
-async def _read_stderr(err: socket.socket, stderr: StderrSplitter) -> None:
-    loop = asyncio.get_running_loop()
-    while chunk := await _received(loop, err):
-        stderr.feed(chunk)
+    @classmethod
+    async def attach(cls, cloned: Cloned) -> _ForkedProcess:
+        process = cls(cloned)
+        loop = asyncio.get_running_loop()
+        transports = process._transport._transports
+        try:
+            _, process.stdin = await asyncio.open_connection(sock=cloned.stdin)
+            transports.append(process.stdin.transport)
+            for sock, name in ((cloned.stdout, "stdout"), (cloned.stderr, "stderr")):
+                reader = _ResetIsEnd(limit=READ_CHUNK)
+                transport, _ = await loop.connect_accepted_socket(
+                    functools.partial(asyncio.StreamReaderProtocol, reader), sock=sock
+                )
+                transports.append(transport)
+                setattr(process, name, reader)
+        except BaseException:
+            process._transport.close()
+            cloned.close_sockets()
+            raise
+        return process
 
+    async def wait(self) -> int:
+        await _exited(self._pidfd)
+        status = await _exit_status(self._pidfd)
+        if status is None:  # never reaped in time: a failure, never a success
+            self.returncode = -signal.SIGKILL
+        elif os.WIFSIGNALED(status):
+            self.returncode = -os.WTERMSIG(status)
+        else:
+            self.returncode = os.WEXITSTATUS(status)
+        return self.returncode
 
-async def _received(loop: asyncio.AbstractEventLoop, connection: socket.socket) -> bytes:
-    """The next bytes; empty at the end. A reset is an end: the tool exited with input
-    it never read (a pipe would have said EOF too)."""
-    try:
-        return await loop.sock_recv(connection, CHUNK)
-    except ConnectionResetError:
-        return b""
-
-
-async def _watch_limits(group: CallCgroup | None, cpu_seconds: int) -> Ending | None:
-    """The limits of all the call's processes together (``WholeLimits``), polled as a
-    sandbox's are (``LIMITS_POLL_S`` doubling to ``LIMITS_POLL_MAX_S``): an OOM kill ends
-    the call even while its parent goes on waiting (each process alone also meets its
-    CPU-time rlimit)."""
-    poll_every = LIMITS_POLL_S
-    whole = WholeLimits(group, cpu_seconds) if group is not None else None
-    while whole is not None:
-        await asyncio.sleep(poll_every)
-        poll_every = min(poll_every * 2, LIMITS_POLL_MAX_S)
-        broken = whole.breached()
-        if broken is not None:
-            return broken
-    await asyncio.Event().wait()
-    return None
+    def kill(self) -> None:
+        """Kill it (pid 1 of its pid namespace: everything in it goes)."""
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
 
 async def _exited(pidfd: int) -> None:
@@ -269,22 +237,6 @@ async def _exited(pidfd: int) -> None:
         await gone
     finally:
         loop.remove_reader(pidfd)
-
-
-async def _kill(pidfd: int) -> None:
-    """Kill a call's process (pid 1 of its pid namespace: everything in it goes) and see it
-    dead.
-
-    Raises:
-        RuntimeError: it was still there after the kill (never seen).
-    """
-    with contextlib.suppress(OSError):
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    try:
-        async with asyncio.timeout(KILL_WAIT_S):
-            await _exited(pidfd)
-    except TimeoutError:
-        raise RuntimeError("a forked call's process outlived its kill") from None
 
 
 async def _exit_status(pidfd: int) -> int | None:

@@ -10,7 +10,7 @@ system calls it makes it make. For each call it makes the template make one more
 ``clone`` into fresh user, mount, pid, IPC, network and UTS namespaces (the child a
 sibling of the template, so bubblewrap's init reaps it). Before the child runs one
 instruction of its own, it puts it in the call's cgroup, maps its uid, connects its
-stdin and stdout to a socket of the runner's and its stderr to another, mounts a fresh
+stdin, stdout and stderr each to a socket of the runner's, mounts a fresh
 ``/tmp``, ``/dev/shm``, ``/dev/pts`` and ``/proc``, sets its CPU-time rlimit and signal
 mask, and drops every capability it has in its user namespace. Then the child returns
 from the template's read, with nothing read, and runs the tool's script. Once asked

@@ -31,6 +31,7 @@ AT_FDCWD, O_WRONLY = -100, 1
 CAPABILITY_V3 = 0x20080522
 MOUNTS = 5  # made in each call's process: /, /tmp, /dev/shm, /dev/pts, /proc
 CONNECT_S = 5.0  # for a call's process to be seen on its sockets
+ENDS = ("in", "out", "err")  # its sockets, as 0, 1 and 2
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,13 @@ class Cloned:
     pid: int
     pidfd: int
     group: CallCgroup  # its cgroup: removed with it
-    io: socket.socket  # its stdin and stdout
-    err: socket.socket  # its stderr
+    stdin: socket.socket
+    stdout: socket.socket
+    stderr: socket.socket
+
+    def close_sockets(self) -> None:
+        for sock in (self.stdin, self.stdout, self.stderr):
+            sock.close()
 
     def drop(self) -> None:
         """Kill it while its tracer holds it, reap it (traced: ours to reap first) and
@@ -74,8 +80,7 @@ class Cloned:
         with contextlib.suppress(OSError):
             os.waitpid(self.pid, WALL)
         os.close(self.pidfd)
-        self.io.close()
-        self.err.close()
+        self.close_sockets()
         self.group.remove()
 
 
@@ -86,14 +91,14 @@ def signalled(pid: int) -> bool:
     return len(pending) != 2 or any(int(mask, 16) for mask in pending)
 
 
-def listening(setup: CallSetUp) -> tuple[list[socket.socket], tuple[str, str]]:
-    """A call's two listeners (stdin and stdout, stderr), under a name no one can guess
+def listening(setup: CallSetUp) -> tuple[list[socket.socket], list[str]]:
+    """A call's listeners (its stdin, stdout and stderr), under a name no one can guess
     in a folder no one can list, and their addresses as the template sees them."""
     folder, inside = setup.calls
     name = os.urandom(8).hex()
     listeners = []
     try:
-        for end in ("io", "err"):
+        for end in ENDS:
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             listeners.append(listener)
             path = folder / f"{name}.{end}"
@@ -104,7 +109,7 @@ def listening(setup: CallSetUp) -> tuple[list[socket.socket], tuple[str, str]]:
     except BaseException:
         close_listeners(listeners)
         raise
-    return listeners, (f"{inside}/{name}.io", f"{inside}/{name}.err")
+    return listeners, [f"{inside}/{name}.{end}" for end in ENDS]
 
 
 def close_listeners(listeners: list[socket.socket]) -> None:
@@ -134,14 +139,14 @@ def accepted(listener: socket.socket, pid: int) -> socket.socket:
     raise TraceError(0, f"the call's process {pid} was not seen on its socket")
 
 
-def join(call: Injector, io: socket.socket, tasks: list[Path]) -> None:
+def join(call: Injector, stdin: socket.socket, tasks: list[Path]) -> None:
     """The call's process joins its cgroup by writing 0 to each of ``tasks``, through
-    descriptors this process opened and sends it over its socket (``io``, its stdin): a
+    descriptors this process opened and sends it over its ``stdin`` socket: a
     process that moves itself spares the kernel's global lock, whose writer waits for an
     RCU grace period (``CallCgroup.join_files``), long on an idle machine."""
     fds = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in tasks]
     try:
-        io.sendmsg([b"j"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        stdin.sendmsg([b"j"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
     finally:
         for fd in fds:
             os.close(fd)
@@ -168,7 +173,7 @@ def set_up(
     group: CallCgroup,
     setup: CallSetUp,
     inside: Inside,
-    listened: tuple[list[socket.socket], tuple[str, str]],
+    listened: tuple[list[socket.socket], list[str]],
     connections: list[socket.socket],
 ) -> None:
     """Set up the call's process ``child``, cloned from the template stopped at ``base``,
@@ -189,7 +194,7 @@ def _set_up(
     group: CallCgroup,
     setup: CallSetUp,
     inside: Inside,
-    listened: tuple[list[socket.socket], tuple[str, str]],
+    listened: tuple[list[socket.socket], list[str]],
     connections: list[socket.socket],
 ) -> None:
     child = call.pid
@@ -206,14 +211,12 @@ def _set_up(
         call.checked(SYS_WRITE, fd, call.text(line), len(line))
         call.checked(SYS_CLOSE, fd)
     listeners, addresses = listened
-    for listener, address_of, numbers in zip(listeners, addresses, ((0, 1), (2,)), strict=True):
+    for number, (listener, address_of) in enumerate(zip(listeners, addresses, strict=True)):
         sock = call.checked(SYS_SOCKET, socket.AF_UNIX, socket.SOCK_STREAM, 0)
         address = struct.pack("H", socket.AF_UNIX) + address_of.encode() + b"\0"
         call.checked(SYS_CONNECT, sock, call.put(address), len(address))  # before /run is covered
-        for number in numbers:
-            if sock != number:
-                call.checked(SYS_DUP2, sock, number)
-        if sock not in numbers:
+        if sock != number:
+            call.checked(SYS_DUP2, sock, number)
             call.checked(SYS_CLOSE, sock)
         connections.append(accepted(listener, child))
     join(call, connections[0], group.join_files)  # before it runs anything
