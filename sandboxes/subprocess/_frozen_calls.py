@@ -182,69 +182,54 @@ def set_up(
     are appended to ``connections`` as they come (the caller's to close should this fail)."""
     if stop_of(child)[0] != EVENT_STOP:
         raise TraceError(0, f"the call's process {child} did not stop at its start")
-    call = Injector(child, base)
-    try:
-        _set_up(call, group, setup, inside, listened, connections)
-    finally:
-        call.forget()  # its scratch page's descriptor, however it ended
-
-
-def _set_up(
-    call: Injector,
-    group: CallCgroup,
-    setup: CallSetUp,
-    inside: Inside,
-    listened: tuple[list[socket.socket], list[str]],
-    connections: list[socket.socket],
-) -> None:
-    child = call.pid
-    # A session and process group of its own: a signal another call sends its group
-    # (``kill(0, ...)``) reaches neither this call nor the template, whose group the
-    # clone would share, nor a process made ahead and held until its call.
-    call.checked(SYS_SETSID)
-    for name, line in (
-        ("uid_map", f"{inside.uid} {inside.uid} 1"),
-        ("setgroups", "deny"),
-        ("gid_map", f"{inside.uid} {inside.uid} 1"),
-    ):
-        fd = call.checked(SYS_OPENAT, AT_FDCWD, call.text(f"/proc/self/{name}"), O_WRONLY)
-        call.checked(SYS_WRITE, fd, call.text(line), len(line))
-        call.checked(SYS_CLOSE, fd)
-    listeners, addresses = listened
-    for number, (listener, address_of) in enumerate(zip(listeners, addresses, strict=True)):
-        sock = call.checked(SYS_SOCKET, socket.AF_UNIX, socket.SOCK_STREAM, 0)
-        address = struct.pack("H", socket.AF_UNIX) + address_of.encode() + b"\0"
-        call.checked(SYS_CONNECT, sock, call.put(address), len(address))  # before /run is covered
-        if sock != number:
-            call.checked(SYS_DUP2, sock, number)
-            call.checked(SYS_CLOSE, sock)
-        connections.append(accepted(listener, child))
-    join(call, connections[0], group.join_files)  # before it runs anything
-    call.checked(SYS_MOUNT, call.text("none"), call.text("/"), 0, MS_REC | MS_PRIVATE, 0)
-    tmpfs, options = call.text("tmpfs"), call.text(f"size={setup.disk_mb}m,mode=1777")
-    for target in ("/tmp", "/dev/shm"):  # noqa: S108 - the call's own
-        call.checked(SYS_MOUNT, tmpfs, call.text(target), tmpfs, MS_NOSUID | MS_NODEV, options)
-    devpts, pts = call.text("devpts"), call.text("newinstance,ptmxmode=0666,mode=0620")
-    call.checked(SYS_MOUNT, devpts, call.text("/dev/pts"), devpts, MS_NOSUID | MS_NOEXEC, pts)
-    proc = call.text("proc")  # its own pid namespace's: only itself
-    call.checked(SYS_MOUNT, proc, call.text("/proc"), proc, MS_NOSUID | MS_NODEV | MS_NOEXEC, 0)
-    call.checked(SYS_CHDIR, call.text(inside.cwd))  # whatever the import left, checked below
-    # Its own network: loopback only, up (as bubblewrap's is), for a tool that talks to itself.
-    inet = call.checked(SYS_SOCKET, socket.AF_INET, socket.SOCK_DGRAM, 0)
-    call.checked(SYS_IOCTL, inet, SIOCSIFFLAGS, call.put(struct.pack("16sH22x", b"lo", LOOPBACK_UP)))
-    call.checked(SYS_CLOSE, inet)
-    limit = call.put(struct.pack("QQ", setup.cpu_seconds, setup.cpu_seconds + 1))  # SIGXCPU, then SIGKILL
-    call.checked(SYS_PRLIMIT64, 0, RLIMIT_CPU, limit, 0)
-    mask = call.put(struct.pack("Q", inside.mask))
-    call.checked(SYS_RT_SIGPROCMASK, SIG_SETMASK, mask, 0, SIGSET_BYTES)
-    header = call.put(struct.pack("Ii", CAPABILITY_V3, 0))
-    call.checked(SYS_CAPSET, header, call.put(bytes(24)))  # nothing, in its user namespace
-    # Checked from outside: each mount went through the tracer (a filter of the tool's
-    # own could fake them; the freeze refuses one), and no capability is left.
-    if (
-        call.approved != MOUNTS
-        or capabilities(child) != 0
-        or str(Path(f"/proc/{child}/cwd").readlink()) != inside.cwd
-    ):
-        raise TraceError(0, f"the call's process {child} was not set up as asked")
-    call.close(result=0)  # stopped still: when let go, it returns from the template's read
+    with Injector(child, base) as call:  # its memory's descriptor closed however it ends
+        # A session and process group of its own: a signal another call sends its group
+        # (``kill(0, ...)``) reaches neither this call nor the template, whose group the
+        # clone would share, nor a process made ahead and held until its call.
+        call.checked(SYS_SETSID)
+        for name, line in (
+            ("uid_map", f"{inside.uid} {inside.uid} 1"),
+            ("setgroups", "deny"),
+            ("gid_map", f"{inside.uid} {inside.uid} 1"),
+        ):
+            fd = call.checked(SYS_OPENAT, AT_FDCWD, call.text(f"/proc/self/{name}"), O_WRONLY)
+            call.checked(SYS_WRITE, fd, call.text(line), len(line))
+            call.checked(SYS_CLOSE, fd)
+        listeners, addresses = listened
+        for number, (listener, address_of) in enumerate(zip(listeners, addresses, strict=True)):
+            sock = call.checked(SYS_SOCKET, socket.AF_UNIX, socket.SOCK_STREAM, 0)
+            address = struct.pack("H", socket.AF_UNIX) + address_of.encode() + b"\0"
+            call.checked(SYS_CONNECT, sock, call.put(address), len(address))  # before /run is covered
+            if sock != number:
+                call.checked(SYS_DUP2, sock, number)
+                call.checked(SYS_CLOSE, sock)
+            connections.append(accepted(listener, child))
+        join(call, connections[0], group.join_files)  # before it runs anything
+        call.checked(SYS_MOUNT, call.text("none"), call.text("/"), 0, MS_REC | MS_PRIVATE, 0)
+        tmpfs, options = call.text("tmpfs"), call.text(f"size={setup.disk_mb}m,mode=1777")
+        for target in ("/tmp", "/dev/shm"):  # noqa: S108 - the call's own
+            call.checked(SYS_MOUNT, tmpfs, call.text(target), tmpfs, MS_NOSUID | MS_NODEV, options)
+        devpts, pts = call.text("devpts"), call.text("newinstance,ptmxmode=0666,mode=0620")
+        call.checked(SYS_MOUNT, devpts, call.text("/dev/pts"), devpts, MS_NOSUID | MS_NOEXEC, pts)
+        proc = call.text("proc")  # its own pid namespace's: only itself
+        call.checked(SYS_MOUNT, proc, call.text("/proc"), proc, MS_NOSUID | MS_NODEV | MS_NOEXEC, 0)
+        call.checked(SYS_CHDIR, call.text(inside.cwd))  # whatever the import left, checked below
+        # Its own network: loopback only, up (as bubblewrap's is), for a tool that talks to itself.
+        inet = call.checked(SYS_SOCKET, socket.AF_INET, socket.SOCK_DGRAM, 0)
+        call.checked(SYS_IOCTL, inet, SIOCSIFFLAGS, call.put(struct.pack("16sH22x", b"lo", LOOPBACK_UP)))
+        call.checked(SYS_CLOSE, inet)
+        limit = call.put(struct.pack("QQ", setup.cpu_seconds, setup.cpu_seconds + 1))  # SIGXCPU, then SIGKILL
+        call.checked(SYS_PRLIMIT64, 0, RLIMIT_CPU, limit, 0)
+        mask = call.put(struct.pack("Q", inside.mask))
+        call.checked(SYS_RT_SIGPROCMASK, SIG_SETMASK, mask, 0, SIGSET_BYTES)
+        header = call.put(struct.pack("Ii", CAPABILITY_V3, 0))
+        call.checked(SYS_CAPSET, header, call.put(bytes(24)))  # nothing, in its user namespace
+        # Checked from outside: each mount went through the tracer (a filter of the tool's
+        # own could fake them; the freeze refuses one), and no capability is left.
+        if (
+            call.approved != MOUNTS
+            or capabilities(child) != 0
+            or str(Path(f"/proc/{child}/cwd").readlink()) != inside.cwd
+        ):
+            raise TraceError(0, f"the call's process {child} was not set up as asked")
+        call.close(result=0)  # stopped still: when let go, it returns from the template's read

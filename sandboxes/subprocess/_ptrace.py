@@ -164,6 +164,12 @@ class Injector:
     def text(self, value: str) -> int:
         return self.put(value.encode() + b"\0")
 
+    def __enter__(self) -> Injector:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.forget()
+
     def forget(self) -> None:
         """Close the descriptor of the tracee's memory (after ``close``, or when the
         tracee is given up)."""
