@@ -8,8 +8,8 @@ no one can list; a connection is taken only from the call's own process
 (``SO_PEERCRED``). Its exit status comes from its pidfd (``PIDFD_GET_INFO``): the call
 is bubblewrap's init's child, not the runner's. A call past its timeout, output cap or
 CPU time is killed through its pidfd (it is pid 1 of its own pid namespace, so
-everything in it goes too) and seen dead before its outcome is told; its cgroup is
-removed after it.
+everything in it goes too); ``drive`` waits a bounded time to see it gone, and its
+cgroup's removal after the call waits for that in any case.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import fcntl
 import functools
 import os
 import signal
+import socket
 import struct
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING
 from sandboxes._exchange import PayloadExchange
 from sandboxes.base import Limits, SandboxOutcome, StopReason
 from sandboxes.events import EventSink
-from sandboxes.subprocess._attach import close_transports
+from sandboxes.subprocess._attach import UNKNOWN_STATUS, close_transports
 from sandboxes.subprocess._cgroup import CgroupUnavailable
 from sandboxes.subprocess._frozen_calls import Cloned
 from sandboxes.subprocess._outcome import outcome
@@ -158,17 +159,6 @@ def _kill_late(teardowns: DeferredTeardown, cloning: Future[Cloned]) -> None:
     teardowns.submit(cloned.group.remove)
 
 
-class _ResetIsEnd(asyncio.StreamReader):
-    """A socket's stream as ``drive`` reads it: a reset is its end (the tool closed it so;
-    a pipe would have ended)."""
-
-    async def read(self, n: int = -1) -> bytes:
-        try:
-            return await super().read(n)
-        except ConnectionResetError:
-            return b""
-
-
 class _Transports:
     """The call's three sockets' transports, closed together (``drive``'s last step)."""
 
@@ -190,21 +180,23 @@ class _ForkedProcess:
         self.stdout: asyncio.StreamReader | None = None
         self.stderr: asyncio.StreamReader | None = None
         self._transport = _Transports([])
+        self._unused: list[asyncio.StreamWriter] = []
 
     @classmethod
     async def attach(cls, cloned: Cloned) -> _ForkedProcess:
         process = cls(cloned)
-        loop = asyncio.get_running_loop()
         transports = process._transport._transports
         try:
+            # Each one way, as a pipe: the tool's writes to its stdin fail (EPIPE), and
+            # nothing is ever sent to its stdout or stderr (so no reset can come back).
+            cloned.stdin.shutdown(socket.SHUT_RD)
             _, process.stdin = await asyncio.open_connection(sock=cloned.stdin)
             transports.append(process.stdin.transport)
             for sock, name in ((cloned.stdout, "stdout"), (cloned.stderr, "stderr")):
-                reader = _ResetIsEnd(limit=READ_CHUNK)
-                transport, _ = await loop.connect_accepted_socket(
-                    functools.partial(asyncio.StreamReaderProtocol, reader), sock=sock
-                )
-                transports.append(transport)
+                sock.shutdown(socket.SHUT_WR)
+                reader, writer = await asyncio.open_connection(sock=sock, limit=READ_CHUNK)
+                transports.append(writer.transport)
+                process._unused.append(writer)  # kept until its transport is closed with the others
                 setattr(process, name, reader)
         except BaseException:
             process._transport.close()
@@ -216,7 +208,7 @@ class _ForkedProcess:
         await _exited(self._pidfd)
         status = await _exit_status(self._pidfd)
         if status is None:  # never reaped in time: a failure, never a success
-            self.returncode = -signal.SIGKILL
+            self.returncode = UNKNOWN_STATUS
         elif os.WIFSIGNALED(status):
             self.returncode = -os.WTERMSIG(status)
         else:

@@ -284,13 +284,16 @@ class FrozenTemplate:
 
     def _make_spare(self) -> None:
         self._spare_queued = False
-        if self._spare is None and not self._closed:
+        if self._spare is None and not self._closed and self._broken is None:
             try:
                 self._spare = self._make()
-            except Exception as exc:
-                # Never expected: said as the template's end (the operator log, the audit),
-                # and the tool served warm or cold until a new template is ready.
-                self._broken = self._broken or f"the next call's process could not be made: {exc}"
+            except TraceError as exc:
+                # The set-up failed its checks or a system call: said as the template's
+                # end (the operator log, the audit), the tool served warm or cold until a
+                # new template is ready.
+                self._broken = f"the next call's process could not be set up: {exc}"
+            except OSError:
+                pass  # out of descriptors, a cgroup refused: the next call tries, and says it
 
     def _make(self) -> Cloned:
         """A call's process, cloned and set up, stopped before its first instruction."""
@@ -301,6 +304,8 @@ class FrozenTemplate:
             try:
                 template = Injector(self._template, self._base)
                 template.checked(SYS_CLONE, FRESH | CLONE_PARENT | SIGCHLD, 0, 0, 0, 0)
+                if len(template.children) != 1:
+                    raise TraceError(0, f"the clone made {len(template.children)} processes")
                 (child,) = template.children
             except BaseException as exc:
                 group.remove()

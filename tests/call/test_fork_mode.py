@@ -9,6 +9,7 @@ later), on x86-64: elsewhere fork mode is refused and the tool served warm
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import signal
@@ -100,6 +101,12 @@ elif what == "group":  # a signal to every process in its process group, then go
     os.kill(0, signal.SIGINT if params["signal"] == "int" else signal.SIGKILL)
 elif what == "exit":
     sys.exit(3)
+elif what == "write_stdin":  # as with a pipe: its stdin is not for writing
+    try:
+        os.write(0, b"x" * 300000)
+    except OSError as exc:
+        print(json.dumps({"what": what, "errno": exc.errno}))
+        sys.exit(0)
 print(json.dumps({"what": what}))
 """
 
@@ -227,7 +234,18 @@ def test_a_forked_call_meets_its_limits_and_is_gone_after_each(bench: ToolBench)
         assert len(templates_own) == (3 if os.path.exists("/sys/fs/cgroup/pids/tasks") else 1)  # its imports'
         calls_own = _recording_cgroups(runner)
         reasons: dict[str, Any] = {}
-        for what in ("sleep", "spin", "memory", "child_memory", "output", "fork", "exit", "loopback", "fine"):
+        for what in (
+            "sleep",
+            "spin",
+            "memory",
+            "child_memory",
+            "output",
+            "fork",
+            "exit",
+            "loopback",
+            "write_stdin",
+            "fine",
+        ):
             answer = runner.call("limited", {"what": what})
             error = answer.error
             reasons[what] = (
@@ -248,6 +266,7 @@ def test_a_forked_call_meets_its_limits_and_is_gone_after_each(bench: ToolBench)
         "fork": ("EXECUTION_ERROR", "pids_limit"),
         "exit": ("EXECUTION_ERROR", "exit_code"),
         "loopback": {"what": "ok"},
+        "write_stdin": {"what": "write_stdin", "errno": errno.EPIPE},
         "fine": {"what": "fine"},
     }
 
