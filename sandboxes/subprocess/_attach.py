@@ -25,8 +25,9 @@ from sandboxes.view import READ_CHUNK
 UNKNOWN_STATUS = 255
 
 
-class _Pipes:
-    """The transports of the three pipes, closed together (``drive``'s last step)."""
+class Transports:
+    """The transports of a process's three streams, closed together (``drive``'s last
+    step): pipes, or a forked call's sockets."""
 
     def __init__(self) -> None:
         self._transports: list[asyncio.BaseTransport] = []
@@ -59,7 +60,7 @@ class AttachedProcess:
         self.stdin: asyncio.StreamWriter | None = None
         self.stdout: asyncio.StreamReader | None = None
         self.stderr: asyncio.StreamReader | None = None
-        self._transport = _Pipes()  # the name ``drive`` closes at its end
+        self._transport = Transports()  # the name ``drive`` closes at its end
         self._exited: asyncio.Future[int] = loop.create_future()
         self._pidfd: int | None = None
         try:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from sandboxes._exchange import PayloadExchange
 from sandboxes.base import Limits, SandboxOutcome, StopReason
 from sandboxes.events import EventSink
-from sandboxes.subprocess._attach import UNKNOWN_STATUS, close_transports
+from sandboxes.subprocess._attach import UNKNOWN_STATUS, Transports
 from sandboxes.subprocess._cgroup import CgroupUnavailable
 from sandboxes.subprocess._frozen_calls import Cloned
 from sandboxes.subprocess._outcome import outcome
@@ -159,16 +159,6 @@ def _kill_late(teardowns: DeferredTeardown, cloning: Future[Cloned]) -> None:
     teardowns.submit(cloned.group.remove)
 
 
-class _Transports:
-    """The call's three sockets' transports, closed together (``drive``'s last step)."""
-
-    def __init__(self, transports: list[asyncio.BaseTransport]) -> None:
-        self._transports = transports
-
-    def close(self) -> None:
-        close_transports(self._transports)
-
-
 class _ForkedProcess:
     """A forked call's process as ``drive`` runs it (``_process.Driven``): its sockets
     as streams, its exit through its pidfd."""
@@ -179,23 +169,22 @@ class _ForkedProcess:
         self.stdin: asyncio.StreamWriter | None = None
         self.stdout: asyncio.StreamReader | None = None
         self.stderr: asyncio.StreamReader | None = None
-        self._transport = _Transports([])
+        self._transport = Transports()
         self._unused: list[asyncio.StreamWriter] = []
 
     @classmethod
     async def attach(cls, cloned: Cloned) -> _ForkedProcess:
         process = cls(cloned)
-        transports = process._transport._transports
         try:
             # Each one way, as a pipe: the tool's writes to its stdin fail (EPIPE), and
             # nothing is ever sent to its stdout or stderr (so no reset can come back).
             cloned.stdin.shutdown(socket.SHUT_RD)
             _, process.stdin = await asyncio.open_connection(sock=cloned.stdin)
-            transports.append(process.stdin.transport)
+            process._transport.add(process.stdin.transport)
             for sock, name in ((cloned.stdout, "stdout"), (cloned.stderr, "stderr")):
                 sock.shutdown(socket.SHUT_WR)
                 reader, writer = await asyncio.open_connection(sock=sock, limit=READ_CHUNK)
-                transports.append(writer.transport)
+                process._transport.add(writer.transport)
                 process._unused.append(writer)  # kept until its transport is closed with the others
                 setattr(process, name, reader)
         except BaseException:
