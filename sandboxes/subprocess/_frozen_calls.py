@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandboxes._watchdog import parent_and_start
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory
 from sandboxes.subprocess._frozen_checks import capabilities
 from sandboxes.subprocess._ptrace import EVENT_STOP, WALL, Injector, Regs, TraceError, stop_of
@@ -25,11 +26,13 @@ SYS_DUP2, SYS_SOCKET, SYS_CONNECT, SYS_CHDIR, SYS_OPENAT = 33, 41, 42, 80, 257
 SYS_IOCTL, SIOCSIFFLAGS, LOOPBACK_UP = 16, 0x8914, 0x1 | 0x8 | 0x40  # IFF_UP, IFF_LOOPBACK, IFF_RUNNING
 SYS_CAPSET, SYS_MOUNT, SYS_PRLIMIT64, RLIMIT_CPU = 126, 165, 302, 0
 SYS_RT_SIGPROCMASK, SIG_SETMASK, SIGSET_BYTES = 14, 2, 8
-SYS_SETSID = 112
+SYS_SETSID, SYS_UNSHARE, CLONE_NEWCGROUP = 112, 272, 0x02000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 AT_FDCWD, O_WRONLY = -100, 1
 CAPABILITY_V3 = 0x20080522
-MOUNTS = 5  # made in each call's process: /, /tmp, /dev/shm, /dev/pts, /proc
+# Made in each call's process through the tracer (``_seccomp``'s traced filter): its
+# cgroup namespace, and its mounts of /, /tmp, /dev/shm, /dev/pts and /proc.
+TRACED_CALLS = 6
 CONNECT_S = 5.0  # for a call's process to be seen on its sockets
 ENDS = ("in", "out", "err")  # its sockets, as 0, 1 and 2
 
@@ -205,6 +208,9 @@ def set_up(
                 call.checked(SYS_CLOSE, sock)
             connections.append(accepted(listener, child))
         join(call, connections[0], group.join_files)  # before it runs anything
+        # A cgroup namespace rooted at its own cgroup, as a sandbox's is: otherwise it sees
+        # where that cgroup sits beside the template's, named after the runner and a count.
+        call.checked(SYS_UNSHARE, CLONE_NEWCGROUP)
         call.checked(SYS_MOUNT, call.text("none"), call.text("/"), 0, MS_REC | MS_PRIVATE, 0)
         tmpfs, options = call.text("tmpfs"), call.text(f"size={setup.disk_mb}m,mode=1777")
         for target in ("/tmp", "/dev/shm"):  # noqa: S108 - the call's own
@@ -225,11 +231,17 @@ def set_up(
         header = call.put(struct.pack("Ii", CAPABILITY_V3, 0))
         call.checked(SYS_CAPSET, header, call.put(bytes(24)))  # nothing, in its user namespace
         # Checked from outside: each mount went through the tracer (a filter of the tool's
-        # own could fake them; the freeze refuses one), and no capability is left.
+        # own could fake them; the freeze refuses one), the cgroup namespace is not its
+        # parent's, and no capability is left.
         if (
-            call.approved != MOUNTS
+            call.approved != TRACED_CALLS
+            or _namespace(child, "cgroup") == _namespace(parent_and_start(child)[0], "cgroup")
             or capabilities(child) != 0
             or str(Path(f"/proc/{child}/cwd").readlink()) != inside.cwd
         ):
             raise TraceError(0, f"the call's process {child} was not set up as asked")
         call.close(result=0)  # stopped still: when let go, it returns from the template's read
+
+
+def _namespace(pid: int, kind: str) -> int:
+    return Path(f"/proc/{pid}/ns/{kind}").stat().st_ino

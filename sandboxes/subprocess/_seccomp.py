@@ -46,6 +46,8 @@ EXTRA_DENIED = ("ptrace", "pidfd_getfd")
 # POSIX shared memory stays: its files are on /dev/shm, a tmpfs of disk_mb.
 UNCOUNTED_MEMORY = ("memfd_create", "memfd_secret", "shmget", "msgget", "semget", "ipc")
 # Refused with ENOSYS so that the C library falls back to a call the filter can inspect:
+# Traced, rather than refused, in a frozen template's filter (``compiled_filter``).
+TRACED = ("mount", "unshare")
 # clone3 and openat2 pass their flags in memory, where seccomp cannot look.
 FALLBACK = ("clone3", "openat2", "fchmodat2")
 
@@ -90,9 +92,10 @@ def _masked(arg: int, bits: int) -> _ArgCmp:
 def compiled_filter(*, memory_counted: bool, traced: bool = False) -> bytes:
     """The BPF program (one per process and mode; it depends on nothing of a call).
     ``memory_counted``: a cgroup charges the tool's memory (else ``UNCOUNTED_MEMORY``).
-    ``traced``: ``mount`` and ``clone`` into new namespaces go to a ptrace tracer instead
-    of failing (with no tracer attached they fail, ENOSYS): for fork mode's frozen
-    template (``_frozen``), whose tracer makes those calls in it and in the calls it clones.
+    ``traced``: ``mount``, ``unshare`` and ``clone`` into new namespaces go to a ptrace
+    tracer instead of failing (with no tracer attached they fail, ENOSYS): for fork mode's
+    frozen template (``_frozen``), whose tracer makes those calls in it and in the calls
+    it clones.
 
     Raises:
         SeccompUnavailable: libseccomp cannot be loaded or rejects a rule.
@@ -141,7 +144,7 @@ def compiled_filter(*, memory_counted: bool, traced: bool = False) -> bytes:
 def _add_rules(rule: Callable[..., None], memory_counted: bool, traced: bool) -> None:
     eperm = _errno_action(errno.EPERM)
     for name in (*DOCKER_DENIED, *EXTRA_DENIED, *(() if memory_counted else UNCOUNTED_MEMORY)):
-        rule(SCMP_ACT_TRACE if traced and name == "mount" else eperm, name)
+        rule(SCMP_ACT_TRACE if traced and name in TRACED else eperm, name)
     for name in FALLBACK:
         rule(_errno_action(errno.ENOSYS), name)
     for flag in NAMESPACE_FLAGS:

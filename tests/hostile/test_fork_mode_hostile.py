@@ -141,6 +141,10 @@ def test_a_call_reaches_neither_the_template_nor_the_calls_beside_it(bench: Tool
         assert found["reached"] == 0, found
         assert not found["kill_all"], found
         assert found["visible"] == [1], found
+        # Its cgroups are the root of its cgroup namespace, as a sandbox's are: nothing of
+        # where they sit, nor of the names of other calls' (the runner's pid, a count).
+        assert found["cgroups"] == ["/"], found
+        assert not found["unshared"], found
 
 
 def test_a_template_whose_import_left_a_thread_is_refused_and_its_calls_are_served_warm(

@@ -266,7 +266,14 @@ def _procs():
     except OSError:
         kill_all = False
     visible = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    return {"reached": reached, "kill_all": kill_all, "visible": visible, "at_fork": GRABBED["signalled"]}
+    with open("/proc/self/cgroup") as lines:  # its cgroups as it sees them: "/", or where they sit
+        cgroups = sorted({line.rstrip("\n").split(":", 2)[2] for line in lines})
+    libc = ctypes.CDLL(None, use_errno=True)  # namespaces of its own: its tracer's alone to make
+    unshared = libc.unshare(0x02000000 | 0x00020000) == 0  # CLONE_NEWCGROUP | CLONE_NEWNS
+    return {
+        "reached": reached, "kill_all": kill_all, "visible": visible, "at_fork": GRABBED["signalled"],
+        "cgroups": cgroups, "unshared": unshared,
+    }  # fmt: skip
 
 
 # (e) a timer: its handler counts in the template's memory, which each call inherits.
