@@ -10,16 +10,18 @@ system calls it makes it make. For each call it makes the template make one more
 ``clone`` into fresh user, mount, pid, IPC, network and UTS namespaces (the child a
 sibling of the template, so bubblewrap's init reaps it). Before the child runs one
 instruction of its own, it puts it in the call's cgroup, maps its uid, connects its
-stdin, stdout and stderr each to a socket of the runner's, mounts a fresh
-``/tmp``, ``/dev/shm``, ``/dev/pts`` and ``/proc``, sets its CPU-time rlimit and signal
-mask, and drops every capability it has in its user namespace. Then the child returns
-from the template's read, with nothing read, and runs the tool's script. Once asked
-(``spare``), the next call's child is made ahead and held, stopped before its first
-instruction, so that a call only lets its child go.
+stdin, stdout and stderr each to a socket of the runner's, gives it a cgroup namespace
+rooted at that cgroup, mounts a fresh ``/tmp``, ``/dev/shm``, ``/dev/pts`` and
+``/proc``, sets its CPU-time rlimit and signal mask, and drops every capability it has
+in its user namespace. Then the child returns from the template's read, with nothing
+read, and runs the tool's script. Once asked (``spare``), the next call's child is made
+ahead and held, stopped before its first instruction, so that a call only lets its
+child go.
 
-The template's seccomp filter is the sandbox's, except that ``mount`` and ``clone`` into
-new namespaces go to the tracer instead of failing: made by this module (the only tracer
-there ever is) they go through; made by the tool's code, untraced, they fail (ENOSYS).
+The template's seccomp filter is the sandbox's, except that ``mount``, ``unshare`` and
+``clone`` into new namespaces go to the tracer instead of failing: made by this module
+(the only tracer there ever is) they go through; made by the tool's code, untraced,
+they fail (ENOSYS).
 Every ptrace request comes from the one thread that seized the template (``_trace``).
 """
 
