@@ -1,0 +1,87 @@
+"""A fork-mode template closed while calls ask it for their processes: every ask ends,
+with a process or with "closed", and nothing is left of either.
+
+Drives the template of a real runner's pool (``FrozenTemplate``) directly, so that the
+asks and the close race as closely as the tracer's queue allows.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import Future, wait
+
+import pytest
+from conftest import ToolBench, wait_for
+from support.fork_probes import running_with
+
+from sandboxes.subprocess._fork_mode import ToolTemplate
+from sandboxes.subprocess._forked import exit_status_known
+from sandboxes.subprocess._frozen import FrozenTemplate
+from sandboxes.subprocess._frozen_calls import Cloned
+from sandboxes.subprocess._frozen_checks import TemplateRefused
+from sandboxes.subprocess._ptrace import TraceError
+
+pytestmark = pytest.mark.skipif(
+    not (os.geteuid() == 0 and os.uname().machine == "x86_64" and exit_status_known()),
+    reason="fork mode needs root, x86-64 and Linux 6.15+",
+)
+
+ASKERS = 6
+ASKING_S = 0.3  # asks made before the close, and as long after it
+
+
+def _frozen_of_pool() -> FrozenTemplate:
+    (template,) = [
+        obj._template
+        for obj in gc.get_objects()
+        if isinstance(obj, ToolTemplate) and obj._template is not None
+    ]
+    return template
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_asks_for_a_calls_process_as_its_template_closes_each_end_and_leave_nothing(
+    bench: ToolBench, round_: int
+) -> None:
+    mark = uuid.uuid4().hex
+    bench.tool("closing", "import json, sys\njson.load(sys.stdin)\nprint('{}')\n", env={"FORK_MARK": mark})
+    bench.policy["pool"] = {"size": 1, "mode": "fork"}
+    asks: list[Future[Cloned]] = []
+    with bench.runner() as runner:
+        wait_for(lambda: runner.warm_sandboxes().get("closing") == 1, 30.0)
+        frozen = _frozen_of_pool()
+        stop = threading.Event()
+
+        def ask() -> None:
+            while not stop.is_set():
+                asks.append(frozen.clone())  # queued for the tracer, or refused at once
+                time.sleep(0.005)
+
+        askers = [threading.Thread(target=ask) for _ in range(ASKERS)]
+        for asker in askers:
+            asker.start()
+        try:
+            time.sleep(ASKING_S)
+            frozen.close()  # while the queue holds asks, some made after it is closed
+            time.sleep(ASKING_S)
+        finally:
+            stop.set()
+            for asker in askers:
+                asker.join()
+        _, pending = wait(asks, timeout=30)
+        assert not pending, f"{len(pending)} of {len(asks)} asks never ended"
+        made = refused = 0
+        for done in asks:
+            try:
+                cloned = done.result()
+            except (TemplateRefused, TraceError):
+                refused += 1
+            else:
+                made += 1
+                cloned.drop()
+        assert made and refused, (made, refused)  # the close came while asks were served
+    wait_for(lambda: running_with(mark) == [], 10.0)
