@@ -3,6 +3,7 @@ forks each call from it (the subprocess backend's ``fork_template``)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol, runtime_checkable
 
 from sandboxes.base import LaunchSpec, Limits, WarmSandbox
@@ -37,11 +38,12 @@ class ForkTemplate(Protocol):
 class Forks(Protocol):
     """A backend that can run a tool's calls forked from a template of it."""
 
-    def fork_template(self, spec: LaunchSpec, limits: Limits) -> ForkTemplate:
-        """Start and freeze the template of ``spec``'s tool (blocking, seconds at most).
+    def fork_template(self, spec: LaunchSpec, limits: Limits, stop: threading.Event) -> ForkTemplate:
+        """Start and freeze the template of ``spec``'s tool (blocking, seconds at most;
+        given up at once, what was started killed, when ``stop`` is set).
 
         Raises:
             SandboxUnavailable: the machine or the tool cannot run in fork mode (the
-                message says why), or the template was refused.
+                message says why), the template was refused, or ``stop`` was set.
         """
         ...

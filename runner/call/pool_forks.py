@@ -57,6 +57,7 @@ class ForkTemplates:
         self._threads: set[threading.Thread] = set()
         self._retired: list[ForkTemplate] = []  # of earlier plans: discarded at close at the latest
         self._closing = False
+        self._stop = threading.Event()  # set with ``_closing``: templates being made give up
 
     def follow(self, plans: dict[str, PoolPlan]) -> None:
         """Keep a template for each of ``plans`` (all in fork mode), and no other: the
@@ -122,6 +123,7 @@ class ForkTemplates:
         """Discard every template, once those being started are (blocking: from a thread)."""
         with self._lock:
             self._closing = True
+            self._stop.set()
             templates = [fork.template for fork in self._forks.values() if fork.template is not None]
             templates += self._retired  # those whose calls are still running too
             self._forks, self._retired = {}, []
@@ -150,7 +152,7 @@ class ForkTemplates:
         template: ForkTemplate | None = None
         refused: str | None = None
         try:
-            template = plan.backend.fork_template(plan.spec, plan.limits)
+            template = plan.backend.fork_template(plan.spec, plan.limits, self._stop)
         except SandboxUnavailable as exc:
             refused = exc.message
         except Exception as exc:  # a fault of the runner: logged, the pool backs off

@@ -77,7 +77,9 @@ class ToolTemplate:
             the template was refused (``TemplateRefused``).
     """
 
-    def __init__(self, owner: SubprocessSandbox, spec: LaunchSpec, limits: Limits) -> None:
+    def __init__(
+        self, owner: SubprocessSandbox, spec: LaunchSpec, limits: Limits, stop: threading.Event
+    ) -> None:
         owner.set_up()
         problem = fork_problem(owner, spec, limits)
         if problem is not None:
@@ -119,7 +121,8 @@ class ToolTemplate:
                 owner.cgroups, limits.memory_mb, limits.max_pids, limits.cpu_seconds, limits.disk_mb,
                 (self._calls, CALLS_MOUNT),
             )  # fmt: skip
-            self._template = FrozenTemplate(argv, fds, env, (SANDBOX_UID, TOOL_MOUNT), READY_S, setup)
+            inside = (SANDBOX_UID, TOOL_MOUNT)
+            self._template = FrozenTemplate(argv, fds, env, inside, (READY_S, stop), setup)
             self._template.spare()
         except BaseException as exc:
             self.discard()

@@ -88,6 +88,7 @@ CLONE_PARENT, SIGCHLD = 0x8000, 17
 SYS_READ, SYS_CLOSE, SYS_MUNMAP, SYS_CLONE = 0, 3, 11, 56
 SYS_RT_SIGPROCMASK, SIG_SETMASK, SIGSET_BYTES = 14, 2, 8
 STOP_TRIES = 200  # about 10 ms apart: a template not found in its read by then is refused
+STOP_POLL_S = 0.05  # how often an import's wait looks whether the runner is closing
 
 
 class FrozenTemplate:
@@ -96,10 +97,12 @@ class FrozenTemplate:
     ``argv`` starts the sandbox (bubblewrap, its descriptors in ``pass_fds``, the
     environment ``env``); ``inside`` is the uid and gid the tool runs as in it, and its
     working folder there; ``setup`` what each call's process is given. Blocks until the
-    template is frozen. One call's process is kept made ahead once ``spare`` is asked.
+    template is frozen: ``ready`` bounds its imports in seconds, and the event in it,
+    once set, ends them. One call's process is kept made ahead once ``spare`` is asked.
 
     Raises:
-        TemplateRefused: it did not say ready in ``ready_s``, or failed a check.
+        TemplateRefused: it did not say ready in time, the event was set, or it failed a
+            check.
     """
 
     def __init__(
@@ -108,7 +111,7 @@ class FrozenTemplate:
         pass_fds: tuple[int, ...],
         env: dict[str, str],
         inside: tuple[int, str],
-        ready_s: float,
+        ready: tuple[float, threading.Event],
         setup: CallSetUp,
     ) -> None:
         self._uid, self._cwd = inside
@@ -125,18 +128,18 @@ class FrozenTemplate:
         self._pidfd: int | None = None  # the template's: readable once it has died
         self._pidfd_lock = threading.Lock()  # ``ended`` never polls one closed (or reused)
         self._broken: str | None = None  # why no call can be cloned from it any more
-        ready: Future[None] = Future()
+        frozen: Future[None] = Future()
         # bubblewrap dies with the thread that started it: this one, which lives as long
         # as the template.
         self._tracer = threading.Thread(
             target=self._trace,
-            args=(argv, pass_fds, env, ready_s, ready),
+            args=(argv, pass_fds, env, ready, frozen),
             daemon=True,
             name="runner-fork-template",
         )
         self._tracer.start()
         try:
-            ready.result()
+            frozen.result()
         except BaseException:
             self.close()
             raise
@@ -148,8 +151,8 @@ class FrozenTemplate:
         argv: list[str],
         pass_fds: tuple[int, ...],
         env: dict[str, str],
-        ready_s: float,
-        ready: Future[None],
+        ready: tuple[float, threading.Event],
+        frozen: Future[None],
     ) -> None:
         try:
             try:
@@ -160,14 +163,14 @@ class FrozenTemplate:
             finally:
                 for fd in pass_fds:
                     os.close(fd)
-            self._template, self._base = self._freeze(ready_s)
+            self._template, self._base = self._freeze(*ready)
             self._inside = Inside(self._uid, self._cwd, self._mask)
         except BaseException as exc:
             if isinstance(exc, OSError):  # it exited, or did not stop as asked, while frozen
                 exc = TemplateRefused(f"the tool's template could not be frozen: {exc}")
-            ready.set_exception(exc)
+            frozen.set_exception(exc)
             return
-        ready.set_result(None)
+        frozen.set_result(None)
         try:
             while (job := self._jobs.get()) is not None:
                 work, args, done = job
@@ -198,10 +201,15 @@ class FrozenTemplate:
             if job is not None and job[2].set_running_or_notify_cancel():
                 job[2].set_exception(TemplateRefused("the tool's template is closed"))
 
-    def _freeze(self, ready_s: float) -> tuple[int, Regs]:
+    def _freeze(self, ready_s: float, stop: threading.Event) -> tuple[int, Regs]:
         process = self.process
         assert process is not None and process.stdout is not None
-        readable, _, _ = select.select([process.stdout], [], [], ready_s)
+        deadline = time.monotonic() + ready_s
+        readable: list[Any] = []
+        while not readable and (left := deadline - time.monotonic()) > 0:
+            if stop.is_set():  # the runner is closing: its close waits for no import
+                raise TemplateRefused("the tool's template was given up while it imported")
+            readable, _, _ = select.select([process.stdout], [], [], min(left, STOP_POLL_S))
         if not readable or os.read(process.stdout.fileno(), 1) != b"r":
             raise TemplateRefused("the tool's template did not start (its imports failed or took too long)")
         init, template, _ = sandboxed(process.pid)

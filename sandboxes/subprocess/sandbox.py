@@ -232,9 +232,9 @@ class SubprocessSandbox:
         """A sandbox whose tool is already started and waits for its payload (blocking)."""
         return start_ahead(spec, lambda: self._prepare(spec, limits))
 
-    def fork_template(self, spec: LaunchSpec, limits: Limits) -> ToolTemplate:
+    def fork_template(self, spec: LaunchSpec, limits: Limits, stop: threading.Event) -> ToolTemplate:
         """The tool's frozen template, each call forked from it (``Forks``; blocking)."""
-        return ToolTemplate(self, spec, limits)
+        return ToolTemplate(self, spec, limits, stop)
 
     def _prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
         self.set_up()

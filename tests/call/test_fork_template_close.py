@@ -85,3 +85,21 @@ def test_asks_for_a_calls_process_as_its_template_closes_each_end_and_leave_noth
                 cloned.drop()
         assert made and refused, (made, refused)  # the close came while asks were served
     wait_for(lambda: running_with(mark) == [], 10.0)
+
+
+def test_a_runner_closed_while_a_template_imports_closes_at_once_and_leaves_nothing(
+    bench: ToolBench,
+) -> None:
+    mark = uuid.uuid4().hex
+    bench.tool("slow", "import json, sys\nimport slow_import\nprint('{}')\n", env={"FORK_MARK": mark})
+    (bench.tools / "slow" / "slow_import.py").write_text("import time\ntime.sleep(25)\n")
+    bench.policy["pool"] = {"size": 1, "mode": "fork"}
+    runner = bench.runner()
+    try:
+        wait_for(lambda: running_with(mark) != [], 15.0)  # its import under way
+        started = time.monotonic()
+    finally:
+        runner.close()
+    closed_s = time.monotonic() - started
+    assert closed_s < 5.0, f"the runner's close waited {closed_s:.1f} s for the template's import"
+    wait_for(lambda: running_with(mark) == [], 10.0)
