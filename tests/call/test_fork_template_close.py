@@ -7,12 +7,12 @@ asks and the close race as closely as the tracer's queue allows.
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 import time
 import uuid
 from concurrent.futures import Future, wait
+from typing import Any
 
 import pytest
 from conftest import ToolBench, wait_for
@@ -20,10 +20,10 @@ from support.fork_probes import running_with
 
 from sandboxes.subprocess._fork_mode import ToolTemplate
 from sandboxes.subprocess._forked import exit_status_known
-from sandboxes.subprocess._frozen import FrozenTemplate
 from sandboxes.subprocess._frozen_calls import Cloned
 from sandboxes.subprocess._frozen_checks import TemplateRefused
 from sandboxes.subprocess._ptrace import TraceError
+from sandboxes.subprocess.sandbox import SubprocessSandbox
 
 pytestmark = pytest.mark.skipif(
     not (os.geteuid() == 0 and os.uname().machine == "x86_64" and exit_status_known()),
@@ -34,26 +34,34 @@ ASKERS = 6
 ASKING_S = 0.3  # asks made before the close, and as long after it
 
 
-def _frozen_of_pool() -> FrozenTemplate:
-    (template,) = [
-        obj._template
-        for obj in gc.get_objects()
-        if isinstance(obj, ToolTemplate) and obj._template is not None
-    ]
-    return template
+def _recording_templates(monkeypatch: pytest.MonkeyPatch) -> list[ToolTemplate]:
+    """Every tool template the subprocess backend makes from now on."""
+    made: list[ToolTemplate] = []
+    fork_template = SubprocessSandbox.fork_template
+
+    def recording(self: SubprocessSandbox, *args: Any) -> ToolTemplate:
+        template = fork_template(self, *args)
+        made.append(template)
+        return template
+
+    monkeypatch.setattr(SubprocessSandbox, "fork_template", recording)
+    return made
 
 
 @pytest.mark.parametrize("round_", range(3))
 def test_asks_for_a_calls_process_as_its_template_closes_each_end_and_leave_nothing(
-    bench: ToolBench, round_: int
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch, round_: int
 ) -> None:
     mark = uuid.uuid4().hex
     bench.tool("closing", "import json, sys\njson.load(sys.stdin)\nprint('{}')\n", env={"FORK_MARK": mark})
     bench.policy["pool"] = {"size": 1, "mode": "fork"}
     asks: list[Future[Cloned]] = []
+    made = _recording_templates(monkeypatch)
     with bench.runner() as runner:
         wait_for(lambda: runner.warm_sandboxes().get("closing") == 1, 30.0)
-        frozen = _frozen_of_pool()
+        (template,) = made
+        frozen = template._template
+        assert frozen is not None
         stop = threading.Event()
 
         def ask() -> None:
@@ -74,16 +82,16 @@ def test_asks_for_a_calls_process_as_its_template_closes_each_end_and_leave_noth
                 asker.join()
         _, pending = wait(asks, timeout=30)
         assert not pending, f"{len(pending)} of {len(asks)} asks never ended"
-        made = refused = 0
+        forked = refused = 0
         for done in asks:
             try:
                 cloned = done.result()
             except (TemplateRefused, TraceError):
                 refused += 1
             else:
-                made += 1
+                forked += 1
                 cloned.drop()
-        assert made and refused, (made, refused)  # the close came while asks were served
+        assert forked and refused, (forked, refused)  # the close came while asks were served
     wait_for(lambda: running_with(mark) == [], 10.0)
 
 
