@@ -14,4 +14,5 @@ exec bash scripts/test.sh \
   tests/hostile/test_kill_guarantee.py \
   tests/hostile/test_fork_mode_hostile.py \
   tests/call/test_fork_mode.py \
+  tests/call/test_fork_template_close.py \
   "$@"
