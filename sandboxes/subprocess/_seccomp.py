@@ -45,9 +45,9 @@ EXTRA_DENIED = ("ptrace", "pidfd_getfd")
 # process's resident size, and only rlimits far above memory_mb bound them.
 # POSIX shared memory stays: its files are on /dev/shm, a tmpfs of disk_mb.
 UNCOUNTED_MEMORY = ("memfd_create", "memfd_secret", "shmget", "msgget", "semget", "ipc")
-# Refused with ENOSYS so that the C library falls back to a call the filter can inspect:
 # Traced, rather than refused, in a frozen template's filter (``compiled_filter``).
 TRACED = ("mount", "unshare")
+# Refused with ENOSYS so that the C library falls back to a call the filter can inspect:
 # clone3 and openat2 pass their flags in memory, where seccomp cannot look.
 FALLBACK = ("clone3", "openat2", "fchmodat2")
 
