@@ -88,7 +88,9 @@ CLONE_PARENT, SIGCHLD = 0x8000, 17
 SYS_READ, SYS_CLOSE, SYS_MUNMAP, SYS_CLONE = 0, 3, 11, 56
 SYS_RT_SIGPROCMASK, SIG_SETMASK, SIGSET_BYTES = 14, 2, 8
 STOP_TRIES = 200  # about 10 ms apart: a template not found in its read by then is refused
-STOP_POLL_S = 0.05  # how often an import's wait looks whether the runner is closing
+STOP_POLL_S = 0.05  # how often the waits for a template look whether the runner is closing
+FREEZE_S = 10.0  # for the freeze, once the template has said ready
+NOT_IN_A_SYSCALL = (1 << 64) - 1  # ``orig_rax`` of a process stopped outside a system call
 
 
 class FrozenTemplate:
@@ -139,10 +141,26 @@ class FrozenTemplate:
         )
         self._tracer.start()
         try:
-            frozen.result()
+            self._wait_frozen(frozen, *ready)
         except BaseException:
             self.close()
             raise
+
+    def _wait_frozen(self, frozen: Future[None], ready_s: float, stop: threading.Event) -> None:
+        """Wait for the tracer to freeze the template. Its sandbox is killed, and the
+        template refused, once the runner closes or the freeze outlasts its bound: an
+        import that has said ready can leave the template where the tracer's own waits
+        never end (in a ``vfork``, a lingering ``close``), which only a kill ends."""
+        deadline = time.monotonic() + ready_s + FREEZE_S
+        while not stop.is_set() and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                return frozen.result(timeout=STOP_POLL_S)
+        self._kill_sandbox()
+        with contextlib.suppress(Exception):
+            frozen.result(timeout=FREEZE_S)  # the tracer's waits end with the template
+        if stop.is_set():
+            raise TemplateRefused("the tool's template was given up: the runner is closing")
+        raise TemplateRefused(f"the tool's template was not frozen within {ready_s + FREEZE_S:.0f} s")
 
     # -- the tracer's thread: every ptrace request comes from it ------------------------
 
@@ -178,6 +196,9 @@ class FrozenTemplate:
                 # can no longer be cancelled; its caller then cleans up what it made.
                 if not done.set_running_or_notify_cancel():
                     continue
+                if self._closed:  # asked before the close: refused, not made and killed
+                    done.set_exception(TemplateRefused("the tool's template is closed"))
+                    continue
                 try:
                     done.set_result(work(*args))
                 except BaseException as exc:
@@ -186,7 +207,10 @@ class FrozenTemplate:
             spare, self._spare = self._spare, None
             if spare is not None:
                 spare.drop()
-            _kill_quietly(self._template)
+            with self._pidfd_lock:  # through its pidfd: the template may be gone, its pid reused
+                if self._pidfd is not None:
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
             with self._closing:
                 self._closed = True
             self._refuse_queued()
@@ -338,6 +362,11 @@ class FrozenTemplate:
             close_listeners(listened[0])  # taken: no one else may connect
 
     def _let_go(self, cloned: Cloned) -> Cloned:
+        # Where its set-up left it, returning from the template's read, and in no system
+        # call: let go from anywhere else (a seccomp stop), it would go on from there.
+        regs = regs_of(cloned.pid)
+        if (regs.rip, regs.rax, regs.orig_rax) != (self._base.rip, 0, NOT_IN_A_SYSCALL):
+            raise TraceError(0, f"the call's process {cloned.pid} is not where its set-up left it")
         os.sched_setaffinity(cloned.pid, self._cpus)  # the call runs on any
         request(DETACH, cloned.pid)
         return cloned
@@ -388,10 +417,17 @@ class FrozenTemplate:
         process = self.process
         try:
             if process is not None:
-                _kill_quietly(process.pid)
+                self._kill_sandbox()
                 process.wait(timeout=10)
         finally:
             self._forget()
+
+    def _kill_sandbox(self) -> None:
+        """Kill bubblewrap: its init, the template and every call go with it."""
+        process = self.process
+        if process is not None:
+            with contextlib.suppress(OSError):
+                process.kill()  # ``Popen``'s: never a pid it has reaped (a second close)
 
     def _forget(self) -> None:
         process = self.process

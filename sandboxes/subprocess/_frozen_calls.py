@@ -233,12 +233,16 @@ def set_up(
         # Checked from outside: each mount went through the tracer (a filter of the tool's
         # own could fake them; the freeze refuses one), the cgroup namespace is not its
         # parent's, and no capability is left.
-        if (
-            call.approved != TRACED_CALLS
-            or _namespace(child, "cgroup") == _namespace(parent_and_start(child)[0], "cgroup")
-            or capabilities(child) != 0
-            or str(Path(f"/proc/{child}/cwd").readlink()) != inside.cwd
-        ):
+        try:
+            astray = (
+                call.approved != TRACED_CALLS
+                or _namespace(child, "cgroup") == _namespace(parent_and_start(child)[0], "cgroup")
+                or capabilities(child) != 0
+                or str(Path(f"/proc/{child}/cwd").readlink()) != inside.cwd
+            )
+        except OSError as exc:  # it, or the template's sandbox, died meanwhile
+            raise TraceError(0, f"the call's process {child} could not be checked: {exc}") from exc
+        if astray:
             raise TraceError(0, f"the call's process {child} was not set up as asked")
         call.close(result=0)  # stopped still: when let go, it returns from the template's read
 

@@ -1,8 +1,11 @@
-"""A fork-mode template closed while calls ask it for their processes: every ask ends,
-with a process or with "closed", and nothing is left of either.
+"""Fork-mode templates closed at awkward moments, and nothing left of them.
 
-Drives the template of a real runner's pool (``FrozenTemplate``) directly, so that the
-asks and the close race as closely as the tracer's queue allows.
+- Closed while calls ask it for their processes: every ask ends, with a process or
+  with "closed". Drives the template of a real runner's pool (``FrozenTemplate``)
+  directly, so that the asks and the close race as closely as the tracer's queue allows.
+- A runner closed while its template is still being made (an import that takes ten
+  minutes, or one that leaves the template where it cannot be stopped): the close does
+  not wait for it.
 """
 
 from __future__ import annotations
@@ -12,12 +15,15 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future, wait
+from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import ToolBench, wait_for
 from support.fork_probes import running_with
 
+from runner import Runner
+from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory
 from sandboxes.subprocess._fork_mode import ToolTemplate
 from sandboxes.subprocess._forked import exit_status_known
 from sandboxes.subprocess._frozen_calls import Cloned
@@ -95,19 +101,61 @@ def test_asks_for_a_calls_process_as_its_template_closes_each_end_and_leave_noth
     wait_for(lambda: running_with(mark) == [], 10.0)
 
 
-def test_a_runner_closed_while_a_template_imports_closes_at_once_and_leaves_nothing(
-    bench: ToolBench,
+# Imports that keep a template from being frozen: for ten minutes, or for ever once it
+# has said ready (a vfork whose child never execs nor exits: the template cannot be
+# stopped until it is killed).
+SLOW_IMPORT = "import time\ntime.sleep(600)\n"
+STUCK_IMPORT = """
+import ctypes, os
+os.write(1, b"r")  # ready, by its own word
+if ctypes.CDLL(None).syscall(58) == 0:  # vfork
+    ctypes.CDLL(None).pause()
+"""
+
+
+def _recording_cgroups(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The folders of every cgroup the subprocess backend makes from now on."""
+    made: list[Path] = []
+    create = CgroupFactory.create
+
+    def recording(self: CgroupFactory, *args: Any) -> CallCgroup:
+        group = create(self, *args)
+        made.extend(group.dirs)
+        return group
+
+    monkeypatch.setattr(CgroupFactory, "create", recording)
+    return made
+
+
+@pytest.mark.parametrize(
+    ("imported", "processes"), [(SLOW_IMPORT, 1), (STUCK_IMPORT, 2)], ids=["slow", "stuck"]
+)
+def test_a_runner_closed_while_its_template_is_made_closes_at_once_and_leaves_nothing(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch, imported: str, processes: int
 ) -> None:
     mark = uuid.uuid4().hex
     bench.tool("slow", "import json, sys\nimport slow_import\nprint('{}')\n", env={"FORK_MARK": mark})
-    (bench.tools / "slow" / "slow_import.py").write_text("import time\ntime.sleep(25)\n")
+    (bench.tools / "slow" / "slow_import.py").write_text(imported)
     bench.policy["pool"] = {"size": 1, "mode": "fork"}
-    runner = bench.runner()
+    cgroups = _recording_cgroups(monkeypatch)
+    # Not ``bench.runner()``, which in the fork-mode suite waits for the pool to be ready.
+    runner = Runner.load(tools=bench.tools, policies=bench.write_policy(), audit_log=bench.audit_log)
     try:
-        wait_for(lambda: running_with(mark) != [], 15.0)  # its import under way
-        started = time.monotonic()
+        # The template's processes (the import, and its vfork child), not yet frozen.
+        wait_for(lambda: len(running_with(mark)) == processes, 15.0)
+        scratch = runner._sandbox_factory("subprocess").scratch_root  # type: ignore[attr-defined]
+        time.sleep(0.5)  # a stuck template's tracer is in its wait by now
+        assert runner.warm_sandboxes().get("slow") == 0
+        folders = [folder for folder in scratch.iterdir() if folder.name.startswith(f"{os.getpid()}-")]
+        assert folders  # the template's
     finally:
-        runner.close()
+        closing = threading.Thread(target=runner.close, daemon=True)
+        started = time.monotonic()
+        closing.start()
+        closing.join(20)
     closed_s = time.monotonic() - started
-    assert closed_s < 5.0, f"the runner's close waited {closed_s:.1f} s for the template's import"
+    assert not closing.is_alive(), "the runner's close waits on the template for ever"
+    assert closed_s < 5.0, f"the runner's close waited {closed_s:.1f} s for the template"
     wait_for(lambda: running_with(mark) == [], 10.0)
+    assert cgroups and not [folder for folder in cgroups if folder.exists()]
+    assert not [folder for folder in folders if folder.exists()]
