@@ -23,6 +23,7 @@ from conftest import ToolBench, wait_for
 from support.fork_probes import running_with
 
 from runner import Runner
+from sandboxes.subprocess import _fork_mode, _frozen
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory
 from sandboxes.subprocess._fork_mode import ToolTemplate
 from sandboxes.subprocess._forked import exit_status_known
@@ -159,3 +160,26 @@ def test_a_runner_closed_while_its_template_is_made_closes_at_once_and_leaves_no
     wait_for(lambda: running_with(mark) == [], 10.0)
     assert cgroups and not [folder for folder in cgroups if folder.exists()]
     assert not [folder for folder in folders if folder.exists()]
+
+
+def test_a_template_stuck_after_saying_ready_is_refused_in_bounded_time_and_its_tool_served_warm(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(_fork_mode, "READY_S", 1.0)
+    monkeypatch.setattr(_frozen, "FREEZE_S", 1.0)
+    mark = uuid.uuid4().hex
+    bench.tool("stuck", "import json, sys\nimport slow_import\nprint('{}')\n", env={"FORK_MARK": mark})
+    (bench.tools / "stuck" / "slow_import.py").write_text(STUCK_IMPORT)
+    bench.policy["pool"] = {"size": 1, "mode": "fork"}
+    said: list[str] = []
+
+    def warned() -> bool:
+        said.append(capfd.readouterr().err)
+        return "stuck cannot run in fork mode" in "".join(said)
+
+    with bench.runner() as runner:
+        wait_for(warned, 30.0)
+        assert "was not frozen within 2 s" in "".join(said), said
+        # A warm sandbox instead (whose tool is as stuck, in a sandbox of its own).
+        wait_for(lambda: runner.warm_sandboxes().get("stuck") == 1, 30.0)
+    wait_for(lambda: running_with(mark) == [], 10.0)
