@@ -4,11 +4,14 @@ tool's own (``_layout``), with three differences. bubblewrap leaves user namespa
 the template's filter (it sends their creation to the runner, the tracer, and fails it
 for the tool); ``/tmp`` and ``/dev/shm`` are read-only (each call mounts fresh ones over
 them; nothing the import writes is there for a call); and the folder of the calls'
-sockets is bound read-only at ``CALLS_MOUNT``.
+sockets is bound read-only at ``CALLS_MOUNT``. In it, the template first enters a
+Landlock domain of its own (``runner_landlock.py``, before any code of the tool's), which
+keeps it and every call from reaching bubblewrap's init.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import re
@@ -35,6 +38,9 @@ if TYPE_CHECKING:
 
 CALLS_MOUNT = "/run/runner-calls"
 TEMPLATE_SCRIPT = f"{LIBRARY_MOUNT}/runner_fork.py"
+LANDLOCK_SCRIPT = f"{LIBRARY_MOUNT}/runner_landlock.py"  # the template's first step
+SYS_LANDLOCK_CREATE_RULESET, LANDLOCK_CREATE_RULESET_VERSION = 444, 1  # x86-64
+LANDLOCK_ABI = 6  # its scoped signals, which the template's domain uses
 READY_S = 30.0  # for the tool's imports
 SOCKET_PATH_MAX = 108  # sun_path, its final NUL included
 _PYTHON = re.compile(r"^(?:.*/)?python3(?:\.\d+)?$")
@@ -61,7 +67,15 @@ def fork_problem(owner: SubprocessSandbox, spec: LaunchSpec, limits: Limits) -> 
         return "fork mode needs the hardened sandbox"
     if not exit_status_known():
         return "fork mode needs Linux 6.15 or later (a call's exit status through its pidfd)"
+    if _landlock_abi() < LANDLOCK_ABI:
+        return "fork mode needs Landlock's ABI 6 (Linux 6.12 or later, landlock among its security modules)"
     return None
+
+
+def _landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 or less without Landlock."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return int(libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION))
 
 
 class ToolTemplate:
@@ -148,7 +162,8 @@ class ToolTemplate:
         assert lease is not None
         argv = [
             *drop_privileges_argv(owner.setpriv, lease.uid, lease.gid),
-            owner.bwrap, "--args", str(args), "--", python, TEMPLATE_SCRIPT, script,
+            owner.bwrap, "--args", str(args), "--",
+            python, "-I", "-S", LANDLOCK_SCRIPT, python, TEMPLATE_SCRIPT, script,
         ]  # fmt: skip
         # The sandboxes' own launcher: it joins the template's cgroup (writing 0: itself,
         # before anything else starts), bounds the imports' CPU time, then starts it.

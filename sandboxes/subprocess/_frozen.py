@@ -27,7 +27,6 @@ Every ptrace request comes from the one thread that seized the template (``_trac
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import queue
@@ -62,10 +61,7 @@ from sandboxes.subprocess._frozen_checks import (
     untrustworthy,
 )
 from sandboxes.subprocess._ptrace import (
-    CONT,
     DETACH,
-    EVENT_STOP,
-    INTERRUPT,
     O_EXITKILL,
     O_TRACECLONE,
     O_TRACEFORK,
@@ -78,14 +74,14 @@ from sandboxes.subprocess._ptrace import (
     TraceError,
     regs_of,
     request,
-    stop_of,
+    stop_in_read,
 )
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 FRESH = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS
 CLONE_PARENT, SIGCHLD = 0x8000, 17
-SYS_READ, SYS_CLOSE, SYS_MUNMAP, SYS_CLONE = 0, 3, 11, 56
+SYS_CLOSE, SYS_MUNMAP, SYS_CLONE, SYS_OPENAT, AT_FDCWD, O_RDONLY = 3, 11, 56, 257, -100, 0
 SYS_RT_SIGPROCMASK, SIG_SETMASK, SIGSET_BYTES = 14, 2, 8
 STOP_TRIES = 200  # about 10 ms apart: a template not found in its read by then is refused
 STOP_POLL_S = 0.05  # how often the waits for a template look whether the runner is closing
@@ -249,7 +245,10 @@ class FrozenTemplate:
         pinned = {random.choice(sorted(self._cpus))}  # noqa: S311 - spread, not secret
         os.sched_setaffinity(0, pinned)  # this thread only
         os.sched_setaffinity(template, pinned)
-        base = self._stop_in_read(template)
+        try:  # in its read of stdin (its ready comes just before: it may not be there yet)
+            base = stop_in_read(template, 0, STOP_TRIES)
+        except TraceError as exc:
+            raise TemplateRefused(f"the tool's template could not be stopped: {exc}") from exc
         # Stopped for good: what is checked now cannot change any more.
         threads = list(Path(f"/proc/{template}/task").iterdir())
         if len(threads) != 1:
@@ -266,6 +265,11 @@ class FrozenTemplate:
             self._mask = int(status(template, "SigBlk"), 16)
             everything = frozen.put(struct.pack("Q", (1 << 64) - 1))
             frozen.checked(SYS_RT_SIGPROCMASK, SIG_SETMASK, everything, 0, SIGSET_BYTES)
+            # Its sandbox's init, every call's parent, is out of its reach (its Landlock
+            # domain, ``runner_landlock.py``): as the template itself would find it.
+            if (mem := frozen.syscall(SYS_OPENAT, AT_FDCWD, frozen.text("/proc/1/mem"), O_RDONLY)) >= 0:
+                frozen.checked(SYS_CLOSE, mem)
+                raise TemplateRefused("the tool's template can reach its sandbox's init")
             frozen.close()
             for fd in Path(f"/proc/{template}/fd").iterdir():
                 frozen.checked(SYS_CLOSE, int(fd.name))
@@ -277,27 +281,6 @@ class FrozenTemplate:
         if problem:
             raise TemplateRefused(f"the tool's template is refused: {problem}")
         return template, base
-
-    def _stop_in_read(self, template: int) -> Regs:
-        """Stop the template in its read of stdin (its ready comes just before: it may
-        not be there yet), from which each call's process returns."""
-        where: collections.Counter[int] = collections.Counter()
-        for _ in range(STOP_TRIES):
-            request(INTERRUPT, template)
-            event, _ = stop_of(template)
-            while event != EVENT_STOP:
-                # A signal on its way first: dropped, so its read goes on (delivered, its
-                # handler would run and the stop would come in it).
-                request(CONT, template)
-                request(INTERRUPT, template)
-                event, _ = stop_of(template)
-            regs = regs_of(template)
-            if regs.orig_rax == SYS_READ and regs.rdi == 0:
-                return regs
-            where[regs.orig_rax if regs.orig_rax < 1 << 63 else -1] += 1  # -1: not in a system call
-            request(CONT, template)
-            time.sleep(random.uniform(0.005, 0.015))  # noqa: S311  # never in step with a timer of the tool's
-        raise TemplateRefused(f"the tool's template never waited in its read of stdin ({dict(where)})")
 
     def _clone(self) -> Cloned:
         """A call's process, let go: the spare, or one made now."""
@@ -428,6 +411,10 @@ class FrozenTemplate:
         if process is not None:
             with contextlib.suppress(OSError):
                 process.kill()  # ``Popen``'s: never a pid it has reaped (a second close)
+        with self._pidfd_lock:  # and the template, should bubblewrap's init outlive it
+            if self._pidfd is not None:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
     def _forget(self) -> None:
         process = self.process

@@ -5,10 +5,13 @@ stopped. Every request must come from the one thread that seized the tracee.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import platform
+import random
 import signal
+import time
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.ptrace.restype = ctypes.c_long
@@ -20,6 +23,7 @@ O_TRACEFORK, O_TRACECLONE, O_TRACESECCOMP, O_EXITKILL = 0x2, 0x8, 0x80, 0x100000
 EVENT_FORK, EVENT_CLONE, EVENT_SECCOMP, EVENT_STOP = 1, 3, 7, 128
 WALL = 0x40000000
 SYSCALL_INSN = 0x050F  # `syscall`, little-endian
+SYS_READ = 0
 _REGS = [
     "r15",
     "r14",
@@ -83,6 +87,32 @@ def regs_of(pid: int) -> Regs:
 
 def set_regs(pid: int, regs: Regs) -> None:
     request(SETREGS, pid, 0, ctypes.addressof(regs))
+
+
+def stop_in_read(pid: int, fd: int, tries: int) -> Regs:
+    """Interrupt ``pid`` (seized) until it is found stopped in a ``read`` of ``fd``, up to
+    ``tries`` times about 10 ms apart; its registers there.
+
+    Raises:
+        TraceError: not found there (the message counts where it was found instead).
+    """
+    where: collections.Counter[int] = collections.Counter()
+    for _ in range(tries):
+        request(INTERRUPT, pid)
+        event, _ = stop_of(pid)
+        while event != EVENT_STOP:
+            # A signal on its way first: dropped, so its read goes on (delivered, its
+            # handler would run and the stop would come in it).
+            request(CONT, pid)
+            request(INTERRUPT, pid)
+            event, _ = stop_of(pid)
+        regs = regs_of(pid)
+        if regs.orig_rax == SYS_READ and regs.rdi == fd:
+            return regs
+        where[regs.orig_rax if regs.orig_rax < 1 << 63 else -1] += 1  # -1: not in a system call
+        request(CONT, pid)
+        time.sleep(random.uniform(0.005, 0.015))  # noqa: S311  # never in step with a timer of the tool's
+    raise TraceError(0, f"process {pid} never waited in its read of {fd} ({dict(where)})")
 
 
 def stop_of(pid: int) -> tuple[int, int]:

@@ -139,6 +139,14 @@ def test_a_runner_closed_while_its_template_is_made_closes_at_once_and_leaves_no
     (bench.tools / "slow" / "slow_import.py").write_text(imported)
     bench.policy["pool"] = {"size": 1, "mode": "fork"}
     cgroups = _recording_cgroups(monkeypatch)
+    names: list[str] = []  # of the folders the backend makes (the template's among them)
+    next_name = SubprocessSandbox.next_name
+
+    def recording_name(self: SubprocessSandbox) -> str:
+        names.append(next_name(self))
+        return names[-1]
+
+    monkeypatch.setattr(SubprocessSandbox, "next_name", recording_name)
     # Not ``bench.runner()``, which in the fork-mode suite waits for the pool to be ready.
     runner = Runner.load(tools=bench.tools, policies=bench.write_policy(), audit_log=bench.audit_log)
     try:
@@ -147,8 +155,8 @@ def test_a_runner_closed_while_its_template_is_made_closes_at_once_and_leaves_no
         scratch = runner._sandbox_factory("subprocess").scratch_root  # type: ignore[attr-defined]
         time.sleep(0.5)  # a stuck template's tracer is in its wait by now
         assert runner.warm_sandboxes().get("slow") == 0
-        folders = [folder for folder in scratch.iterdir() if folder.name.startswith(f"{os.getpid()}-")]
-        assert folders  # the template's
+        folders = [scratch / name for name in names]
+        assert [folder for folder in folders if folder.exists()]  # the template's
     finally:
         closing = threading.Thread(target=runner.close, daemon=True)
         started = time.monotonic()

@@ -148,6 +148,18 @@ def test_a_call_reaches_neither_the_template_nor_the_calls_beside_it(bench: Tool
         assert found["unshare"] == errno.ENOSYS, found
 
 
+def test_the_import_cannot_reach_the_sandboxs_init_the_parent_of_every_call(bench: ToolBench) -> None:
+    _probe(bench, "init")
+    with bench.runner() as runner:
+        _ready(runner, "hostile_init")
+        ((_, found),) = _calls(runner, "hostile_init", 1)
+    attempts = [
+        json.loads(line) for line in bench.audit_log.read_text().splitlines() if '"call.attempt"' in line
+    ]
+    assert [attempt.get("forked") for attempt in attempts] == [True]  # its template was not refused
+    assert found["init"] == {"mem": "EACCES", "environ": "EACCES"}, found
+
+
 def test_a_template_whose_import_left_a_thread_is_refused_and_its_calls_are_served_warm(
     bench: ToolBench, capfd: pytest.CaptureFixture[str]
 ) -> None:
