@@ -50,6 +50,7 @@ from sandboxes.subprocess._frozen_calls import (
     Inside,
     close_listeners,
     listening,
+    reap_quietly,
     set_up,
     signalled,
 )
@@ -68,7 +69,6 @@ from sandboxes.subprocess._ptrace import (
     O_TRACESECCOMP,
     SEIZE,
     SETOPTIONS,
-    WALL,
     Injector,
     Regs,
     TraceError,
@@ -201,8 +201,9 @@ class FrozenTemplate:
                     done.set_exception(exc)
         finally:
             spare, self._spare = self._spare, None
-            if spare is not None:
-                spare.drop()
+            with contextlib.suppress(Exception):  # the template and the queue come first
+                if spare is not None:
+                    spare.drop()
             with self._pidfd_lock:  # through its pidfd: the template may be gone, its pid reused
                 if self._pidfd is not None:
                     with contextlib.suppress(OSError):
@@ -295,8 +296,10 @@ class FrozenTemplate:
         made = self._make()
         try:
             return self._let_go(made)
-        except BaseException:
+        except BaseException as exc:
             made.drop()
+            if isinstance(exc, TraceError):  # every call's would fail so: warm or cold instead
+                self._broken = f"a call's process could not be let go: {exc}"
             raise
 
     def _make_spare(self) -> None:
@@ -330,12 +333,17 @@ class FrozenTemplate:
                 raise
             connections: list[socket.socket] = []
             try:
-                set_up(child, self._base, group, setup, self._inside, listened, connections)
-                pidfd = os.pidfd_open(child)
+                pidfd = os.pidfd_open(child)  # held by us, traced: it cannot be reaped yet
             except BaseException:
                 _kill_quietly(child)
-                with contextlib.suppress(OSError):
-                    os.waitpid(child, WALL)  # traced: it is ours to reap first
+                group.remove()
+                raise
+            try:
+                set_up(child, self._base, group, setup, self._inside, listened, connections)
+            except BaseException:
+                # Through its pidfd: a child that died in its set-up went back to its parent,
+                # which may have reaped it, its pid free for another process.
+                reap_quietly(pidfd)
                 for connection in connections:
                     connection.close()
                 group.remove()

@@ -76,15 +76,21 @@ class Cloned:
             sock.close()
 
     def drop(self) -> None:
-        """Kill it while its tracer holds it, reap it (traced: ours to reap first) and
+        """Kill it, reap it while its tracer holds it (traced: ours to reap first) and
         remove what it had."""
-        with contextlib.suppress(OSError):
-            os.kill(self.pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            os.waitpid(self.pid, WALL)
-        os.close(self.pidfd)
+        reap_quietly(self.pidfd)
         self.close_sockets()
         self.group.remove()
+
+
+def reap_quietly(pidfd: int) -> None:
+    """Kill the process of ``pidfd`` and reap it if it is still ours to (traced), then
+    close ``pidfd``: never a pid that may have been reaped and given to another."""
+    with contextlib.suppress(OSError):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | WALL)
+    os.close(pidfd)
 
 
 def signalled(pid: int) -> bool:
