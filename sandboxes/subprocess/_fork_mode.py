@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 CALLS_MOUNT = "/run/runner-calls"
 TEMPLATE_SCRIPT = f"{LIBRARY_MOUNT}/runner_fork.py"
 LANDLOCK_SCRIPT = f"{LIBRARY_MOUNT}/runner_landlock.py"  # the template's first step
+# What runs that step: the system's, by its full path (bound read-only from the host's
+# /usr), never a ``python3`` the tool's own PATH would find first.
+LANDLOCK_PYTHON = "/usr/bin/python3"
 SYS_LANDLOCK_CREATE_RULESET, LANDLOCK_CREATE_RULESET_VERSION = 444, 1  # x86-64
 LANDLOCK_ABI = 6  # its scoped signals, which the template's domain uses
 READY_S = 30.0  # for the tool's imports
@@ -67,6 +70,8 @@ def fork_problem(owner: SubprocessSandbox, spec: LaunchSpec, limits: Limits) -> 
         return "fork mode needs the hardened sandbox"
     if not exit_status_known():
         return "fork mode needs Linux 6.15 or later (a call's exit status through its pidfd)"
+    if not os.access(LANDLOCK_PYTHON, os.X_OK):
+        return f"fork mode needs {LANDLOCK_PYTHON}"
     if _landlock_abi() < LANDLOCK_ABI:
         return "fork mode needs Landlock's ABI 6 (Linux 6.12 or later, landlock among its security modules)"
     return None
@@ -163,7 +168,7 @@ class ToolTemplate:
         argv = [
             *drop_privileges_argv(owner.setpriv, lease.uid, lease.gid),
             owner.bwrap, "--args", str(args), "--",
-            python, "-I", "-S", LANDLOCK_SCRIPT, python, TEMPLATE_SCRIPT, script,
+            LANDLOCK_PYTHON, "-I", "-S", LANDLOCK_SCRIPT, python, TEMPLATE_SCRIPT, script,
         ]  # fmt: skip
         # The sandboxes' own launcher: it joins the template's cgroup (writing 0: itself,
         # before anything else starts), bounds the imports' CPU time, then starts it.

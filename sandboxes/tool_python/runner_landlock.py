@@ -1,6 +1,7 @@
 """The first step of a tool's template in fork mode, before any code of the tool's:
 
-    python3 -I -S /opt/runner/python/runner_landlock.py python3 /opt/runner/python/runner_fork.py main.py
+    /usr/bin/python3 -I -S /opt/runner/python/runner_landlock.py \
+        python3 /opt/runner/python/runner_fork.py main.py
 
 It enters a Landlock domain of its own, then execs the rest of its argv (the template).
 The domain goes with the template and with every call cloned from it, and Landlock keeps
@@ -11,10 +12,11 @@ would run on between calls and read theirs. The domain handles no file or networ
 access (one that did would forbid the calls' mounts); it scopes signals, so that none
 reaches a process outside it (init) either.
 
-Run isolated (``-I -S``: no variable of the tool's environment, no ``site``), so nothing
-of the tool's runs before the domain does; the template then starts with the tool's own
-environment. Exits 125 where the kernel refuses the domain (the runner checks first
-that it has Landlock).
+Run by the system's interpreter, by its full path, and isolated (``-I -S``: no variable
+of the tool's environment, no ``site``), so nothing of the tool's runs before the domain
+does; the template (the tool's ``python3``, found on its own ``PATH``) then starts with
+the tool's own environment, in the domain. Exits 125 where the kernel refuses the domain
+(the runner checks first that it has Landlock).
 """
 
 from __future__ import annotations

@@ -160,6 +160,36 @@ def test_the_import_cannot_reach_the_sandboxs_init_the_parent_of_every_call(benc
     assert found["init"] == {"mem": "EACCES", "environ": "EACCES"}, found
 
 
+# A python3 of the tool's own, first on its manifest's PATH: it tries bubblewrap's init,
+# notes what it found, then starts the system's with the arguments it was given.
+OWN_PYTHON = """#!/bin/sh
+if (exec 3<>/proc/1/mem) 2>/dev/null; then seen=opened; else seen=refused; fi
+PROBE_INIT="${PROBE_INIT:+$PROBE_INIT }$seen"  # each time it runs
+export PROBE_INIT
+exec /usr/bin/python3 "$@"
+"""
+ENV_PROBE = (
+    "import json, os, sys\njson.load(sys.stdin)\nprint(json.dumps({'init': os.environ['PROBE_INIT']}))\n"
+)
+
+
+def test_a_python3_of_the_tools_own_on_its_path_runs_after_the_domain_too(bench: ToolBench) -> None:
+    folder = bench.tool("own_python", ENV_PROBE, env={"PATH": "/tool/bin:/usr/bin:/bin"})
+    (folder / "bin").mkdir()
+    (folder / "bin" / "python3").write_text(OWN_PYTHON)
+    (folder / "bin" / "python3").chmod(0o755)
+    bench.policy["pool"] = {"size": 1, "mode": "fork"}
+    with bench.runner() as runner:
+        _ready(runner, "own_python")
+        answer = runner.call("own_python", {})
+    assert answer.success, answer.error
+    attempts = [
+        json.loads(line) for line in bench.audit_log.read_text().splitlines() if '"call.attempt"' in line
+    ]
+    assert [attempt.get("forked") for attempt in attempts] == [True]
+    assert answer.result == {"init": "refused"}  # run once, after the domain
+
+
 def test_a_template_whose_import_left_a_thread_is_refused_and_its_calls_are_served_warm(
     bench: ToolBench, capfd: pytest.CaptureFixture[str]
 ) -> None:
