@@ -50,6 +50,9 @@ if ! $minimal; then
   command -v npm >/dev/null || need_apt+=(npm)
   # runner audit report --html is checked by rendering it in headless Chromium.
   command -v chromium >/dev/null || need_apt+=(chromium)
+  # A fork-mode hostile test builds a character-set module and a locale of a tool's own.
+  command -v gcc >/dev/null || need_apt+=(gcc libc6-dev)
+  [ -d /usr/share/i18n/charmaps ] || need_apt+=(locales)
 fi
 if [ ${#need_apt[@]} -gt 0 ] && $as_root; then
   log "installing ${need_apt[*]}"

@@ -154,25 +154,32 @@ class ToolTemplate:
     ) -> tuple[list[str], tuple[int, ...]]:
         assert owner.bwrap is not None and owner.setpriv is not None
         sources = Sources(tool_dir, None, owner.etc.path, owner.library_dir, owner.etc.copies)
-        env = tool_env(spec, SCRATCH_MOUNT, None)
+        # The template's first step starts with no variable of the tool's (the C library
+        # would act on some: a GCONV_PATH loads a module of the tool's folder); it reads
+        # the tool's environment from a descriptor, and starts the template with it.
+        env = b"".join(
+            f"{key}={value}".encode() + b"\0" for key, value in tool_env(spec, SCRATCH_MOUNT).items()
+        )
         seccomp = sealed_memfd("runner-seccomp", compiled_filter(memory_counted=True, traced=True))
-        inner = bwrap_argv(spec, limits, sources, env, seccomp_fd=seccomp)
+        inner = bwrap_argv(spec, limits, sources, {}, seccomp_fd=seccomp)
         inner = [arg for arg in inner if arg not in ("--disable-userns", "--assert-userns-disabled")]
         last = len(inner) - 1 - inner[::-1].index("--remount-ro")  # of "/": mount points first
         extra = ["--ro-bind", str(self._calls), CALLS_MOUNT]
         inner[last:last] = [*extra, "--remount-ro", SCRATCH_MOUNT, "--remount-ro", "/dev/shm"]  # noqa: S108
         args = sealed_memfd("runner-bwrap-args", b"".join(a.encode() + b"\0" for a in inner))
+        tool_environment = sealed_memfd("runner-tool-env", env)
         python, script = spec.command
         lease = self._lease
         assert lease is not None
         argv = [
             *drop_privileges_argv(owner.setpriv, lease.uid, lease.gid),
             owner.bwrap, "--args", str(args), "--",
-            LANDLOCK_PYTHON, "-I", "-S", LANDLOCK_SCRIPT, python, TEMPLATE_SCRIPT, script,
+            LANDLOCK_PYTHON, "-I", "-S", LANDLOCK_SCRIPT, str(tool_environment),
+            python, TEMPLATE_SCRIPT, script,
         ]  # fmt: skip
         # The sandboxes' own launcher: it joins the template's cgroup (writing 0: itself,
         # before anything else starts), bounds the imports' CPU time, then starts it.
-        return launcher_argv(SHELL, argv, None), (seccomp, args)
+        return launcher_argv(SHELL, argv, None), (seccomp, args, tool_environment)
 
     def call(self, limits: Limits) -> ForkedCall:
         """A sandbox for one call under ``limits`` (this template's, but the timeout)."""

@@ -50,6 +50,7 @@ from sandboxes.subprocess._frozen_calls import (
     Inside,
     close_listeners,
     listening,
+    reaches_init,
     reap_quietly,
     set_up,
     signalled,
@@ -81,7 +82,7 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 FRESH = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS
 CLONE_PARENT, SIGCHLD = 0x8000, 17
-SYS_CLOSE, SYS_MUNMAP, SYS_CLONE, SYS_OPENAT, AT_FDCWD, O_RDONLY = 3, 11, 56, 257, -100, 0
+SYS_CLOSE, SYS_MUNMAP, SYS_CLONE = 3, 11, 56
 SYS_RT_SIGPROCMASK, SIG_SETMASK, SIGSET_BYTES = 14, 2, 8
 STOP_TRIES = 200  # about 10 ms apart: a template not found in its read by then is refused
 STOP_POLL_S = 0.05  # how often the waits for a template look whether the runner is closing
@@ -266,10 +267,7 @@ class FrozenTemplate:
             self._mask = int(status(template, "SigBlk"), 16)
             everything = frozen.put(struct.pack("Q", (1 << 64) - 1))
             frozen.checked(SYS_RT_SIGPROCMASK, SIG_SETMASK, everything, 0, SIGSET_BYTES)
-            # Its sandbox's init, every call's parent, is out of its reach (its Landlock
-            # domain, ``runner_landlock.py``): as the template itself would find it.
-            if (mem := frozen.syscall(SYS_OPENAT, AT_FDCWD, frozen.text("/proc/1/mem"), O_RDONLY)) >= 0:
-                frozen.checked(SYS_CLOSE, mem)
+            if reaches_init(frozen):
                 raise TemplateRefused("the tool's template can reach its sandbox's init")
             frozen.close()
             for fd in Path(f"/proc/{template}/fd").iterdir():

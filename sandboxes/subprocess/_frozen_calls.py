@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import errno
 import os
 import select
 import signal
@@ -28,7 +29,7 @@ SYS_CAPSET, SYS_MOUNT, SYS_PRLIMIT64, RLIMIT_CPU = 126, 165, 302, 0
 SYS_RT_SIGPROCMASK, SIG_SETMASK, SIGSET_BYTES = 14, 2, 8
 SYS_SETSID, SYS_UNSHARE, CLONE_NEWCGROUP = 112, 272, 0x02000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
-AT_FDCWD, O_WRONLY = -100, 1
+AT_FDCWD, O_RDONLY, O_WRONLY = -100, 0, 1
 CAPABILITY_V3 = 0x20080522
 # Made in each call's process through the tracer (``_seccomp``'s traced filter): its
 # cgroup namespace, and its mounts of /, /tmp, /dev/shm, /dev/pts and /proc.
@@ -81,6 +82,17 @@ class Cloned:
         reap_quietly(self.pidfd)
         self.close_sockets()
         self.group.remove()
+
+
+def reaches_init(frozen: Injector) -> bool:
+    """Whether the frozen template can open its sandbox's init's memory, trying it itself.
+    Every call's parent, init must be out of its reach (its Landlock domain,
+    ``runner_landlock.py``): only a refusal for want of the right proves it (another
+    failure, say a descriptor limit, would prove nothing)."""
+    mem = frozen.syscall(SYS_OPENAT, AT_FDCWD, frozen.text("/proc/1/mem"), O_RDONLY)
+    if mem >= 0:
+        frozen.checked(SYS_CLOSE, mem)
+    return mem != -errno.EACCES
 
 
 def reap_quietly(pidfd: int) -> None:

@@ -13,12 +13,14 @@ import errno
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -188,6 +190,61 @@ def test_a_python3_of_the_tools_own_on_its_path_runs_after_the_domain_too(bench:
     ]
     assert [attempt.get("forked") for attempt in attempts] == [True]
     assert answer.result == {"init": "refused"}  # run once, after the domain
+
+
+# A character-set module of the tool's, which the C library loads for a locale of the
+# tool's (GCONV_PATH, LOCPATH, LC_ALL in its manifest) in whatever process first decodes
+# text in it: it tries bubblewrap's init, and notes what it found for the call.
+GCONV_MODULE = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((constructor)) static void probe(void) {
+    int fd = open("/proc/1/mem", O_RDWR);
+    char seen[128];
+    snprintf(seen, sizeof seen, "%s%s%s", getenv("PROBE_INIT") ? getenv("PROBE_INIT") : "",
+             getenv("PROBE_INIT") ? " " : "", fd >= 0 ? "opened" : "refused");
+    if (fd >= 0) close(fd);
+    setenv("PROBE_INIT", seen, 1);
+}
+int gconv_init(void *step) { return 1; }
+int gconv(void) { return 1; }
+"""
+
+
+def test_variables_of_the_tools_environment_load_nothing_of_its_own_before_the_domain(
+    bench: ToolBench, tmp_path: Path
+) -> None:
+    if not (shutil.which("gcc") and shutil.which("localedef")):
+        pytest.skip("needs gcc and localedef (scripts/setup.sh installs them)")
+    folder = bench.tool(
+        "charset", ENV_PROBE, env={"GCONV_PATH": "/tool/gconv", "LOCPATH": "/tool/locale", "LC_ALL": "xx"}
+    )
+    (folder / "gconv").mkdir()
+    (tmp_path / "probe.c").write_text(GCONV_MODULE)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", str(folder / "gconv" / "probe.so"), str(tmp_path / "probe.c")],
+        check=True,
+    )
+    (folder / "gconv" / "gconv-modules").write_text(
+        "module ISO-8859-1// INTERNAL probe 1\nmodule INTERNAL ISO-8859-1// probe 1\n"
+    )
+    (folder / "locale").mkdir()
+    subprocess.run(["localedef", "-i", "C", "-f", "ISO-8859-1", str(folder / "locale" / "xx")], check=True)
+    for path in (folder, *folder.rglob("*")):
+        path.chmod(0o755 if path.is_dir() or path.suffix == ".so" else 0o644)
+    bench.policy["pool"] = {"size": 1, "mode": "fork"}
+    with bench.runner() as runner:
+        _ready(runner, "charset")
+        answer = runner.call("charset", {})
+    assert answer.success, answer.error
+    attempts = [
+        json.loads(line) for line in bench.audit_log.read_text().splitlines() if '"call.attempt"' in line
+    ]
+    assert [attempt.get("forked") for attempt in attempts] == [True]
+    # Loaded only in the template, in the domain: never by the step before it.
+    assert answer.result == {"init": "refused"}
 
 
 def test_a_template_whose_import_left_a_thread_is_refused_and_its_calls_are_served_warm(
