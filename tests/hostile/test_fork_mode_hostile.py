@@ -85,6 +85,21 @@ def _assert_no_leak(results: list[tuple[str, Found]]) -> None:
     assert not leaks, f"{len(leaks)} leaks among {len(results)} calls (i got j's secret): {leaks}"
 
 
+def _one_forked_call(bench: ToolBench, tool: str, params: dict[str, Any]) -> Found:
+    """What one call of ``tool`` answered, once its template is ready; the call must have
+    been forked (the audit's word: its template was not refused)."""
+    with bench.runner() as runner:
+        _ready(runner, tool)
+        answer = runner.call(tool, params)
+    assert answer.success, answer.error
+    attempts = [
+        json.loads(line) for line in bench.audit_log.read_text().splitlines() if '"call.attempt"' in line
+    ]
+    assert [attempt.get("forked") for attempt in attempts] == [True]
+    found: Found = answer.result
+    return found
+
+
 def _forked(runner: Runner, tool: str, calls: int) -> None:
     """Every one of ``calls`` was forked from the template (none started cold or warm)."""
     assert runner._pools.takes()[tool] == (calls, 0)
@@ -152,13 +167,7 @@ def test_a_call_reaches_neither_the_template_nor_the_calls_beside_it(bench: Tool
 
 def test_the_import_cannot_reach_the_sandboxs_init_the_parent_of_every_call(bench: ToolBench) -> None:
     _probe(bench, "init")
-    with bench.runner() as runner:
-        _ready(runner, "hostile_init")
-        ((_, found),) = _calls(runner, "hostile_init", 1)
-    attempts = [
-        json.loads(line) for line in bench.audit_log.read_text().splitlines() if '"call.attempt"' in line
-    ]
-    assert [attempt.get("forked") for attempt in attempts] == [True]  # its template was not refused
+    found = _one_forked_call(bench, "hostile_init", {"secret": "s"})
     assert found["init"] == {"mem": "EACCES", "environ": "EACCES"}, found
 
 
@@ -181,15 +190,7 @@ def test_a_python3_of_the_tools_own_on_its_path_runs_after_the_domain_too(bench:
     (folder / "bin" / "python3").write_text(OWN_PYTHON)
     (folder / "bin" / "python3").chmod(0o755)
     bench.policy["pool"] = {"size": 1, "mode": "fork"}
-    with bench.runner() as runner:
-        _ready(runner, "own_python")
-        answer = runner.call("own_python", {})
-    assert answer.success, answer.error
-    attempts = [
-        json.loads(line) for line in bench.audit_log.read_text().splitlines() if '"call.attempt"' in line
-    ]
-    assert [attempt.get("forked") for attempt in attempts] == [True]
-    assert answer.result == {"init": "refused"}  # run once, after the domain
+    assert _one_forked_call(bench, "own_python", {}) == {"init": "refused"}  # run once, after the domain
 
 
 # A character-set module of the tool's, which the C library loads for a locale of the
@@ -235,16 +236,8 @@ def test_variables_of_the_tools_environment_load_nothing_of_its_own_before_the_d
     for path in (folder, *folder.rglob("*")):
         path.chmod(0o755 if path.is_dir() or path.suffix == ".so" else 0o644)
     bench.policy["pool"] = {"size": 1, "mode": "fork"}
-    with bench.runner() as runner:
-        _ready(runner, "charset")
-        answer = runner.call("charset", {})
-    assert answer.success, answer.error
-    attempts = [
-        json.loads(line) for line in bench.audit_log.read_text().splitlines() if '"call.attempt"' in line
-    ]
-    assert [attempt.get("forked") for attempt in attempts] == [True]
     # Loaded only in the template, in the domain: never by the step before it.
-    assert answer.result == {"init": "refused"}
+    assert _one_forked_call(bench, "charset", {}) == {"init": "refused"}
 
 
 def test_a_template_whose_import_left_a_thread_is_refused_and_its_calls_are_served_warm(
