@@ -91,11 +91,13 @@ class LaunchModel(BaseModel):
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
+        for key, text in value.items():
             if not ENV_NAME.fullmatch(key):
                 raise ValueError(f"{key!r} is not a variable name")
             if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES):
                 raise ValueError(f"{key} is set by the runner and cannot be overridden")
+            if "\0" in text:  # it would end the value where the sandbox reads it
+                raise ValueError(f"the value of {key} holds a NUL byte")
         return value
 
     @field_validator("secrets")

@@ -26,7 +26,7 @@ from sandboxes.subprocess._launch import (
     started_shim_argv,
     user_namespace_argv,
 )
-from sandboxes.subprocess._layout import Sources, bwrap_argv
+from sandboxes.subprocess._layout import Sources, bwrap_argv, nul_separated
 from sandboxes.subprocess._network import SandboxNetwork
 from sandboxes.subprocess._seccomp import SeccompUnavailable, filter_fd, sealed_memfd
 from sandboxes.view import SCRATCH_MOUNT, WORKSPACE_MOUNT, tool_env
@@ -143,7 +143,7 @@ class SandboxCommand:
             )
             # The arguments go through a descriptor: inside, /proc/1/cmdline (bubblewrap's
             # init) would otherwise show every host path and value of them.
-            args = sealed_memfd("runner-bwrap-args", b"".join(a.encode() + b"\0" for a in inner))
+            args = sealed_memfd("runner-bwrap-args", nul_separated(inner, "the sandbox's arguments"))
         except BaseException:
             os.close(seccomp)
             raise

@@ -29,7 +29,7 @@ from sandboxes.subprocess._forked import ForkedCall, exit_status_known
 from sandboxes.subprocess._frozen import FrozenTemplate
 from sandboxes.subprocess._frozen_calls import CallSetUp
 from sandboxes.subprocess._launch import drop_privileges_argv, launcher_argv
-from sandboxes.subprocess._layout import SANDBOX_UID, Sources, bwrap_argv
+from sandboxes.subprocess._layout import SANDBOX_UID, Sources, bwrap_argv, nul_separated
 from sandboxes.subprocess._seccomp import compiled_filter, sealed_memfd
 from sandboxes.view import LIBRARY_MOUNT, SCRATCH_MOUNT, TOOL_MOUNT, tool_env
 
@@ -157,17 +157,22 @@ class ToolTemplate:
         # The template's first step starts with no variable of the tool's (the C library
         # would act on some: a GCONV_PATH loads a module of the tool's folder); it reads
         # the tool's environment from a descriptor, and starts the template with it.
-        env = b"".join(
-            f"{key}={value}".encode() + b"\0" for key, value in tool_env(spec, SCRATCH_MOUNT).items()
-        )
-        seccomp = sealed_memfd("runner-seccomp", compiled_filter(memory_counted=True, traced=True))
-        inner = bwrap_argv(spec, limits, sources, {}, seccomp_fd=seccomp)
-        inner = [arg for arg in inner if arg not in ("--disable-userns", "--assert-userns-disabled")]
-        last = len(inner) - 1 - inner[::-1].index("--remount-ro")  # of "/": mount points first
-        extra = ["--ro-bind", str(self._calls), CALLS_MOUNT]
-        inner[last:last] = [*extra, "--remount-ro", SCRATCH_MOUNT, "--remount-ro", "/dev/shm"]  # noqa: S108
-        args = sealed_memfd("runner-bwrap-args", b"".join(a.encode() + b"\0" for a in inner))
-        tool_environment = sealed_memfd("runner-tool-env", env)
+        variables = tool_env(spec, SCRATCH_MOUNT)  # no PWD, as a sandbox's shim unsets it
+        env = nul_separated([f"{key}={value}" for key, value in variables.items()], "the tool's variables")
+        made = [sealed_memfd("runner-seccomp", compiled_filter(memory_counted=True, traced=True))]
+        try:
+            inner = bwrap_argv(spec, limits, sources, {}, seccomp_fd=made[0])
+            inner = [arg for arg in inner if arg not in ("--disable-userns", "--assert-userns-disabled")]
+            last = len(inner) - 1 - inner[::-1].index("--remount-ro")  # of "/": mount points first
+            extra = ["--ro-bind", str(self._calls), CALLS_MOUNT]
+            inner[last:last] = [*extra, "--remount-ro", SCRATCH_MOUNT, "--remount-ro", "/dev/shm"]  # noqa: S108
+            made.append(sealed_memfd("runner-bwrap-args", nul_separated(inner, "the sandbox's arguments")))
+            made.append(sealed_memfd("runner-tool-env", env))
+        except BaseException:
+            for fd in made:
+                os.close(fd)
+            raise
+        seccomp, args, tool_environment = made
         python, script = spec.command
         lease = self._lease
         assert lease is not None

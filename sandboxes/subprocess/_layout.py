@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxes._usernet import SLIRP_DNS
-from sandboxes.base import LaunchSpec, Limits
+from sandboxes.base import LaunchSpec, Limits, SandboxUnavailable
 from sandboxes.view import INSIDE_UID, LIBRARY_MOUNT, SCRATCH_MOUNT, TOOL_MOUNT, WORKSPACE_MOUNT
 
 # Inside its user namespace the tool is "nobody"; on the host it is a uid of its own
@@ -50,6 +50,19 @@ class Sources:
     # Without root: a folder whose ``tmp`` and ``shm`` the launcher mounted tmpfs on,
     # bounded in entries too (``_launch.USER_TMPFS_SCRIPT``); bound, not made here.
     scratch: Path | None = None
+
+
+def nul_separated(items: list[str], what: str) -> bytes:
+    """``items`` as the file bubblewrap's ``--args`` reads (each ended by a NUL), or a
+    list of variables so.
+
+    Raises:
+        SandboxUnavailable: an item holds a NUL: it would end there, and what follows
+            would be read as items of its own (options of bubblewrap's).
+    """
+    if any("\0" in item for item in items):
+        raise SandboxUnavailable(f"{what} hold a NUL byte (a value of the tool's environment, or a secret)")
+    return b"".join(item.encode() + b"\0" for item in items)
 
 
 def _etc_argv(spec: LaunchSpec, limits: Limits, src: Sources) -> list[str]:

@@ -65,6 +65,16 @@ def test_remote_refs_are_never_fetched(bench: ToolBench) -> None:
     assert answer["metadata"]["attempts"] == 0
 
 
+def test_a_manifest_s_variable_cannot_hold_a_nul_byte(bench: ToolBench) -> None:
+    # In the file of bubblewrap's arguments, where each ends at a NUL, what follows one
+    # would be read as options of its own: a bind of a host folder, the filter dropped.
+    bench.tool("injects", "", env={"Z": "x\0--bind\0/\0/tool"})
+    registry = Registry.load([bench.tools])
+    assert len(registry) == 0
+    (problem,) = registry.problems
+    assert problem.path.parent.name == "injects" and "NUL" in str(problem), problem
+
+
 def test_a_manifest_cannot_set_the_launcher_s_variables(bench: ToolBench) -> None:
     bench.tool("steer", "", env={"RUNNER_STAGE": "/"})
     bench.tool("preload", "", env={"LD_PRELOAD": "/tmp/x.so"})

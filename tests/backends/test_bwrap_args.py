@@ -1,0 +1,21 @@
+"""The file of bubblewrap's arguments: each ends at a NUL, so an argument holding one
+would end early and what follows would be read as options of bubblewrap's own (a bind
+of a host folder, the filter dropped). The manifest refuses such a value first
+(``tests/tools/test_registry.py``); this is the sandbox's own refusal, for whatever
+else reaches it (a secret's value)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandboxes.base import SandboxUnavailable
+from sandboxes.subprocess._layout import nul_separated
+
+
+def test_arguments_are_written_each_ended_by_a_nul() -> None:
+    assert nul_separated(["--setenv", "A", "x=y é"], "args") == "--setenv\0A\0x=y é\0".encode()
+
+
+def test_an_argument_holding_a_nul_is_refused_not_split() -> None:
+    with pytest.raises(SandboxUnavailable, match="NUL"):
+        nul_separated(["--setenv", "Z", "x\0--bind\0/\0/tool"], "the sandbox's arguments")
