@@ -196,6 +196,15 @@ def _start_time(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
 
 
+def _held(pid: int) -> bool:
+    """Whether ``pid`` is stopped by its tracer with no capability left."""
+    try:
+        fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    except OSError:
+        return False
+    return fields["State"].startswith("t") and int(fields["CapEff"], 16) == 0
+
+
 @needs_fork_mode
 def test_the_next_calls_process_is_made_ahead_and_held_before_its_first_instruction(
     forked: tuple[ToolBench, str],
@@ -206,7 +215,8 @@ def test_the_next_calls_process_is_made_ahead_and_held_before_its_first_instruct
     with bench.runner() as runner:
         _template(runner, "trace", mark)
         for n in range(3):
-            wait_for(lambda: spare_of(processes_with_env(f"FORK_MARK={mark}")) != [], 10.0)
+            # Seen once its set-up is over: no capability left (its last step), stopped.
+            wait_for(lambda: any(map(_held, spare_of(processes_with_env(f"FORK_MARK={mark}")))), 10.0)
             (spare,) = spare_of(processes_with_env(f"FORK_MARK={mark}"))
             assert psutil.Process(spare).status() == psutil.STATUS_TRACING_STOP
             assert (
