@@ -56,15 +56,14 @@ class ForkTemplates:
         self._forks: dict[str, _Fork] = {}
         self._threads: set[threading.Thread] = set()
         self._retired: list[ForkTemplate] = []  # of earlier plans: discarded at close at the latest
-        self._closing = False
-        self._stop = threading.Event()  # set with ``_closing``: templates being made give up
+        self._closing = threading.Event()  # set at close: templates being made give up too
 
     def follow(self, plans: dict[str, PoolPlan]) -> None:
         """Keep a template for each of ``plans`` (all in fork mode), and no other: the
         templates of the last plans (made under the old rules) are discarded once their
         calls in flight have ended."""
         with self._lock:
-            if self._closing:
+            if self._closing.is_set():
                 return
             old = [fork.template for fork in self._forks.values() if fork.template is not None]
             self._forks = {name: _Fork(plan) for name, plan in plans.items()}
@@ -122,8 +121,7 @@ class ForkTemplates:
     def close(self) -> None:
         """Discard every template, once those being started are (blocking: from a thread)."""
         with self._lock:
-            self._closing = True
-            self._stop.set()
+            self._closing.set()
             templates = [fork.template for fork in self._forks.values() if fork.template is not None]
             templates += self._retired  # those whose calls are still running too
             self._forks, self._retired = {}, []
@@ -141,7 +139,8 @@ class ForkTemplates:
     def _start(self, fork: _Fork) -> None:
         """Start ``fork``'s template unless one is starting or it waits out a back-off
         (under the lock)."""
-        if fork.starting or fork.template is not None or self._closing or fork.retry_at > self._clock():
+        busy = fork.starting or fork.template is not None or self._closing.is_set()
+        if busy or fork.retry_at > self._clock():
             return
         fork.starting = True
         self._in_thread(self._make, fork)
@@ -152,14 +151,14 @@ class ForkTemplates:
         template: ForkTemplate | None = None
         refused: str | None = None
         try:
-            template = plan.backend.fork_template(plan.spec, plan.limits, self._stop)
+            template = plan.backend.fork_template(plan.spec, plan.limits, self._closing)
         except SandboxUnavailable as exc:
             refused = exc.message
         except Exception as exc:  # a fault of the runner: logged, the pool backs off
             self._fault(exc)
         with self._lock:
             fork.starting = False
-            current = not self._closing and self._forks.get(plan.spec.tool_name) is fork
+            current = not self._closing.is_set() and self._forks.get(plan.spec.tool_name) is fork
             if template is not None and current:
                 fork.template, template = template, None
             elif refused is not None and current:

@@ -205,10 +205,7 @@ class FrozenTemplate:
             with contextlib.suppress(Exception):  # the template and the queue come first
                 if spare is not None:
                     spare.drop()
-            with self._pidfd_lock:  # through its pidfd: the template may be gone, its pid reused
-                if self._pidfd is not None:
-                    with contextlib.suppress(OSError):
-                        signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            self._kill_template()
             with self._closing:
                 self._closed = True
             self._refuse_queued()
@@ -417,7 +414,11 @@ class FrozenTemplate:
         if process is not None:
             with contextlib.suppress(OSError):
                 process.kill()  # ``Popen``'s: never a pid it has reaped (a second close)
-        with self._pidfd_lock:  # and the template, should bubblewrap's init outlive it
+        self._kill_template()  # should bubblewrap's init outlive it
+
+    def _kill_template(self) -> None:
+        """Through its pidfd: the template may be gone, its pid reused."""
+        with self._pidfd_lock:
             if self._pidfd is not None:
                 with contextlib.suppress(OSError):
                     signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
