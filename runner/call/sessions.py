@@ -328,10 +328,10 @@ class CallSession:
             await asyncio.sleep(max(SWEEP_MIN_S, min(SWEEP_MAX_S, BETWEEN_CALLS_POLL_S, every)))
             for key, held in list(self._held.items()):
                 lock = self._locks.get(key)
-                why = self._ends(held)
-                if lock is None or lock.locked() or why is None:
-                    continue
                 try:
+                    why = self._ends(held)
+                    if lock is None or lock.locked() or why is None:
+                        continue
                     async with lock:
                         if self._held.get(key) is held:
                             await self._drop(key, why)

@@ -44,8 +44,8 @@ if params.get("burn"):  # CPU time, in this call alone under the limit
 if params.get("hog"):
     hoard = bytearray(400 * 1024 * 1024)
     hoard[::4096] = b"x" * len(hoard[::4096])
-for _ in range(4 if params.get("leave") == "hoarders" else 1 if params.get("leave") else 0):
-    if os.fork() == 0:  # left running after the call: a spinner, or 4 x 50 MB
+for _ in range({"spinners": 2, "hoarders": 4}.get(params.get("leave"), 0)):
+    if os.fork() == 0:  # left running after the call: 2 spinners, or 4 x 50 MB
         os.setsid()
         os.closerange(0, 1024)
         if params["leave"] == "hoarders":
@@ -65,7 +65,7 @@ PARAMS = {
         "hog": {"type": "boolean"},
         "kill_agent": {"type": "boolean"},
         "burn": {"type": "number"},
-        "leave": {"enum": ["spinner", "hoarders"]},
+        "leave": {"enum": ["spinners", "hoarders"]},
     },
     "additionalProperties": False,
 }
@@ -188,6 +188,38 @@ def test_ending_a_session_while_its_sweeper_closes_a_sandbox_waits_for_that_clos
                 await asyncio.wait_for(began.wait(), 30)  # the sweeper is closing it
             assert processes_with_env(f"SESSION_MARK={mark}") == []
             assert [event["reason"] for event in _events(bench, "session.closed")] == ["idle"]
+
+    asyncio.run(scenario())
+
+
+def test_a_fault_looking_at_a_sandbox_between_calls_stops_no_later_sweep(
+    bench: ToolBench, mark: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sweeper asked each sandbox whether it had ended outside its guard: one fault
+    # there ended the sweeper for good, and no sandbox of the session ever expired.
+    bench.policy["session"] = {"idle_ms": 300}
+    original = SubprocessSession.ended
+    armed, faults = asyncio.Event(), list[int]()
+
+    def ended_once_faulty(self: SubprocessSession) -> Any:
+        if armed.is_set() and not faults:
+            faults.append(1)
+            raise OSError("a read between calls failed")
+        return original(self)
+
+    monkeypatch.setattr(SubprocessSession, "ended", ended_once_faulty)
+
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            assert _count(await session.acall("counter")) == 1
+            armed.set()  # the sweeper's next look, between calls
+            for _ in range(100):
+                if _events(bench, "session.closed"):
+                    break
+                await asyncio.sleep(0.1)
+            assert faults
+            assert [event["reason"] for event in _events(bench, "session.closed")] == ["idle"]
+            assert processes_with_env(f"SESSION_MARK={mark}") == []
 
     asyncio.run(scenario())
 
@@ -435,12 +467,14 @@ def test_a_reload_opens_session_sandboxes_anew_with_the_new_settings(bench: Tool
     assert [event["reason"] for event in _events(bench, "session.closed")] == ["reloaded", "ended"]
 
 
-@pytest.mark.parametrize("left", ["spinner", "hoarders"])
+@pytest.mark.parametrize("left", ["spinners", "hoarders"])
 def test_processes_a_call_left_that_pass_a_limit_between_calls_end_the_session(
     bench: ToolBench, mark: str, left: str
 ) -> None:
     # Nothing polls a session's limits while no call runs but the sandbox itself: left
-    # alone, a spinner used CPU until idle_ms, and rootless hoarders held any memory.
+    # alone, spinners used CPU until idle_ms, and rootless hoarders held any memory. Two
+    # spinners: rootless, one alone is stopped by its own CPU rlimit, the same budget, when
+    # the sum of the tree's times (in clock ticks) may still read just under it.
     bench.policy["limits"]["cpu_seconds"] = 2
 
     async def scenario() -> None:
