@@ -18,9 +18,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import functools
 import os
 from collections.abc import Callable
+
+SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 
 # Refused with EPERM: Docker's default profile refuses these too.
 DOCKER_DENIED = (
@@ -168,10 +171,13 @@ def filter_fd(*, memory_counted: bool) -> int:
 
 
 def sealed_memfd(name: str, data: bytes) -> int:
-    """An anonymous in-memory file holding ``data``, read from its start (inheritable)."""
-    fd = os.memfd_create(name, 0)  # no MFD_CLOEXEC: it is meant for the launcher
+    """An anonymous in-memory file holding ``data``, read from its start (inheritable),
+    sealed: whoever holds it can read it, none can change it (bubblewrap reads its
+    arguments and filter from it after the runner has let it go)."""
+    fd = os.memfd_create(name, os.MFD_ALLOW_SEALING)  # no MFD_CLOEXEC: it is meant for the launcher
     try:
         os.write(fd, data)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
         os.lseek(fd, 0, os.SEEK_SET)
     except OSError:
         os.close(fd)

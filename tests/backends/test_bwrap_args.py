@@ -6,10 +6,14 @@ else reaches it (a secret's value)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+
 import pytest
 
 from sandboxes.base import SandboxUnavailable
 from sandboxes.subprocess._layout import nul_separated
+from sandboxes.subprocess._seccomp import SEALS, sealed_memfd
 
 
 def test_arguments_are_written_each_ended_by_a_nul() -> None:
@@ -19,3 +23,15 @@ def test_arguments_are_written_each_ended_by_a_nul() -> None:
 def test_an_argument_holding_a_nul_is_refused_not_split() -> None:
     with pytest.raises(SandboxUnavailable, match="NUL"):
         nul_separated(["--setenv", "Z", "x\0--bind\0/\0/tool"], "the sandbox's arguments")
+
+
+def test_the_file_of_arguments_is_sealed_readable_never_changed() -> None:
+    fd = sealed_memfd("runner-test", b"--ro-bind\0/usr\0/usr\0")
+    try:
+        assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS == SEALS
+        for change in (lambda: os.write(fd, b"--bind\0/\0/\0"), lambda: os.ftruncate(fd, 0)):
+            with pytest.raises(PermissionError):
+                change()
+        assert os.read(fd, 100) == b"--ro-bind\0/usr\0/usr\0"
+    finally:
+        os.close(fd)
