@@ -117,6 +117,8 @@ class ToolTemplate:
         self._lease: IdentityLease | None = lease_identity()  # the template's and its calls'
         self._group: CallCgroup | None = None
         try:
+            # The first sandbox of a fresh boot may be a template: no call made the root yet.
+            owner.scratch_root.mkdir(mode=0o711, parents=True, exist_ok=True)
             # Only the template's gid passes: the tool's copy in it is no one else's to read.
             self._folder.mkdir(mode=0o750)
             os.chown(self._folder, 0, self._lease.gid)

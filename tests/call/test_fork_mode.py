@@ -12,6 +12,7 @@ import asyncio
 import errno
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -190,6 +191,26 @@ def test_each_call_is_forked_from_one_template_into_a_sandbox_of_its_own(
         assert result["seen"] == [n]  # no earlier call's state: a fresh copy of the template's
     # Imported once, in the template, before any call.
     assert len({answer.result["imported_at"] for answer in answers}) == 1
+
+
+@needs_fork_mode
+def test_a_template_is_the_first_sandbox_a_fresh_state_folder_serves(forked: tuple[ToolBench, str]) -> None:
+    # On a fresh boot nothing had made the folder of calls' scratch folders: a template
+    # asked for first failed to start, and its tool was served warm.
+    bench, mark = forked
+    state = Path("/run") / f"runner-test-fresh-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    bench.policy["sandbox"] = {"backends": {"subprocess": {"state_dir": str(state)}}}
+    try:
+        with bench.runner() as runner:
+            _template(runner, "trace", mark)
+            answer = runner.call("trace", {"n": 0})
+        assert answer.success, answer.error
+        (attempt,) = [
+            json.loads(line) for line in bench.audit_log.read_text().splitlines() if '"call.attempt"' in line
+        ]
+        assert attempt.get("forked") is True
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def _start_time(pid: int) -> int:
