@@ -152,6 +152,7 @@ class ToolBench:
             self.policy["pool"] = {"size": 1, "mode": "fork"}
 
         self.audit_log = root / "audit.log"
+        self.runners: list[Runner] = []  # closed at the test's end, should the test not
 
     def tool(self, name: str, code: str, **manifest: Any) -> Path:
         return write_tool(self.tools, name, code, **manifest)
@@ -165,6 +166,7 @@ class ToolBench:
         runner = Runner.load(
             tools=self.tools, policies=self.write_policy(), audit_log=self.audit_log, **kwargs
         )
+        self.runners.append(runner)
         if FORK_SUITE and self.policy.get("pool", {}).get("mode") == "fork":
             # Each pool ready (a template, or warm sandboxes where fork mode is refused),
             # or as many as are after a bound: a tool whose sandbox cannot start has none.
@@ -187,8 +189,19 @@ class ToolBench:
 
 
 @pytest.fixture
-def bench(tmp_path: Path) -> ToolBench:
-    return ToolBench(tmp_path)
+def bench(tmp_path: Path) -> Iterator[ToolBench]:
+    made = ToolBench(tmp_path)
+    yield made
+    # A runner a test left open (``bench.runner().handle(...)``) would keep its pools, in
+    # the fork-mode suite its template, until the test process ends.
+    faults = []
+    for runner in made.runners:
+        try:
+            runner.close()  # a second close does nothing
+        except Exception as exc:  # the others are closed all the same
+            faults.append(exc)
+    if faults:
+        raise faults[0]
 
 
 @functools.cache

@@ -6,14 +6,14 @@ A ``CallSession`` is one conversation (``Runner.session()``, or one MCP client s
 tool, opened by its first call; a call outside a session runs as any other. A sandbox
 ends when its session ends (``ended``), after ``session.idle_ms`` without a call
 (``idle``), ``session.max_ms`` after it opened (``max_ms``), when a call broke a limit,
-timed out or was cut short (``limit``: the backend killed it whole), or when the runner
-closes (``runner_closed``). A hosted MCP server's tools marked so share one run of the
-server per session (``runner.call.hosted_sessions``), keyed by the server's name apart
-from the tools' (a tool and a server of one name never share a sandbox); a server that
-ends by itself closes with ``server_died``. The session's next call of that
-tool opens a new one and says so (``sessionRestarted``). ``SessionCounts`` bounds the open sandboxes, in all
-(``session.max_total``) and per client (``session.max_per_token``).
-"""
+timed out or was cut short (``limit``: the backend killed it whole), when its limits
+could not be looked at between calls (``fault``), or when the runner closes
+(``runner_closed``). A hosted MCP server's tools marked so share one run of the server
+per session (``runner.call.hosted_sessions``), keyed by the server's name apart from the
+tools' (a tool and a server of one name never share a sandbox); a server that ends by
+itself closes with ``server_died``. The session's next call of that tool opens a new one
+and says so (``sessionRestarted``). ``SessionCounts`` bounds the open sandboxes, in all
+(``session.max_total``) and per client (``session.max_per_token``)."""
 
 from __future__ import annotations
 
@@ -294,15 +294,11 @@ class CallSession:
             self.audit.operator.warn(f"session {self.id} {key[0]} {key[1]}: {exc.message}")
         finally:
             self.counts.release(self.owner)
+            duration = round((self.clock.monotonic() - held.opened) * 1000)
             self.audit.emit(
-                "session.closed",
-                sessionId=self.id,
-                toolName=key[1],
-                reason=reason,
-                calls=held.calls,
-                duration=round((self.clock.monotonic() - held.opened) * 1000),
-                **not_applied,
-            )
+                "session.closed", sessionId=self.id, toolName=key[1], reason=reason, calls=held.calls,
+                duration=duration, **not_applied,
+            )  # fmt: skip
 
     def _ends(self, held: _Held) -> str | None:
         """Why ``held`` is to be closed now (``session.closed``'s reason); None if not."""
@@ -328,10 +324,16 @@ class CallSession:
             await asyncio.sleep(max(SWEEP_MIN_S, min(SWEEP_MAX_S, BETWEEN_CALLS_POLL_S, every)))
             for key, held in list(self._held.items()):
                 lock = self._locks.get(key)
+                if lock is None or lock.locked():  # a call's: it looks at the sandbox itself
+                    continue
                 try:
                     why = self._ends(held)
-                    if lock is None or lock.locked() or why is None:
-                        continue
+                except Exception as exc:  # its limits unread: closed, not left unwatched
+                    self.audit.operator.fault(exc, sessionId=self.id, toolName=key[1])
+                    why = "fault"
+                if why is None:
+                    continue
+                try:
                     async with lock:
                         if self._held.get(key) is held:
                             await self._drop(key, why)

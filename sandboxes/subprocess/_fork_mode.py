@@ -117,8 +117,7 @@ class ToolTemplate:
         self._lease: IdentityLease | None = lease_identity()  # the template's and its calls'
         self._group: CallCgroup | None = None
         try:
-            # The first sandbox of a fresh boot may be a template: no call made the root yet.
-            owner.scratch_root.mkdir(mode=0o711, parents=True, exist_ok=True)
+            _passable(owner.scratch_root)
             # Only the template's gid passes: the tool's copy in it is no one else's to read.
             self._folder.mkdir(mode=0o750)
             os.chown(self._folder, 0, self._lease.gid)
@@ -235,6 +234,27 @@ class ToolTemplate:
             shutil.rmtree(self._folder, ignore_errors=True)
             if lease is not None:
                 lease.release()  # the template is gone, and each call went with its cgroup
+
+
+def _passable(folder: Path) -> None:
+    """Make ``folder``, the root of calls' scratch folders, if it is missing (the first
+    sandbox of a fresh boot may be a template), and let every uid pass through it, the
+    template's among them, whatever the runner's umask. Not followed if a link.
+
+    Raises:
+        SandboxUnavailable: it is not a folder of the runner's own.
+    """
+    folder.mkdir(mode=0o711, parents=True, exist_ok=True)
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise SandboxUnavailable(f"fork mode: {folder} is not a folder: {exc.strerror}") from exc
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise SandboxUnavailable(f"fork mode: {folder} is not the runner's own")
+        os.fchmod(fd, 0o711)
+    finally:
+        os.close(fd)
 
 
 def _copy_tool(source: Path, folder: Path) -> Path:

@@ -196,20 +196,24 @@ def test_each_call_is_forked_from_one_template_into_a_sandbox_of_its_own(
 @needs_fork_mode
 def test_a_template_is_the_first_sandbox_a_fresh_state_folder_serves(forked: tuple[ToolBench, str]) -> None:
     # On a fresh boot nothing had made the folder of calls' scratch folders: a template
-    # asked for first failed to start, and its tool was served warm.
+    # asked for first failed to start, and its tool was served warm. Made, it must let
+    # the template's uid pass whatever the runner's umask (systemd's unit: 0077).
     bench, mark = forked
     state = Path("/run") / f"runner-test-fresh-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     bench.policy["sandbox"] = {"backends": {"subprocess": {"state_dir": str(state)}}}
+    previous = os.umask(0o077)
     try:
         with bench.runner() as runner:
             _template(runner, "trace", mark)
             answer = runner.call("trace", {"n": 0})
+        os.umask(previous)
         assert answer.success, answer.error
         (attempt,) = [
             json.loads(line) for line in bench.audit_log.read_text().splitlines() if '"call.attempt"' in line
         ]
         assert attempt.get("forked") is True
     finally:
+        os.umask(previous)
         shutil.rmtree(state, ignore_errors=True)
 
 

@@ -192,12 +192,13 @@ def test_ending_a_session_while_its_sweeper_closes_a_sandbox_waits_for_that_clos
     asyncio.run(scenario())
 
 
-def test_a_fault_looking_at_a_sandbox_between_calls_stops_no_later_sweep(
+def test_a_sandbox_whose_limits_cannot_be_looked_at_between_calls_is_closed(
     bench: ToolBench, mark: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The sweeper asked each sandbox whether it had ended outside its guard: one fault
-    # there ended the sweeper for good, and no sandbox of the session ever expired.
-    bench.policy["session"] = {"idle_ms": 300}
+    # there ended the sweeper for good, and no sandbox of the session was looked at again
+    # (limits, expiry). Unwatched, it is closed instead; the sweep goes on.
+    bench.policy["session"] = {"idle_ms": 60000}
     original = SubprocessSession.ended
     armed, faults = asyncio.Event(), list[int]()
 
@@ -213,13 +214,16 @@ def test_a_fault_looking_at_a_sandbox_between_calls_stops_no_later_sweep(
         async with bench.runner() as runner, runner.session() as session:
             assert _count(await session.acall("counter")) == 1
             armed.set()  # the sweeper's next look, between calls
-            for _ in range(100):
+            for _ in range(300):
                 if _events(bench, "session.closed"):
                     break
                 await asyncio.sleep(0.1)
             assert faults
-            assert [event["reason"] for event in _events(bench, "session.closed")] == ["idle"]
-            assert processes_with_env(f"SESSION_MARK={mark}") == []
+            assert [event["reason"] for event in _events(bench, "session.closed")] == ["fault"]
+            assert processes_with_env(f"SESSION_MARK={mark}") == []  # closed before it is told
+            again = await session.acall("counter")
+            assert _count(again) == 1
+            assert again.metadata.extra["sessionRestarted"] is True
 
     asyncio.run(scenario())
 
