@@ -11,6 +11,7 @@ keeps it and every call from reaching bubblewrap's init.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
@@ -237,24 +238,45 @@ class ToolTemplate:
 
 
 def _passable(folder: Path) -> None:
-    """Make ``folder``, the root of calls' scratch folders, if it is missing (the first
-    sandbox of a fresh boot may be a template), and let every uid pass through it, the
-    template's among them, whatever the runner's umask. Not followed if a link.
+    """Make ``folder``, the root of calls' scratch folders, in the state folder if it is
+    missing (the first sandbox of a fresh boot may be a template), and let every uid pass
+    through it, the template's among them, whatever the runner's umask. The template's
+    folder is then made in it by its path: both must be the runner's own, not links,
+    and writable by no one else.
 
     Raises:
-        SandboxUnavailable: it is not a folder of the runner's own.
+        SandboxUnavailable: either is not, or cannot be made.
     """
-    folder.mkdir(mode=0o711, parents=True, exist_ok=True)
     try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        parent = _own_folder(folder.parent)
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder.name, 0o711, dir_fd=parent)
+            fd = _own_folder(folder, parent)
+        finally:
+            os.close(parent)
+        try:
+            os.fchmod(fd, 0o711)
+        finally:
+            os.close(fd)
     except OSError as exc:
-        raise SandboxUnavailable(f"fork mode: {folder} is not a folder: {exc.strerror}") from exc
-    try:
-        if os.fstat(fd).st_uid != os.geteuid():
-            raise SandboxUnavailable(f"fork mode: {folder} is not the runner's own")
-        os.fchmod(fd, 0o711)
-    finally:
+        raise SandboxUnavailable(f"fork mode: cannot use {folder}: {exc.strerror}") from exc
+
+
+def _own_folder(folder: Path, parent: int | None = None) -> int:
+    """An open descriptor of ``folder`` (its name in the open folder ``parent``, if
+    given), not followed if a link.
+
+    Raises:
+        SandboxUnavailable: it is not the runner's own, or others may write in it.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(folder if parent is None else folder.name, flags, dir_fd=parent)
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         os.close(fd)
+        raise SandboxUnavailable(f"fork mode: {folder} is not the runner's own, or others may write in it")
+    return fd
 
 
 def _copy_tool(source: Path, folder: Path) -> Path:
