@@ -208,7 +208,6 @@ def test_a_template_is_the_first_sandbox_a_fresh_state_folder_serves(forked: tup
         with bench.runner() as runner:
             _template(runner, "trace", mark)
             answer = runner.call("trace", {"n": 0})
-        os.umask(previous)
         assert answer.success, answer.error
         (attempt,) = [
             json.loads(line) for line in bench.audit_log.read_text().splitlines() if '"call.attempt"' in line
