@@ -32,10 +32,10 @@ import functools
 import itertools
 import os
 import random
-import stat
 import threading
 from pathlib import Path
 
+from sandboxes._owners import open_own_folder
 from sandboxes.base import SandboxUnavailable
 
 # systemd leaves 1879048192..2147483647 unassigned; this block of it is ours.
@@ -90,12 +90,7 @@ class IdentityPool:
         if self._dir_fd is None:
             with contextlib.suppress(FileExistsError):
                 self._dir.mkdir(mode=0o700)
-            fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            info = os.fstat(fd)
-            if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                os.close(fd)
-                raise PermissionError(f"lease directory {self._dir} is not the runner's own")
-            self._dir_fd = fd
+            self._dir_fd = open_own_folder(self._dir)
         return self._dir_fd
 
     def lease(self) -> IdentityLease:

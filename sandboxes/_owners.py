@@ -1,10 +1,12 @@
-"""Who left a resource behind: per-call cgroups, scratch folders and containers are
-named or labelled with the pid of the runner that made them."""
+"""Who owns what. Who left a resource behind: per-call cgroups, scratch folders and
+containers are named or labelled with the pid of the runner that made them. And which
+folders only the runner may change, where it makes, chowns or leases by path."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,3 +36,21 @@ def remove_folders(root: Path, wanted: Callable[[str], bool]) -> None:
         for child in root.iterdir():
             if wanted(child.name) and not child.is_symlink():
                 remove_tree(child)
+
+
+def open_own_folder(path: Path, parent: int | None = None) -> int:
+    """An open descriptor of the folder ``path`` (its name in the open folder ``parent``,
+    if given), not followed if a link, which only the runner may change: its own, and
+    writable by no one else.
+
+    Raises:
+        PermissionError: it is not the runner's own, or others may write in it.
+        OSError: it cannot be opened (``ELOOP``: it is a link).
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path if parent is None else path.name, flags, dir_fd=parent)
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
+        raise PermissionError(f"{path} is not the runner's own, or others may write in it")
+    return fd

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandboxes._identity import IdentityLease, lease_identity
+from sandboxes._owners import open_own_folder
 from sandboxes.base import LaunchSpec, Limits, SandboxUnavailable
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupUnavailable
 from sandboxes.subprocess._command import SHELL, reachable_by_others
@@ -248,11 +249,11 @@ def _passable(folder: Path) -> None:
         SandboxUnavailable: either is not, or cannot be made.
     """
     try:
-        parent = _own_folder(folder.parent)
+        parent = open_own_folder(folder.parent)
         try:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(folder.name, 0o711, dir_fd=parent)
-            fd = _own_folder(folder, parent)
+            fd = open_own_folder(folder, parent)
         finally:
             os.close(parent)
         try:
@@ -260,23 +261,7 @@ def _passable(folder: Path) -> None:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise SandboxUnavailable(f"fork mode: cannot use {folder}: {exc.strerror}") from exc
-
-
-def _own_folder(folder: Path, parent: int | None = None) -> int:
-    """An open descriptor of ``folder`` (its name in the open folder ``parent``, if
-    given), not followed if a link.
-
-    Raises:
-        SandboxUnavailable: it is not the runner's own, or others may write in it.
-    """
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(folder if parent is None else folder.name, flags, dir_fd=parent)
-    info = os.fstat(fd)
-    if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        os.close(fd)
-        raise SandboxUnavailable(f"fork mode: {folder} is not the runner's own, or others may write in it")
-    return fd
+        raise SandboxUnavailable(f"fork mode: cannot use {folder}: {exc.strerror or exc}") from exc
 
 
 def _copy_tool(source: Path, folder: Path) -> Path:
