@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 import pytest
 from conftest import ToolBench, wait_for
-from support.fork_probes import running_with, spare_of
+from support.fork_probes import running_with, spare_of, status_of
 
 from runner import Runner
 from sandboxes.base import SandboxUnavailable
@@ -256,7 +256,7 @@ def _start_time(pid: int) -> int:
 def _held(pid: int) -> bool:
     """Whether ``pid`` is stopped by its tracer with no capability left."""
     try:
-        fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        fields = status_of(pid)
     except OSError:
         return False
     return fields["State"].startswith("t") and int(fields["CapEff"], 16) == 0

@@ -159,6 +159,15 @@ def test_the_policy_marks_a_tool_for_sessions_and_can_unmark_one(bench: ToolBenc
     assert asyncio.run(scenario()) == ([1, 2], [1, 1])
 
 
+async def _closed_reasons(bench: ToolBench, within_s: float = 30.0) -> list[str]:
+    """The reasons of ``session.closed`` once there is one (or, after ``within_s``, none)."""
+    for _ in range(int(within_s / 0.1)):
+        if _events(bench, "session.closed"):
+            break
+        await asyncio.sleep(0.1)
+    return [event["reason"] for event in _events(bench, "session.closed")]
+
+
 def _slow_sandbox_close(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
     """Each session sandbox's close takes a second more; the event is set as one begins."""
     original = SubprocessSession.close
@@ -214,12 +223,9 @@ def test_a_sandbox_whose_limits_cannot_be_looked_at_between_calls_is_closed(
         async with bench.runner() as runner, runner.session() as session:
             assert _count(await session.acall("counter")) == 1
             armed.set()  # the sweeper's next look, between calls
-            for _ in range(300):
-                if _events(bench, "session.closed"):
-                    break
-                await asyncio.sleep(0.1)
+            reasons = await _closed_reasons(bench)
             assert faults
-            assert [event["reason"] for event in _events(bench, "session.closed")] == ["fault"]
+            assert reasons == ["fault"]
             assert processes_with_env(f"SESSION_MARK={mark}") == []  # closed before it is told
             again = await session.acall("counter")
             assert _count(again) == 1
@@ -484,11 +490,7 @@ def test_processes_a_call_left_that_pass_a_limit_between_calls_end_the_session(
     async def scenario() -> None:
         async with bench.runner() as runner, runner.session() as session:
             assert _count(await session.acall("counter", {"leave": left})) == 1
-            for _ in range(300):
-                if _events(bench, "session.closed"):
-                    break
-                await asyncio.sleep(0.1)
-            assert [event["reason"] for event in _events(bench, "session.closed")] == ["limit"]
+            assert await _closed_reasons(bench) == ["limit"]
             for _ in range(100):
                 if not processes_with_env(f"SESSION_MARK={mark}"):
                     break

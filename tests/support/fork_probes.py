@@ -365,7 +365,8 @@ def write_tool(folder: Path, mode: str, helper: Path) -> Path:
     return tool
 
 
-def _status(pid: int) -> dict[str, str]:
+def status_of(pid: int) -> dict[str, str]:
+    """The fields of ``/proc/PID/status`` (raises ``OSError`` once it is gone)."""
     lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
 
@@ -378,7 +379,7 @@ def spare_of(pids: list[int]) -> list[int]:
     spares = []
     for pid in pids:
         try:
-            status = _status(pid)
+            status = status_of(pid)
         except OSError:
             continue  # gone meanwhile
         levels = status["NSpid"].split()
