@@ -33,6 +33,9 @@ def owner_alive(name: str) -> bool:
 def remove_folders(root: Path, wanted: Callable[[str], bool]) -> None:
     """Remove every folder under ``root`` whose name is ``wanted`` (never through a symlink)."""
     with contextlib.suppress(OSError):
+        # Only in a folder of the runner's own: through a link, or in a folder someone else
+        # may swap, these names would be someone else's.
+        os.close(open_own_folder(root))
         for child in root.iterdir():
             if wanted(child.name) and not child.is_symlink():
                 remove_tree(child)
@@ -54,3 +57,26 @@ def open_own_folder(path: Path, parent: int | None = None) -> int:
         os.close(fd)
         raise PermissionError(f"{path} is not the runner's own, or others may write in it")
     return fd
+
+
+def make_own_folder(path: Path, mode: int) -> None:
+    """Make the folder ``path`` if it is missing, and give it ``mode`` whatever the umask,
+    through descriptors: it and the folder it is in must be the runner's own, not links,
+    and writable by no one else (``open_own_folder``). For folders the runner then makes
+    things in, chowns or removes by path.
+
+    Raises:
+        OSError: either is not such a folder (``PermissionError``, ``ELOOP``), or ``path``
+            cannot be made.
+    """
+    parent = open_own_folder(path.parent)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path.name, mode, dir_fd=parent)
+        fd = open_own_folder(path, parent)
+    finally:
+        os.close(parent)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)

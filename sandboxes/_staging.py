@@ -176,8 +176,7 @@ class UserStagedWorkspace:
         """
         if any(char in str(self.root) for char in ",:\\"):
             raise StagingUnavailable(f"its folder {self.root} has a ',', ':' or '\\' in its path")
-        self.root.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
-        self.root.mkdir(mode=0o700)
+        self.root.mkdir(mode=0o700)  # in a folder the caller made and checked
         self._made = True
         for name in ("upper", "work", "lower", "merged"):
             (self.root / name).mkdir(mode=0o700)

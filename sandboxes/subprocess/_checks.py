@@ -49,9 +49,10 @@ def _workspace_staging(backend: SubprocessSandbox) -> Check:
     if backend.user_unshare is None:
         return Check("workspace staging", False, "unshare not found", "apt-get install util-linux")
     try:  # where calls stage (a tmpfs there may lack what the overlay needs), swept if left
-        backend.scratch_root.mkdir(mode=0o711, parents=True, exist_ok=True)
-    except OSError as exc:
-        return Check("workspace staging", False, f"{backend.scratch_root}: {exc.strerror}", fix)
+        backend.own_scratch_root()
+    except SandboxUnavailable as exc:
+        owned = "make the state folder the runner's own, writable by no one else"
+        return Check("workspace staging", False, str(exc), owned)
     with tempfile.TemporaryDirectory(prefix=f"{os.getpid()}-doctor-", dir=backend.scratch_root) as folder:
         workspace, stage = Path(folder) / "workspace", UserStagedWorkspace(Path(folder) / "stage", 1)
         workspace.mkdir()

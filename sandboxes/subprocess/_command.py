@@ -162,9 +162,9 @@ class SandboxCommand:
         if self._owner.user_unshare is None:
             problem = "unshare is not installed (apt-get install util-linux)"
             raise SandboxUnavailable(f"{problem}: without root, the sandbox's /tmp and /dev/shm need it")
+        root = self._owner.own_scratch_root()
         try:
-            self._owner.scratch_root.mkdir(mode=0o711, parents=True, exist_ok=True)
-            self.scratch = self._owner.scratch_root / self._owner.next_name()
+            self.scratch = root / self._owner.next_name()
             self.scratch.mkdir(mode=0o700)
             for point in ("tmp", "shm"):
                 (self.scratch / point).mkdir(mode=0o700)
@@ -217,8 +217,7 @@ class SandboxCommand:
         self, staged_point: Path | None
     ) -> tuple[list[str], dict[str, str], str, tuple[int, ...]]:
         spec = self._spec
-        self._owner.scratch_root.mkdir(mode=0o711, parents=True, exist_ok=True)
-        self.scratch = self._owner.scratch_root / self._owner.next_name()
+        self.scratch = self._owner.own_scratch_root() / self._owner.next_name()
         self.scratch.mkdir(mode=0o700)
         vmem = {} if self._cgroup else {"RUNNER_VMEM_KB": str(self._limits.memory_mb * 1024)}
         launcher_env: dict[str, str] = {}

@@ -11,7 +11,6 @@ keeps it and every call from reaching bubblewrap's init.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import platform
@@ -23,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandboxes._identity import IdentityLease, lease_identity
-from sandboxes._owners import open_own_folder
 from sandboxes.base import LaunchSpec, Limits, SandboxUnavailable
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupUnavailable
 from sandboxes.subprocess._command import SHELL, reachable_by_others
@@ -119,7 +117,7 @@ class ToolTemplate:
         self._lease: IdentityLease | None = lease_identity()  # the template's and its calls'
         self._group: CallCgroup | None = None
         try:
-            _passable(owner.scratch_root)
+            owner.own_scratch_root()
             # Only the template's gid passes: the tool's copy in it is no one else's to read.
             self._folder.mkdir(mode=0o750)
             os.chown(self._folder, 0, self._lease.gid)
@@ -236,32 +234,6 @@ class ToolTemplate:
             shutil.rmtree(self._folder, ignore_errors=True)
             if lease is not None:
                 lease.release()  # the template is gone, and each call went with its cgroup
-
-
-def _passable(folder: Path) -> None:
-    """Make ``folder``, the root of calls' scratch folders, in the state folder if it is
-    missing (the first sandbox of a fresh boot may be a template), and let every uid pass
-    through it, the template's among them, whatever the runner's umask. The template's
-    folder is then made in it by its path: both must be the runner's own, not links,
-    and writable by no one else.
-
-    Raises:
-        SandboxUnavailable: either is not, or cannot be made.
-    """
-    try:
-        parent = open_own_folder(folder.parent)
-        try:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(folder.name, 0o711, dir_fd=parent)
-            fd = open_own_folder(folder, parent)
-        finally:
-            os.close(parent)
-        try:
-            os.fchmod(fd, 0o711)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise SandboxUnavailable(f"fork mode: cannot use {folder}: {exc.strerror or exc}") from exc
 
 
 def _copy_tool(source: Path, folder: Path) -> Path:

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from sandboxes._config import read_config
 from sandboxes._deferred import DeferredTeardown
 from sandboxes._identity import lease_identity
-from sandboxes._owners import owner_alive, remove_folders
+from sandboxes._owners import make_own_folder, owner_alive, remove_folders
 from sandboxes._prepare import Preparers, prepare_in_thread, start_ahead
 from sandboxes._staging import STAGING_ROOT
 from sandboxes._staging import remove_stale as remove_stale_staging
@@ -252,7 +252,7 @@ class SubprocessSandbox:
         try:
             network = SandboxNetwork.open(limits, spec)
             name = self.next_name()
-            user_stage = self.scratch_root / name if os.geteuid() != 0 and not missing else None
+            user_stage = self.own_scratch_root() / name if os.geteuid() != 0 and not missing else None
             workspace = GrantedWorkspace.open(spec, limits.disk_mb, name, user_stage)
             if self.cgroups is not None:
                 try:
@@ -317,6 +317,23 @@ class SubprocessSandbox:
     @property
     def scratch_root(self) -> Path:
         return self.state_dir / "scratch"
+
+    def own_scratch_root(self) -> Path:
+        """``scratch_root``, made if it is missing (``/run`` is emptied at boot) and passable
+        by every uid whatever the runner's umask. Calls' folders are made, chowned and
+        removed in it by path, so it and the state folder must be the runner's own, not
+        links, and writable by no one else.
+
+        Raises:
+            SandboxUnavailable: they are not, or it cannot be made.
+        """
+        try:
+            make_own_folder(self.scratch_root, 0o711)
+        except OSError as exc:
+            rule = "it and the state folder must be the runner's own, no links, writable by no one else"
+            problem = f"cannot use the scratch folder {self.scratch_root} ({rule})"
+            raise SandboxUnavailable(f"{problem}: {exc.strerror or exc}") from exc
+        return self.scratch_root
 
     def _remove_stale_scratch(self) -> None:
         remove_folders(self.scratch_root, lambda name: not owner_alive(name))

@@ -28,8 +28,6 @@ from conftest import ToolBench, wait_for
 from support.fork_probes import running_with, spare_of, status_of
 
 from runner import Runner
-from sandboxes.base import SandboxUnavailable
-from sandboxes.subprocess._fork_mode import _passable
 from sandboxes.subprocess._forked import exit_status_known
 from sandboxes.testing import processes_with_env
 
@@ -216,37 +214,6 @@ def test_a_template_is_the_first_sandbox_a_fresh_state_folder_serves(forked: tup
     finally:
         os.umask(previous)
         shutil.rmtree(state, ignore_errors=True)
-
-
-def test_the_scratch_root_a_template_makes_must_be_the_runners_own_and_no_link(tmp_path: Path) -> None:
-    # As root the template's folder is made, chowned and chmodded by its path under it.
-    state = tmp_path / "state"
-    state.mkdir()
-    state.chmod(0o755)
-    previous = os.umask(0o077)
-    try:
-        _passable(state / "scratch")
-    finally:
-        os.umask(previous)
-    assert stat.S_IMODE((state / "scratch").lstat().st_mode) == 0o711  # passable, whatever the umask
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir(mode=0o700)
-    (state / "scratch").rmdir()
-    (state / "scratch").symlink_to(elsewhere)
-    with pytest.raises(SandboxUnavailable, match="scratch"):
-        _passable(state / "scratch")
-    assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o700  # not followed
-    (state / "scratch").unlink()
-    state.chmod(0o777)
-    with pytest.raises(SandboxUnavailable, match="others may write"):
-        _passable(state / "scratch")
-    assert not (state / "scratch").exists()
-    if os.geteuid() == 0:
-        state.chmod(0o755)
-        (state / "scratch").mkdir(mode=0o711)
-        os.chown(state / "scratch", 65534, 65534)
-        with pytest.raises(SandboxUnavailable, match="not the runner's own"):
-            _passable(state / "scratch")
 
 
 def _start_time(pid: int) -> int:

@@ -1,0 +1,128 @@
+"""The root of calls' scratch folders (``<state_dir>/scratch``): the runner makes folders in
+it, chowns them (as root) and removes them by path, in every mode that uses it (fork mode's
+templates, the rootless and degraded cold paths, the start-up sweep of what dead runners
+left, `runner doctor`). So it must be made passable whatever the umask, and a link there,
+or a state folder someone else may change, is refused rather than followed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import ToolBench
+
+from sandboxes.base import SandboxUnavailable
+from sandboxes.subprocess import SubprocessConfig, SubprocessSandbox
+
+ECHO_TMP = (
+    "import json, os, sys\njson.load(sys.stdin)\nprint(json.dumps(os.path.realpath(os.environ['TMPDIR'])))\n"
+)
+
+
+def _state(tmp_path: Path) -> Path:
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o755)
+    return state
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_the_scratch_root_is_made_passable_and_must_be_the_runners_own_and_no_link(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    backend = SubprocessSandbox(SubprocessConfig(state_dir=state))
+    backend.set_up()
+    previous = os.umask(0o077)
+    try:
+        assert backend.own_scratch_root() == state / "scratch"
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((state / "scratch").lstat().st_mode) == 0o711  # passable, whatever the umask
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (state / "scratch").rmdir()
+    (state / "scratch").symlink_to(elsewhere)
+    with pytest.raises(SandboxUnavailable, match="scratch"):
+        backend.own_scratch_root()
+    assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o700  # not followed
+    (state / "scratch").unlink()
+    state.chmod(0o777)
+    with pytest.raises(SandboxUnavailable, match="others may write"):
+        backend.own_scratch_root()
+    assert not (state / "scratch").exists()
+    if os.geteuid() == 0:
+        state.chmod(0o755)
+        (state / "scratch").mkdir(mode=0o711)
+        os.chown(state / "scratch", 65534, 65534)
+        with pytest.raises(SandboxUnavailable, match="not the runner's own"):
+            backend.own_scratch_root()
+
+
+def test_the_start_up_sweep_never_lists_the_scratch_root_through_a_link(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    left = elsewhere / f"{_dead_pid()}-1"  # named as a dead runner's scratch folder
+    left.mkdir(parents=True)
+    (state / "scratch").symlink_to(elsewhere)
+    backend = SubprocessSandbox(SubprocessConfig(state_dir=state))
+    backend.set_up()
+    assert left.is_dir()  # someone else's folder, reached through a link: not swept
+    (state / "scratch").unlink()
+    (state / "scratch").mkdir(mode=0o711)
+    ours = state / "scratch" / left.name
+    ours.mkdir()
+    SubprocessSandbox(SubprocessConfig(state_dir=state)).set_up()
+    assert not ours.exists()  # in the runner's own folder, a dead runner's is swept
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "degraded",
+        pytest.param(
+            "rootless",
+            marks=pytest.mark.skipif(os.geteuid() == 0, reason="without root: scripts/test-rootless.sh"),
+        ),
+    ],
+)
+def test_a_call_is_refused_rather_than_given_a_scratch_folder_through_a_link(
+    bench: ToolBench, tmp_path: Path, request: pytest.FixtureRequest, mode: str
+) -> None:
+    # The call's folder is made in the scratch root by path, and chowned to the tool's uid
+    # as root in degraded mode: through a link, that would be a folder of the tool's
+    # anywhere the link's maker chose.
+    # As root, under /run: the sandbox's uid must pass the folders above the state folder.
+    home = (
+        Path("/run") / f"runner-test-scratch-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        if os.geteuid() == 0
+        else tmp_path
+    )
+    home.mkdir(mode=0o755, exist_ok=True)
+    request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True) if home != tmp_path else None)
+    state = _state(home)
+    elsewhere = home / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    bench.tool("echo_tmp", ECHO_TMP)
+    backend: dict[str, object] = {"state_dir": str(state)}
+    if mode == "degraded":
+        backend |= {"allow_degraded": True, "bwrap": "/nonexistent"}
+    bench.policy["sandbox"] = {"backends": {"subprocess": backend}}
+    runner = bench.runner()
+    working = runner.handle({"toolName": "echo_tmp"})  # the scratch root made as it should be
+    assert working["success"], working["error"]
+    (state / "scratch").rename(state / "aside")  # its call's folder may not be removed yet
+    (state / "scratch").symlink_to(elsewhere)
+    answer = runner.handle({"toolName": "echo_tmp"})
+    assert not answer["success"], f"ran with its scratch in {answer['result']}"
+    assert answer["error"]["details"]["reason"] == "sandbox_unavailable"
+    assert "cannot use the scratch folder" in answer["error"]["message"]
+    assert list(elsewhere.iterdir()) == []
