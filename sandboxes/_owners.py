@@ -80,3 +80,24 @@ def make_own_folder(path: Path, mode: int) -> None:
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
+
+
+def make_passable_folders(path: Path) -> None:
+    """Make the folder ``path`` and each folder above it that is missing, each passable by
+    every uid whatever the umask (a systemd unit's ``UMask=0077`` would leave them
+    ``0700``, and the sandbox's uid could not reach what the runner binds from them).
+    Folders that exist are left as they are: not the runner's to change."""
+    missing = []
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o755)
+        except FileExistsError:
+            continue  # someone else's, made meanwhile
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, 0o755)
+        finally:
+            os.close(fd)

@@ -35,7 +35,7 @@ if [ ${#tests[@]} -eq 0 ]; then
   tests=(
     tests/backends/test_rootless.py tests/backends/test_contract_kit.py tests/hostile/test_isolation.py
     tests/hostile/test_kill_guarantee.py tests/hostile/test_subprocess_hostile.py tests/call/test_pools.py tests/call/test_fork_mode.py
-    tests/hostile/test_rootless_workspace.py tests/backends/test_scratch_root.py
+    tests/hostile/test_rootless_workspace.py tests/backends/test_state_folder.py
     tests/hostile/test_network.py tests/hostile/test_hostile_proxy_and_degraded.py tests/config/test_egress_rules.py
     tests/hostile/test_rootless_network.py tests/hostile/test_uncounted_memory.py
     tests/call/test_sessions.py tests/call/test_session_apply.py tests/mcp/hosted/test_hosted_sessions.py

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from sandboxes._config import read_config
 from sandboxes._deferred import DeferredTeardown
 from sandboxes._identity import lease_identity
-from sandboxes._owners import make_own_folder, owner_alive, remove_folders
+from sandboxes._owners import make_own_folder, make_passable_folders, owner_alive, remove_folders
 from sandboxes._prepare import Preparers, prepare_in_thread, start_ahead
 from sandboxes._staging import STAGING_ROOT
 from sandboxes._staging import remove_stale as remove_stale_staging
@@ -151,6 +151,7 @@ class SubprocessSandbox:
             self.cgroup_problem = str(exc)
         # Without root and without a delegated cgroup: limits by rlimits (``rootless``).
         self.rlimits_only = not is_root and self.cgroups is None
+        make_passable_folders(self.state_dir)
         self.etc = self._write_etc()
         self.library_dir = publish_library(self.state_dir / "python")
         self.stage_dir = self._make_stage()

@@ -1,8 +1,12 @@
-"""The root of calls' scratch folders (``<state_dir>/scratch``): the runner makes folders in
-it, chowns them (as root) and removes them by path, in every mode that uses it (fork mode's
-templates, the rootless and degraded cold paths, the start-up sweep of what dead runners
-left, `runner doctor`). So it must be made passable whatever the umask, and a link there,
-or a state folder someone else may change, is refused rather than followed."""
+"""The runner's state folder (``state_dir``) and the root of calls' scratch folders in it
+(``<state_dir>/scratch``).
+
+The folders the runner makes for its state must let the sandbox's uid pass, whatever the
+umask. And it makes folders in ``scratch``, chowns them (as root) and removes them by path,
+in every mode that uses it (fork mode's templates, the rootless and degraded cold paths,
+the start-up sweep of what dead runners left, `runner doctor`): so it must be made
+passable whatever the umask, and a link there, or a state folder someone else may change,
+is refused rather than followed."""
 
 from __future__ import annotations
 
@@ -29,6 +33,17 @@ def _state(tmp_path: Path) -> Path:
     state.mkdir()
     state.chmod(0o755)
     return state
+
+
+def _home(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    """A folder for a state folder whose calls run: as root under ``/run``, as the sandbox's
+    uid must pass every folder above it (pytest's are ``0700``)."""
+    if os.geteuid() != 0:
+        return tmp_path
+    home = Path("/run") / f"runner-test-state-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    home.mkdir(mode=0o755)
+    request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True))
+    return home
 
 
 def _dead_pid() -> int:
@@ -100,16 +115,8 @@ def test_a_call_is_refused_rather_than_given_a_scratch_folder_through_a_link(
     # The call's folder is made in the scratch root by path, and chowned to the tool's uid
     # as root in degraded mode: through a link, that would be a folder of the tool's
     # anywhere the link's maker chose.
-    # As root, under /run: the sandbox's uid must pass the folders above the state folder.
-    home = (
-        Path("/run") / f"runner-test-scratch-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        if os.geteuid() == 0
-        else tmp_path
-    )
-    home.mkdir(mode=0o755, exist_ok=True)
-    request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True) if home != tmp_path else None)
-    state = _state(home)
-    elsewhere = home / "elsewhere"
+    state = _state(_home(tmp_path, request))
+    elsewhere = state.parent / "elsewhere"
     elsewhere.mkdir(mode=0o755)
     bench.tool("echo_tmp", ECHO_TMP)
     backend: dict[str, object] = {"state_dir": str(state)}
@@ -126,3 +133,23 @@ def test_a_call_is_refused_rather_than_given_a_scratch_folder_through_a_link(
     assert answer["error"]["details"]["reason"] == "sandbox_unavailable"
     assert "cannot use the scratch folder" in answer["error"]["message"]
     assert list(elsewhere.iterdir()) == []
+
+
+def test_the_folders_made_for_a_configured_state_folder_let_the_sandbox_pass_whatever_the_umask(
+    bench: ToolBench, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # systemd's unit runs the runner under UMask=0077: the missing folders above a
+    # configured state folder came out 0700, and as root every call failed (bubblewrap,
+    # as the sandbox's uid, could not reach the files bound from the state folder).
+    home = _home(tmp_path, request)
+    state = home / "made" / "above" / "state"
+    bench.tool("echo_tmp", ECHO_TMP)
+    bench.policy["sandbox"] = {"backends": {"subprocess": {"state_dir": str(state)}}}
+    previous = os.umask(0o077)
+    try:
+        answer = bench.runner().handle({"toolName": "echo_tmp"})
+    finally:
+        os.umask(previous)
+    assert answer["success"], answer["error"]
+    for folder in (home / "made", home / "made" / "above", state):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o755, folder
