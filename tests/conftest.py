@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -194,14 +195,25 @@ def bench(tmp_path: Path) -> Iterator[ToolBench]:
     yield made
     # A runner a test left open (``bench.runner().handle(...)``) would keep its pools, in
     # the fork-mode suite its template, until the test process ends.
-    faults = []
-    for runner in made.runners:
-        try:
-            runner.close()  # a second close does nothing
-        except Exception as exc:  # the others are closed all the same
-            faults.append(exc)
+    faults: list[BaseException] = []
+    for runner in made.runners:  # a second close does nothing; a failing one stops no other
+        closer = threading.Thread(target=_close_into, args=(runner, faults), daemon=True)
+        closer.start()
+        closer.join(CLOSE_BOUND_S)
+        if closer.is_alive():  # a hung close would hang the whole suite
+            faults.append(TimeoutError(f"a runner the test left open did not close within {CLOSE_BOUND_S} s"))
     if faults:
         raise faults[0]
+
+
+CLOSE_BOUND_S = 120
+
+
+def _close_into(runner: Runner, faults: list[BaseException]) -> None:
+    try:
+        runner.close()
+    except Exception as exc:
+        faults.append(exc)
 
 
 @functools.cache
