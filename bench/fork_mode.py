@@ -6,7 +6,8 @@ call measured in the same run, then the rate of each at many callers.
 Latency rows, sampled in turns: a bare ``python3 main.py`` spawn of the shipped
 ``add_numbers`` (the baseline), a warm ``Runner.call`` (``tools.add_numbers.pool: 2``,
 each call made once the pool is full again, as ``bench/pool.py``) and a forked one
-(``tools.add_numbers: {pool: 1, pool_mode: fork}``). Then throughput: ``--calls`` of each
+(``tools.add_numbers: {pool: 1, pool_mode: fork}``); for the last two, the CPU time of
+the calling thread too (the runner's own Python on the call's path). Then throughput: ``--calls`` of each
 at ``--concurrency`` callers (threads) on one runner: bare spawns, cold calls (no pool)
 and forked calls. Each answer is checked;
 the hits of the forked runner's pool are counted to show every call was forked. Needs
@@ -60,6 +61,18 @@ def rate(work: Any, calls: int, concurrency: int) -> float:
     return calls / (time.monotonic() - began)
 
 
+def on_cpu(work: Any, into: list[float]) -> Any:
+    """``work``, recording the calling thread's CPU milliseconds of each run into ``into``:
+    the runner's own Python on the call's path (the sandbox's processes are not counted)."""
+
+    def timed() -> None:
+        began = time.thread_time()
+        work()
+        into.append((time.thread_time() - began) * 1000)
+
+    return timed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=100)
@@ -72,8 +85,12 @@ def main() -> None:
         runner_with({"pool": 1, "pool_mode": "fork"}) as forked,
     ):
         wait_template(forked)
+        warm_cpu: list[float] = []
+        forked_cpu: list[float] = []
         bare_ms, warm_ms, forked_ms = timed_together(
-            [bare, lambda: call(warm), lambda: call(forked)], args.n, lambda: wait_full(warm)
+            [bare, on_cpu(lambda: call(warm), warm_cpu), on_cpu(lambda: call(forked), forked_cpu)],
+            args.n,
+            lambda: wait_full(warm),
         )
         rates = {
             "bare python3 main.py": rate(bare, args.calls, args.concurrency),
@@ -88,6 +105,8 @@ def main() -> None:
     row("bare python3 main.py", bare_ms, base)
     row("Runner.call warm", warm_ms, base)
     row("Runner.call forked", forked_ms, base)
+    for name, cpu in (("warm", warm_cpu), ("forked", forked_cpu)):
+        print(f"  the calling thread's CPU per {name} call: p50 {statistics.median(cpu):.1f} ms")
     print(f"{args.calls} calls at {args.concurrency} callers:")
     bare_rate = rates["bare python3 main.py"]
     for name, per_s in rates.items():
