@@ -5,6 +5,7 @@ folders only the runner may change, where it makes, chowns or leases by path."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import stat
 from collections.abc import Callable
@@ -31,14 +32,44 @@ def owner_alive(name: str) -> bool:
 
 
 def remove_folders(root: Path, wanted: Callable[[str], bool]) -> None:
-    """Remove every folder under ``root`` whose name is ``wanted`` (never through a symlink)."""
+    """Remove every folder in ``root`` whose name is ``wanted``, listed and removed through
+    descriptors, never through a link. Nothing is removed unless ``root`` and the folder
+    it is in are the runner's own and writable by no one else: through a link, or in a
+    folder someone else may swap, these names would be someone else's."""
     with contextlib.suppress(OSError):
-        # Only in a folder of the runner's own: through a link, or in a folder someone else
-        # may swap, these names would be someone else's.
-        os.close(open_own_folder(root))
-        for child in root.iterdir():
-            if wanted(child.name) and not child.is_symlink():
-                remove_tree(child)
+        fd = _open_own_root(root)
+        try:
+            for name in _folder_names(fd):
+                if wanted(name):
+                    remove_tree(root / name, parent=fd)
+        finally:
+            os.close(fd)
+
+
+def own_folder_names(root: Path) -> list[str]:
+    """The names of the folders (not links) in ``root``, checked as ``remove_folders``
+    checks it; none if it is not such a folder."""
+    try:
+        fd = _open_own_root(root)
+    except OSError:
+        return []
+    try:
+        return _folder_names(fd)
+    finally:
+        os.close(fd)
+
+
+def _open_own_root(root: Path) -> int:
+    parent = open_own_folder(root.parent)
+    try:
+        return open_own_folder(root, parent)
+    finally:
+        os.close(parent)
+
+
+def _folder_names(fd: int) -> list[str]:
+    with os.scandir(fd) as entries:
+        return [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
 
 
 def open_own_folder(path: Path, parent: int | None = None) -> int:
@@ -101,3 +132,22 @@ def make_passable_folders(path: Path) -> None:
             os.fchmod(fd, 0o755)
         finally:
             os.close(fd)
+
+
+def unsafe_above(folder: Path) -> str | None:
+    """Why someone other than root and the runner could swap the folder ``folder`` (a
+    resolved path) for another, or None. Each folder above it must be root's or the
+    runner's, and writable by no one else, unless sticky (``/tmp``): then only the owner
+    of what is in it can swap that, which must be root or the runner in turn."""
+    trusted = {0, os.geteuid()}
+    path = [folder, *folder.parents]
+    for inner, above in itertools.pairwise(path):
+        info, entry = os.lstat(above), os.lstat(inner)
+        if info.st_uid not in trusted:
+            return f"{above} is neither root's nor the runner's"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            if not info.st_mode & stat.S_ISVTX:
+                return f"others may write in {above}"
+            if entry.st_uid not in trusted:
+                return f"{inner} is neither root's nor the runner's, in {above}, which others may write in"
+    return None

@@ -47,13 +47,12 @@ def _sweep_scratch(owner: int, roots: Iterable[Path]) -> None:
 
 
 def _sweep_scratch_until_gone(owner: int, roots: list[Path], within_s: float) -> None:
+    from sandboxes._owners import own_folder_names
+
     deadline = time.monotonic() + within_s
     while True:
         _sweep_scratch(owner, roots)
-        left = False
-        for root in roots:
-            with contextlib.suppress(OSError):
-                left = left or any(child.name.startswith(f"{owner}-") for child in root.iterdir())
+        left = any(name.startswith(f"{owner}-") for root in roots for name in own_folder_names(root))
         if not left or time.monotonic() > deadline:
             return
         time.sleep(0.1)

@@ -201,22 +201,24 @@ class UserStagedWorkspace:
             remove_tree(self.root)
 
 
-def remove_tree(root: Path) -> None:
+def remove_tree(root: Path, parent: int | None = None) -> None:
     """Remove ``root``, a folder of the runner's (an upper layer's, a tool's scratch), though
     folders in it keep the runner's user out: the overlay leaves ``work/work`` mode 000, a
-    tool its folders 0555 or 000. Symlinks in it are removed, never followed."""
+    tool its folders 0555 or 000. Symlinks in it are removed, never followed. ``parent``:
+    the folder it is in, opened (and checked) by the caller; else opened by its path."""
     with contextlib.suppress(OSError):
         # By descriptor, following nothing: a tool's scratch may be swapped while it is swept.
-        parent = os.open(root.parent, _OPEN_DIR & ~os.O_NOFOLLOW)
+        folder = os.open(root.parent, _OPEN_DIR & ~os.O_NOFOLLOW) if parent is None else parent
         try:
-            top = _open_up(parent, root.name, _OPEN_DIR, stat.S_IRWXU)
+            top = _open_up(folder, root.name, _OPEN_DIR, stat.S_IRWXU)
         finally:
-            os.close(parent)
+            if parent is None:
+                os.close(folder)
         try:
             _open_up_tree(top)
         finally:
             os.close(top)
-    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(root if parent is None else root.name, ignore_errors=True, dir_fd=parent)
 
 
 def _open_up(parent: int, name: str, flags: int, needed: int) -> int:

@@ -196,12 +196,11 @@ def bench(tmp_path: Path) -> Iterator[ToolBench]:
     # A runner a test left open (``bench.runner().handle(...)``) would keep its pools, in
     # the fork-mode suite its template, until the test process ends.
     faults: list[BaseException] = []
-    for runner in made.runners:  # a second close does nothing; a failing one stops no other
-        closer = threading.Thread(target=_close_into, args=(runner, faults), daemon=True)
-        closer.start()
-        closer.join(CLOSE_BOUND_S)
-        if closer.is_alive():  # a hung close would hang the whole suite
-            faults.append(TimeoutError(f"a runner the test left open did not close within {CLOSE_BOUND_S} s"))
+    closer = threading.Thread(target=_close_all, args=(made.runners, faults), daemon=True)
+    closer.start()
+    closer.join(CLOSE_BOUND_S)
+    if closer.is_alive():  # a hung close would hang the whole suite
+        faults.append(TimeoutError(f"the runners the test left open did not close within {CLOSE_BOUND_S} s"))
     if faults:
         raise faults[0]
 
@@ -209,11 +208,12 @@ def bench(tmp_path: Path) -> Iterator[ToolBench]:
 CLOSE_BOUND_S = 120
 
 
-def _close_into(runner: Runner, faults: list[BaseException]) -> None:
-    try:
-        runner.close()
-    except Exception as exc:
-        faults.append(exc)
+def _close_all(runners: list[Runner], faults: list[BaseException]) -> None:
+    for runner in list(runners):  # a second close does nothing; a failing one stops no other
+        try:
+            runner.close()
+        except BaseException as exc:  # told by the fixture, not lost in this thread
+            faults.append(exc)
 
 
 @functools.cache

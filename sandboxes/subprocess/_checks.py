@@ -51,8 +51,7 @@ def _workspace_staging(backend: SubprocessSandbox) -> Check:
     try:  # where calls stage (a tmpfs there may lack what the overlay needs), swept if left
         backend.own_scratch_root()
     except SandboxUnavailable as exc:
-        owned = "make the state folder the runner's own, writable by no one else"
-        return Check("workspace staging", False, str(exc), owned)
+        return Check("workspace staging", False, str(exc)[:300], STATE_FOLDER_FIX)
     with tempfile.TemporaryDirectory(prefix=f"{os.getpid()}-doctor-", dir=backend.scratch_root) as folder:
         workspace, stage = Path(folder) / "workspace", UserStagedWorkspace(Path(folder) / "stage", 1)
         workspace.mkdir()
@@ -151,8 +150,21 @@ def _cgroup_fix() -> str:
     return f"run the runner in a delegated subtree: {DELEGATE} (or set RUNNER_CGROUP_ROOT)"
 
 
+STATE_FOLDER_FIX = "state_dir: a folder of the runner's own, in folders only root or the runner may change"
+
+
+def _state_folder(backend: SubprocessSandbox) -> Check:
+    """Can calls' folders be made in the state folder (fork mode's templates, and every
+    call without root or in degraded mode)?"""
+    try:
+        root = backend.own_scratch_root()
+    except SandboxUnavailable as exc:
+        return Check("state folder", False, str(exc)[:300], STATE_FOLDER_FIX)
+    return Check("state folder", True, f"calls' folders in {root}")
+
+
 def machine_checks(backend: SubprocessSandbox) -> list[Check]:
-    checks = [_user_namespaces()]
+    checks = [_user_namespaces(), _state_folder(backend)]
     bwrap = backend.bwrap
     if bwrap is None:
         checks.append(Check("bubblewrap", False, "not found", "apt-get install bubblewrap"))

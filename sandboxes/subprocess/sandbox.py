@@ -33,7 +33,13 @@ from pydantic import BaseModel, ConfigDict
 from sandboxes._config import read_config
 from sandboxes._deferred import DeferredTeardown
 from sandboxes._identity import lease_identity
-from sandboxes._owners import make_own_folder, make_passable_folders, owner_alive, remove_folders
+from sandboxes._owners import (
+    make_own_folder,
+    make_passable_folders,
+    owner_alive,
+    remove_folders,
+    unsafe_above,
+)
 from sandboxes._prepare import Preparers, prepare_in_thread, start_ahead
 from sandboxes._staging import STAGING_ROOT
 from sandboxes._staging import remove_stale as remove_stale_staging
@@ -69,6 +75,16 @@ def default_state_dir() -> Path:
     if runtime.is_absolute():
         return runtime / "runner"
     return Path(tempfile.gettempdir()) / f"runner-{os.geteuid()}"
+
+
+def _state_folder(configured: Path) -> tuple[Path, str | None]:
+    """The state folder, made if missing (``make_passable_folders``) and resolved once, now
+    (a link to it is the operator's): every later use names the folder itself. And why
+    someone other than root and the runner could swap it (``unsafe_above``), if they could:
+    calls' folders are made, chowned and removed in it by path."""
+    folder = configured.resolve()
+    make_passable_folders(folder)
+    return folder, unsafe_above(folder)
 
 
 class SubprocessConfig(BaseModel):
@@ -141,7 +157,6 @@ class SubprocessSandbox:
         self.nsenter = shutil.which("nsenter")  # joins a networked tool's namespace (``_network``)
         # Without root, a workspace write grant is staged in a user namespace of its own.
         self.user_unshare = None if is_root else shutil.which("unshare")
-        self.state_dir = self.config.state_dir or default_state_dir()
         self.cgroups: CgroupFactory | None = None
         self.cgroup_problem: str | None = None
         try:
@@ -151,7 +166,7 @@ class SubprocessSandbox:
             self.cgroup_problem = str(exc)
         # Without root and without a delegated cgroup: limits by rlimits (``rootless``).
         self.rlimits_only = not is_root and self.cgroups is None
-        make_passable_folders(self.state_dir)
+        self.state_dir, self.state_problem = _state_folder(self.config.state_dir or default_state_dir())
         self.etc = self._write_etc()
         self.library_dir = publish_library(self.state_dir / "python")
         self.stage_dir = self._make_stage()
@@ -165,7 +180,8 @@ class SubprocessSandbox:
             if self.cgroups is not None:
                 for parent in self.cgroups.parents:
                     watch("cgroups", f"{self.cgroups.version}:{parent}")
-            watch("scratch", str(self.scratch_root))
+            if self.state_problem is None:
+                watch("scratch", str(self.scratch_root))
             if self.rlimits_only:
                 watch("marked")
             if os.geteuid() == 0:
@@ -328,16 +344,19 @@ class SubprocessSandbox:
         Raises:
             SandboxUnavailable: they are not, or it cannot be made.
         """
+        rule = "it and the state folder must be the runner's own, no links, writable by no one else"
+        problem = f"cannot use the scratch folder {self.scratch_root} ({rule})"
+        if self.state_problem is not None:
+            raise SandboxUnavailable(f"{problem}: {self.state_problem}")
         try:
             make_own_folder(self.scratch_root, 0o711)
         except OSError as exc:
-            rule = "it and the state folder must be the runner's own, no links, writable by no one else"
-            problem = f"cannot use the scratch folder {self.scratch_root} ({rule})"
             raise SandboxUnavailable(f"{problem}: {exc.strerror or exc}") from exc
         return self.scratch_root
 
     def _remove_stale_scratch(self) -> None:
-        remove_folders(self.scratch_root, lambda name: not owner_alive(name))
+        if self.state_problem is None:
+            remove_folders(self.scratch_root, lambda name: not owner_alive(name))
 
     def next_name(self) -> str:
         """A name for a call's folders no backend of this process used: one an earlier

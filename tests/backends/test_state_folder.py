@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 from conftest import ToolBench
 
+from sandboxes._owners import remove_folders
 from sandboxes.base import SandboxUnavailable
 from sandboxes.subprocess import SubprocessConfig, SubprocessSandbox
 
@@ -46,10 +46,8 @@ def _home(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
     return home
 
 
-def _dead_pid() -> int:
-    child = subprocess.Popen(["true"])
-    child.wait()
-    return child.pid
+# Above the kernel's pid_max: a runner of that pid is dead, and can never come back.
+DEAD_PID = 4_000_000
 
 
 def test_the_scratch_root_is_made_passable_and_must_be_the_runners_own_and_no_link(tmp_path: Path) -> None:
@@ -85,7 +83,7 @@ def test_the_scratch_root_is_made_passable_and_must_be_the_runners_own_and_no_li
 def test_the_start_up_sweep_never_lists_the_scratch_root_through_a_link(tmp_path: Path) -> None:
     state = _state(tmp_path)
     elsewhere = tmp_path / "elsewhere"
-    left = elsewhere / f"{_dead_pid()}-1"  # named as a dead runner's scratch folder
+    left = elsewhere / f"{DEAD_PID}-1"  # named as a dead runner's scratch folder
     left.mkdir(parents=True)
     (state / "scratch").symlink_to(elsewhere)
     backend = SubprocessSandbox(SubprocessConfig(state_dir=state))
@@ -153,3 +151,37 @@ def test_the_folders_made_for_a_configured_state_folder_let_the_sandbox_pass_wha
     assert answer["success"], answer["error"]
     for folder in (home / "made", home / "made" / "above", state):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o755, folder
+
+
+def test_the_sweeps_remove_nothing_in_a_state_folder_someone_else_may_change(tmp_path: Path) -> None:
+    # Checked, then listed by path, a scratch folder could be swapped for a link in between
+    # by whoever may write in the state folder: that someone must be the runner alone.
+    state = _state(tmp_path)
+    left = state / "scratch" / f"{DEAD_PID}-1"
+    left.mkdir(parents=True)
+    (state / "scratch").chmod(0o711)
+    state.chmod(0o777)
+    remove_folders(state / "scratch", lambda name: True)
+    assert left.is_dir()
+    state.chmod(0o755)
+    remove_folders(state / "scratch", lambda name: True)
+    assert not left.exists()
+
+
+def test_a_state_folder_in_a_folder_others_may_write_is_resolved_once_and_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # anyone could swap the state folder in it for another
+    backend = SubprocessSandbox(SubprocessConfig(state_dir=shared / "state"))
+    backend.set_up()
+    with pytest.raises(SandboxUnavailable, match=f"others may write in {shared}"):
+        backend.own_scratch_root()
+    assert not (shared / "state" / "scratch").exists()
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # as /tmp: only the owner of what is in it may swap that
+    (tmp_path / "link").symlink_to(sticky / "state")
+    linked = SubprocessSandbox(SubprocessConfig(state_dir=tmp_path / "link"))
+    linked.set_up()
+    assert linked.state_dir == sticky / "state"  # followed once, when it started
+    assert linked.own_scratch_root() == sticky / "state" / "scratch"
