@@ -151,3 +151,16 @@ def unsafe_above(folder: Path) -> str | None:
             if entry.st_uid not in trusted:
                 return f"{inner} is neither root's nor the runner's, in {above}, which others may write in"
     return None
+
+
+def foreign_link(path: Path) -> str | None:
+    """Which link on the way to ``path`` (as given, before it is resolved) someone other
+    than root and the runner made, if one did: it chose where the state folder is (a link
+    planted in ``/tmp`` where a folder of the runner's was to be)."""
+    trusted = {0, os.geteuid()}
+    for step in (path, *path.parents):
+        with contextlib.suppress(FileNotFoundError):
+            info = os.lstat(step)
+            if stat.S_ISLNK(info.st_mode) and info.st_uid not in trusted:
+                return f"{step} is a link someone else made"
+    return None

@@ -34,6 +34,7 @@ from sandboxes._config import read_config
 from sandboxes._deferred import DeferredTeardown
 from sandboxes._identity import lease_identity
 from sandboxes._owners import (
+    foreign_link,
     make_own_folder,
     make_passable_folders,
     owner_alive,
@@ -82,9 +83,10 @@ def _state_folder(configured: Path) -> tuple[Path, str | None]:
     (a link to it is the operator's): every later use names the folder itself. And why
     someone other than root and the runner could swap it (``unsafe_above``), if they could:
     calls' folders are made, chowned and removed in it by path."""
+    planted = foreign_link(configured)
     folder = configured.resolve()
     make_passable_folders(folder)
-    return folder, unsafe_above(folder)
+    return folder, planted or unsafe_above(folder)
 
 
 class SubprocessConfig(BaseModel):

@@ -185,3 +185,10 @@ def test_a_state_folder_in_a_folder_others_may_write_is_resolved_once_and_refuse
     linked.set_up()
     assert linked.state_dir == sticky / "state"  # followed once, when it started
     assert linked.own_scratch_root() == sticky / "state" / "scratch"
+    if os.geteuid() == 0:  # a link someone else planted where the state folder was to be
+        (sticky / "planted").symlink_to(sticky / "state")
+        os.chown(sticky / "planted", 65534, 65534, follow_symlinks=False)
+        planted = SubprocessSandbox(SubprocessConfig(state_dir=sticky / "planted"))
+        planted.set_up()
+        with pytest.raises(SandboxUnavailable, match="is a link someone else made"):
+            planted.own_scratch_root()
