@@ -5,7 +5,6 @@ folders only the runner may change, where it makes, chowns or leases by path."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import stat
 from collections.abc import Callable
@@ -111,56 +110,3 @@ def make_own_folder(path: Path, mode: int) -> None:
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
-
-
-def make_passable_folders(path: Path) -> None:
-    """Make the folder ``path`` and each folder above it that is missing, each passable by
-    every uid whatever the umask (a systemd unit's ``UMask=0077`` would leave them
-    ``0700``, and the sandbox's uid could not reach what the runner binds from them).
-    Folders that exist are left as they are: not the runner's to change."""
-    missing = []
-    while not os.path.lexists(path):
-        missing.append(path)
-        path = path.parent
-    for folder in reversed(missing):
-        try:
-            folder.mkdir(mode=0o755)
-        except FileExistsError:
-            continue  # someone else's, made meanwhile
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            os.fchmod(fd, 0o755)
-        finally:
-            os.close(fd)
-
-
-def unsafe_above(folder: Path) -> str | None:
-    """Why someone other than root and the runner could swap the folder ``folder`` (a
-    resolved path) for another, or None. Each folder above it must be root's or the
-    runner's, and writable by no one else, unless sticky (``/tmp``): then only the owner
-    of what is in it can swap that, which must be root or the runner in turn."""
-    trusted = {0, os.geteuid()}
-    path = [folder, *folder.parents]
-    for inner, above in itertools.pairwise(path):
-        info, entry = os.lstat(above), os.lstat(inner)
-        if info.st_uid not in trusted:
-            return f"{above} is neither root's nor the runner's"
-        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            if not info.st_mode & stat.S_ISVTX:
-                return f"others may write in {above}"
-            if entry.st_uid not in trusted:
-                return f"{inner} is neither root's nor the runner's, in {above}, which others may write in"
-    return None
-
-
-def foreign_link(path: Path) -> str | None:
-    """Which link on the way to ``path`` (as given, before it is resolved) someone other
-    than root and the runner made, if one did: it chose where the state folder is (a link
-    planted in ``/tmp`` where a folder of the runner's was to be)."""
-    trusted = {0, os.geteuid()}
-    for step in (path, *path.parents):
-        with contextlib.suppress(FileNotFoundError):
-            info = os.lstat(step)
-            if stat.S_ISLNK(info.st_mode) and info.st_uid not in trusted:
-                return f"{step} is a link someone else made"
-    return None

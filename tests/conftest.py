@@ -209,7 +209,7 @@ CLOSE_BOUND_S = 120
 
 
 def _close_all(runners: list[Runner], faults: list[BaseException]) -> None:
-    for runner in list(runners):  # a second close does nothing; a failing one stops no other
+    for runner in list(runners):  # a second close does nothing; one that raises stops no other
         try:
             runner.close()
         except BaseException as exc:  # told by the fixture, not lost in this thread

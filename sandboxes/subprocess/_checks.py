@@ -156,10 +156,12 @@ STATE_FOLDER_FIX = "state_dir: a folder of the runner's own, in folders only roo
 def _state_folder(backend: SubprocessSandbox) -> Check:
     """Can calls' folders be made in the state folder (fork mode's templates, and every
     call without root or in degraded mode)?"""
+    if backend.state_problem is not None:
+        return Check("state folder", False, backend.state_problem[:400], STATE_FOLDER_FIX)
     try:
         root = backend.own_scratch_root()
     except SandboxUnavailable as exc:
-        return Check("state folder", False, str(exc)[:300], STATE_FOLDER_FIX)
+        return Check("state folder", False, str(exc)[:400], STATE_FOLDER_FIX)
     return Check("state folder", True, f"calls' folders in {root}")
 
 

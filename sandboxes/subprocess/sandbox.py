@@ -33,17 +33,11 @@ from pydantic import BaseModel, ConfigDict
 from sandboxes._config import read_config
 from sandboxes._deferred import DeferredTeardown
 from sandboxes._identity import lease_identity
-from sandboxes._owners import (
-    foreign_link,
-    make_own_folder,
-    make_passable_folders,
-    owner_alive,
-    remove_folders,
-    unsafe_above,
-)
+from sandboxes._owners import make_own_folder, owner_alive, remove_folders
 from sandboxes._prepare import Preparers, prepare_in_thread, start_ahead
 from sandboxes._staging import STAGING_ROOT
 from sandboxes._staging import remove_stale as remove_stale_staging
+from sandboxes._state_folder import state_folder
 from sandboxes._watchdog import ensure as ensure_watchdog
 from sandboxes._watchdog import prestart as prestart_watchdog
 from sandboxes._watchdog import watch
@@ -76,17 +70,6 @@ def default_state_dir() -> Path:
     if runtime.is_absolute():
         return runtime / "runner"
     return Path(tempfile.gettempdir()) / f"runner-{os.geteuid()}"
-
-
-def _state_folder(configured: Path) -> tuple[Path, str | None]:
-    """The state folder, made if missing (``make_passable_folders``) and resolved once, now
-    (a link to it is the operator's): every later use names the folder itself. And why
-    someone other than root and the runner could swap it (``unsafe_above``), if they could:
-    calls' folders are made, chowned and removed in it by path."""
-    planted = foreign_link(configured)
-    folder = configured.resolve()
-    make_passable_folders(folder)
-    return folder, planted or unsafe_above(folder)
 
 
 class SubprocessConfig(BaseModel):
@@ -168,13 +151,20 @@ class SubprocessSandbox:
             self.cgroup_problem = str(exc)
         # Without root and without a delegated cgroup: limits by rlimits (``rootless``).
         self.rlimits_only = not is_root and self.cgroups is None
-        self.state_dir, self.state_problem = _state_folder(self.config.state_dir or default_state_dir())
-        self.etc = self._write_etc()
-        self.library_dir = publish_library(self.state_dir / "python")
-        self.stage_dir = self._make_stage()
-        if self.unshare is not None:
-            self.staged = StagedFolders(self.stage_dir / "tools")
-        self._remove_stale_scratch()
+        self.state_dir, self.state_problem = state_folder(self.config.state_dir or default_state_dir())
+        self.etc = SandboxEtc(
+            self.state_dir / "etc", {"passwd": PASSWD, "group": GROUP, "resolv.conf": RESOLV_CONF}
+        )
+        self.library_dir = self.state_dir / "python"
+        self.stage_dir = self.state_dir / "stage"
+        if self.state_problem is None:  # else nothing is written there, and every sandbox refused
+            self.etc.write()
+            self.state_dir.chmod(0o755)
+            self.library_dir = publish_library(self.library_dir)
+            self._make_stage()
+            if self.unshare is not None:
+                self.staged = StagedFolders(self.stage_dir / "tools")
+            self._remove_stale_scratch()
         self.watch_problem: str | None = None
         try:
             # Before any sandbox exists: whatever this process starts from now on is swept
@@ -257,6 +247,8 @@ class SubprocessSandbox:
 
     def _prepare(self, spec: LaunchSpec, limits: Limits) -> PreparedSubprocess:
         self.set_up()
+        if self.state_problem is not None:
+            raise SandboxUnavailable(f"cannot use the state folder {self.state_dir}: {self.state_problem}")
         self.etc.refresh()  # the host's /etc files as they are now
         missing = self.missing_layers()
         if missing and not self.config.allow_degraded:
@@ -316,22 +308,14 @@ class SubprocessSandbox:
 
     # -- housekeeping -------------------------------------------------------------------
 
-    def _write_etc(self) -> SandboxEtc:
-        runner_files = {"passwd": PASSWD, "group": GROUP, "resolv.conf": RESOLV_CONF}
-        etc = SandboxEtc(self.state_dir / "etc", runner_files)
-        etc.write()
-        self.state_dir.chmod(0o755)
-        return etc
-
-    def _make_stage(self) -> Path:
+    def _make_stage(self) -> None:
         # Empty mount points; each launcher binds onto them in its own mount namespace,
         # and the launch thread binds tool folders onto points under ``tools`` in its own.
-        stage = self.state_dir / "stage"
+        stage = self.stage_dir
         for name in ("tool", "workspace", "tools"):
             (stage / name).mkdir(parents=True, exist_ok=True)
         for folder in (stage, stage / "tools"):
             folder.chmod(0o755)  # whatever the runner's umask: the sandbox user passes here
-        return stage
 
     @property
     def scratch_root(self) -> Path:
@@ -357,8 +341,7 @@ class SubprocessSandbox:
         return self.scratch_root
 
     def _remove_stale_scratch(self) -> None:
-        if self.state_problem is None:
-            remove_folders(self.scratch_root, lambda name: not owner_alive(name))
+        remove_folders(self.scratch_root, lambda name: not owner_alive(name))
 
     def next_name(self) -> str:
         """A name for a call's folders no backend of this process used: one an earlier

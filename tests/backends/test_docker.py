@@ -160,7 +160,7 @@ def test_containers_left_by_a_killed_runner_are_removed_on_start(docker_client: 
     created = docker_client.create_container(
         "runner/base:latest",
         command=["sleep", "60"],
-        labels={LABEL_MANAGED: "true", LABEL_OWNER: "4000000", LABEL_REQUEST: "req_leftover"},
+        labels={LABEL_MANAGED: "true", LABEL_OWNER: str(2**22 + 1), LABEL_REQUEST: "req_leftover"},
     )
     docker_client.start(created["Id"])
     DockerSandbox().client()

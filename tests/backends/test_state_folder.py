@@ -11,6 +11,7 @@ is refused rather than followed."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import uuid
@@ -46,8 +47,8 @@ def _home(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
     return home
 
 
-# Above the kernel's pid_max: a runner of that pid is dead, and can never come back.
-DEAD_PID = 4_000_000
+# Above the most the kernel's pid_max can be (2**22): a runner of that pid never lived.
+DEAD_PID = 2**22 + 1
 
 
 def test_the_scratch_root_is_made_passable_and_must_be_the_runners_own_and_no_link(tmp_path: Path) -> None:
@@ -168,15 +169,38 @@ def test_the_sweeps_remove_nothing_in_a_state_folder_someone_else_may_change(tmp
     assert not left.exists()
 
 
-def test_a_state_folder_in_a_folder_others_may_write_is_resolved_once_and_refused(tmp_path: Path) -> None:
+def _refused(backend: SubprocessSandbox, reason: str) -> None:
+    """Set up without a traceback, nothing made in the state folder, every sandbox and
+    every use of its scratch refused with ``reason``, and ``runner doctor`` saying why."""
+    backend.set_up()
+    with pytest.raises(SandboxUnavailable, match=reason):
+        backend.own_scratch_root()
+    (state_check,) = [check for check in backend.checks() if check.name == "state folder"]
+    assert not state_check.ok and re.search(reason, state_check.detail), state_check
+
+
+def test_a_state_folder_someone_else_could_swap_is_refused_before_anything_is_written(
+    bench: ToolBench, tmp_path: Path
+) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)  # anyone could swap the state folder in it for another
-    backend = SubprocessSandbox(SubprocessConfig(state_dir=shared / "state"))
-    backend.set_up()
-    with pytest.raises(SandboxUnavailable, match=f"others may write in {shared}"):
-        backend.own_scratch_root()
-    assert not (shared / "state" / "scratch").exists()
+    _refused(SubprocessSandbox(SubprocessConfig(state_dir=shared / "state")), f"may write in {shared}")
+    assert list(shared.iterdir()) == []  # not made, nor /etc files written through it
+    bench.tool("echo_tmp", ECHO_TMP)
+    bench.policy["sandbox"] = {"backends": {"subprocess": {"state_dir": str(shared / "state")}}}
+    answer = bench.runner().handle({"toolName": "echo_tmp"})
+    assert not answer["success"]
+    assert answer["error"]["details"]["reason"] == "sandbox_unavailable"
+    assert "cannot use the state folder" in answer["error"]["message"]
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "loop")  # one command of another local user's, in /tmp
+    _refused(
+        SubprocessSandbox(SubprocessConfig(state_dir=loop / "state")), "Too many levels of symbolic links"
+    )
+
+
+def test_the_state_folder_is_resolved_once_through_links_only_root_or_the_runner_made(tmp_path: Path) -> None:
     sticky = tmp_path / "sticky"
     sticky.mkdir()
     sticky.chmod(0o1777)  # as /tmp: only the owner of what is in it may swap that
@@ -185,10 +209,20 @@ def test_a_state_folder_in_a_folder_others_may_write_is_resolved_once_and_refuse
     linked.set_up()
     assert linked.state_dir == sticky / "state"  # followed once, when it started
     assert linked.own_scratch_root() == sticky / "state" / "scratch"
-    if os.geteuid() == 0:  # a link someone else planted where the state folder was to be
-        (sticky / "planted").symlink_to(sticky / "state")
-        os.chown(sticky / "planted", 65534, 65534, follow_symlinks=False)
-        planted = SubprocessSandbox(SubprocessConfig(state_dir=sticky / "planted"))
-        planted.set_up()
-        with pytest.raises(SandboxUnavailable, match="is a link someone else made"):
-            planted.own_scratch_root()
+    if os.geteuid() != 0:
+        return  # only root can make a link someone else's
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    (victim / "kept").write_text("as it was")
+    # Planted where the state folder was to be, or on the way inside a link's target.
+    (sticky / "planted").symlink_to(victim)
+    (sticky / "hop").symlink_to(tmp_path)
+    (tmp_path / "through").symlink_to(sticky / "hop" / "victim")
+    for planted in (sticky / "planted", sticky / "hop"):
+        os.chown(planted, 65534, 65534, follow_symlinks=False)
+    for configured in (sticky / "planted", tmp_path / "through"):
+        backend = SubprocessSandbox(SubprocessConfig(state_dir=configured))
+        backend.set_up()
+        assert stat.S_IMODE(victim.stat().st_mode) == 0o700, configured  # nothing written through it
+        assert [p.name for p in victim.iterdir()] == ["kept"], configured
+        _refused(backend, "link someone other than root")

@@ -357,7 +357,7 @@ def test_leftovers_of_a_killed_runner_are_removed_on_start(tmp_path: Path) -> No
     from sandboxes.subprocess import SubprocessConfig, SubprocessSandbox
     from sandboxes.subprocess._cgroup import CgroupFactory, CgroupUnavailable
 
-    dead_pid = 4_000_000  # above pid_max: never alive
+    dead_pid = 2**22 + 1  # above the most pid_max can be: never alive
     try:
         factory = CgroupFactory()
     except CgroupUnavailable as exc:  # rootless on cgroup v1: no call cgroups to leave
