@@ -85,7 +85,10 @@ def open_own_folder(path: Path, parent: int | None = None) -> int:
     info = os.fstat(fd)
     if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         os.close(fd)
-        raise PermissionError(f"{path} is not the runner's own, or others may write in it")
+        owner, mode = info.st_uid, stat.S_IMODE(info.st_mode)
+        raise PermissionError(
+            f"{path} (owner uid {owner}, mode {mode:04o}) is not the runner's own, or others may write in it"
+        )
     return fd
 
 

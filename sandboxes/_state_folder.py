@@ -26,20 +26,29 @@ def state_folder(configured: Path) -> tuple[Path, str | None]:
     """The folder ``configured`` names, resolved, and made with every missing folder above
     it (each ``0755`` whatever the umask: the sandbox's uid passes them); and why it must
     not be used, or None. Nothing is made unless the folders above it are safe."""
-    folder = configured
+    folder = configured.absolute()
     try:
-        folder = _resolved(configured.absolute())
+        folder = _resolved(folder)
         problem = _unsafe_above(folder)
         if problem is None:
             _make_passable(folder)
-            problem = _unsafe_above(folder)  # one made meanwhile by someone else
-        if problem is None:
             os.close(open_own_folder(folder))
-    except (OSError, RuntimeError, ValueError) as exc:
+        if _is_root_folder(folder):  # its etc/ is the host's /etc
+            problem = "the state folder cannot be /"
+    except (OSError, ValueError) as exc:
         problem = getattr(exc, "strerror", None) or str(exc)
         if isinstance(exc, OSError) and exc.filename is not None:
             problem = f"{exc.filename}: {problem}"
     return folder, problem
+
+
+def _is_root_folder(folder: Path) -> bool:
+    if folder == Path("/"):
+        return True
+    try:
+        return folder.samefile("/")
+    except OSError:
+        return False
 
 
 def _trusted() -> set[int]:
@@ -93,11 +102,9 @@ def _unsafe_above(folder: Path) -> str | None:
             return f"{above} is neither root's nor the runner's (owner uid {info.st_uid})"
         if not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             continue
-        mode = f"mode {stat.S_IMODE(info.st_mode):04o}"
+        mode = f"mode {stat.S_IMODE(info.st_mode):04o}, group {info.st_gid}"
         if not info.st_mode & stat.S_ISVTX:
-            return (
-                f"its group or others may write in {above} ({mode}): chmod go-w it, or choose another folder"
-            )
+            return f"its group or others may write in {above} ({mode}): chmod go-w it, or use another folder"
         try:
             entry = os.lstat(inner)
         except FileNotFoundError:
@@ -110,20 +117,27 @@ def _unsafe_above(folder: Path) -> str | None:
 
 
 def _make_passable(path: Path) -> None:
-    """Make ``path`` and each missing folder above it, set to ``0755`` through its descriptor
-    (a systemd unit's ``UMask=0077`` would leave them ``0700``). Folders that exist are left
-    as they are: not the runner's to change."""
+    """Make ``path`` and each missing folder above it, in the deepest folder that exists
+    (checked by the caller), one level at a time through descriptors and set to ``0755``
+    whatever the umask (a systemd unit's ``UMask=0077`` would leave them ``0700``).
+    Folders that exist are left as they are: not the runner's to change.
+
+    Raises:
+        OSError: one could not be made, or someone else made one meanwhile
+            (``FileExistsError``, ``ELOOP``).
+    """
     missing = []
     while not os.path.lexists(path):
-        missing.append(path)
+        missing.append(path.name)
         path = path.parent
-    for folder in reversed(missing):
-        try:
-            folder.mkdir(mode=0o755)
-        except FileExistsError:
-            continue  # made meanwhile: looked at by the caller's second look
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            os.fchmod(fd, 0o755)
-        finally:
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags)
+    try:
+        for name in reversed(missing):
+            os.mkdir(name, 0o755, dir_fd=fd)
+            made = os.open(name, flags, dir_fd=fd)
             os.close(fd)
+            fd = made
+            os.fchmod(fd, 0o755)
+    finally:
+        os.close(fd)

@@ -158,10 +158,14 @@ class SubprocessSandbox:
         self.library_dir = self.state_dir / "python"
         self.stage_dir = self.state_dir / "stage"
         if self.state_problem is None:  # else nothing is written there, and every sandbox refused
-            self.etc.write()
-            self.state_dir.chmod(0o755)
-            self.library_dir = publish_library(self.library_dir)
-            self._make_stage()
+            try:
+                self.etc.write()
+                self.state_dir.chmod(0o755)
+                self.library_dir = publish_library(self.library_dir)
+                self._make_stage()
+            except OSError as exc:  # a read-only or full file system, a file where a folder goes
+                self.state_problem = f"cannot write in it: {exc}"
+        if self.state_problem is None:
             if self.unshare is not None:
                 self.staged = StagedFolders(self.stage_dir / "tools")
             self._remove_stale_scratch()

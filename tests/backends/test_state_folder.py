@@ -21,6 +21,7 @@ import pytest
 from conftest import ToolBench
 
 from sandboxes._owners import remove_folders
+from sandboxes._state_folder import state_folder
 from sandboxes.base import SandboxUnavailable
 from sandboxes.subprocess import SubprocessConfig, SubprocessSandbox
 
@@ -226,3 +227,17 @@ def test_the_state_folder_is_resolved_once_through_links_only_root_or_the_runner
         assert stat.S_IMODE(victim.stat().st_mode) == 0o700, configured  # nothing written through it
         assert [p.name for p in victim.iterdir()] == ["kept"], configured
         _refused(backend, "link someone other than root")
+
+
+def test_a_state_folder_that_cannot_be_written_in_is_refused_not_raised(tmp_path: Path) -> None:
+    # A file where a folder goes (or a read-only or full file system): set-up raised, was
+    # tried again by every call, and runner doctor printed a traceback.
+    state = _state(tmp_path)
+    (state / "etc").write_text("not a folder")
+    _refused(SubprocessSandbox(SubprocessConfig(state_dir=state)), "cannot write in it")
+
+
+def test_the_root_folder_is_never_a_state_folder() -> None:
+    # Its etc/ is the host's /etc: set-up would write the sandboxes' passwd over the host's.
+    folder, problem = state_folder(Path("/"))
+    assert (folder, problem) == (Path("/"), "the state folder cannot be /")
