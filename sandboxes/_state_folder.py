@@ -29,12 +29,12 @@ def state_folder(configured: Path) -> tuple[Path, str | None]:
     folder = configured.absolute()
     try:
         folder = _resolved(folder)
+        if _is_root_folder(folder):  # its etc/ is the host's /etc
+            return folder, "the state folder cannot be /"
         problem = _unsafe_above(folder)
         if problem is None:
             _make_passable(folder)
             os.close(open_own_folder(folder))
-        if _is_root_folder(folder):  # its etc/ is the host's /etc
-            problem = "the state folder cannot be /"
     except (OSError, ValueError) as exc:
         problem = getattr(exc, "strerror", None) or str(exc)
         if isinstance(exc, OSError) and exc.filename is not None:
