@@ -80,22 +80,21 @@ async def read_frames(
     return None
 
 
-class _Discarded:
-    """Where stdout goes once a dialogue has ended: nowhere."""
-
-    def feed(self, data: bytes) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-async def drain(attached: Attached, stderr: Sink) -> None:
-    """Read a killed container's stream to its end, for the rest of its stderr; at most
-    ``STDERR_DRAIN_S``, and a lost connection only ends it sooner."""
-    with contextlib.suppress(OSError, TimeoutError):
-        async with asyncio.timeout(STDERR_DRAIN_S):
-            await read_frames(attached.raw, attached.decoder, _Discarded(), stderr)
+async def drain(attached: Attached) -> None:
+    """Let the dialogue's reader (``Attached.reader``) read a killed container's stream to
+    its end, for the rest of its stderr; at most ``STDERR_DRAIN_S``. What stdout still
+    brings is past the dialogue's end and goes into no answer; the reader's own end (a
+    lost connection, an overflow) only ends the wait sooner."""
+    reader, attached.reader = attached.reader, None
+    if reader is None:
+        return
+    try:
+        await asyncio.wait({reader}, timeout=STDERR_DRAIN_S)
+    finally:
+        reader.cancel()
+        await asyncio.wait({reader})
+    if not reader.cancelled():
+        reader.exception()  # retrieved: it ends the wait and nothing more
 
 
 class Attached:
@@ -110,12 +109,17 @@ class Attached:
         self.decoder = FrameDecoder()  # the primer's first, then the run's
         self.gate_token = new_token()  # the gate's trailer's (``_trailer``)
         self.said: int | None = None  # the exit status the gate's trailers said
+        # A dialogue's reader, still reading past the dialogue's end (``drain``): a read
+        # cancelled just as its bytes came would drop them, the rest of stderr among them.
+        self.reader: asyncio.Future[int | None] | None = None
 
     def release(self, secrets: bytes) -> bytes:
         """What the gate reads before it execs the tool (``GATE``)."""
         return token_line(self.gate_token) + secrets + token_line(self.token)
 
     def close(self) -> None:
+        if self.reader is not None:
+            self.reader.cancel()
         with contextlib.suppress(OSError):
             self.raw.close()
         with contextlib.suppress(OSError):

@@ -126,7 +126,7 @@ class PreparedContainer(OneRun):
                 # Kill, then read the stream to its end (bounded), as the subprocess
                 # backend drains its pipes.
                 await asyncio.to_thread(self._kill)
-                await drain(attached, stderr)
+                await drain(attached)
         except OSError as exc:
             await asyncio.to_thread(self._kill)
             message = f"lost the connection to the Docker daemon: {type(exc).__name__}"
@@ -353,16 +353,18 @@ class PreparedContainer(OneRun):
                 if speaker in done:
                     watched.discard(speaker)
                     if speaker.result():
+                        attached.reader = reader  # for ``drain``, uncancelled
                         return _FINISHED
                 if reader in done:
                     attached.said = reader.result()
                     return _OUTPUT_ENDED
         finally:
-            for task in (speaker, reader):
+            tasks = {speaker} if attached.reader is reader else {speaker, reader}
+            for task in tasks:
                 task.cancel()
             # Never raises their ends (the reader's, if any, was raised above); our own
             # cancellation goes up.
-            await asyncio.wait({speaker, reader})
+            await asyncio.wait(tasks)
 
     async def _settled(self, attached: Attached) -> dict[str, Any] | None:
         """The state the gate's trailer said, once the container's cgroup is empty (the
