@@ -3,9 +3,9 @@
 Standard library only: ``runner exec`` reads this on its fast path, before anything else of
 the runner is imported.
 
-The default is ``$XDG_RUNTIME_DIR/runner/serve.sock``; without ``XDG_RUNTIME_DIR`` (or with
-a relative one) ``/run/user/UID/runner/serve.sock`` when that folder is the user's own,
-else ``$TMPDIR/runner-UID/serve.sock``. The folder holding the socket is created 0700 and
+The default is ``runner/serve.sock`` in the user's runtime folder: ``$XDG_RUNTIME_DIR``,
+else ``/run/user/UID``, whichever is the user's own (``sandboxes.runtime_folder``); else
+``$TMPDIR/runner-UID/serve.sock``. The folder holding the socket is created 0700 and
 must be a real folder (never a symlink) owned by the user and writable by nobody else:
 otherwise another user could put their own socket there and receive the calls.
 """
@@ -17,6 +17,8 @@ import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+
+from sandboxes.runtime_folder import runtime_folder
 
 SOCKET_ENV = "RUNNER_SOCKET"  # a socket of the user's choosing, for `runner exec`
 SOCKET_NAME = "serve.sock"
@@ -32,17 +34,10 @@ class SocketPlaceError(Exception):
 def default_socket(env: Mapping[str, str] | None = None) -> Path:
     """The socket ``runner serve --socket`` and ``runner exec`` use when none is named."""
     env = os.environ if env is None else env
-    runtime = env.get("XDG_RUNTIME_DIR") or ""
-    if Path(runtime).is_absolute():
-        return Path(runtime) / "runner" / SOCKET_NAME
     uid = os.getuid()
-    run_user = Path(f"/run/user/{uid}")
-    try:
-        info = os.lstat(run_user)
-    except OSError:
-        info = None
-    if info is not None and stat.S_ISDIR(info.st_mode) and info.st_uid == uid:
-        return run_user / "runner" / SOCKET_NAME
+    runtime = runtime_folder(uid, env)
+    if runtime is not None:
+        return runtime / "runner" / SOCKET_NAME
     return Path(tempfile.gettempdir()) / f"runner-{uid}" / SOCKET_NAME
 
 

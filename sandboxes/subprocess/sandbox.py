@@ -43,6 +43,7 @@ from sandboxes._watchdog import prestart as prestart_watchdog
 from sandboxes._watchdog import watch
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import Check, LaunchSpec, Limits, SandboxUnavailable
+from sandboxes.runtime_folder import runtime_folder
 from sandboxes.session import SessionSandbox
 from sandboxes.subprocess._cgroup import CgroupFactory, CgroupUnavailable
 from sandboxes.subprocess._command import reachable_by_others
@@ -62,14 +63,15 @@ _NAMES = itertools.count(1)
 
 
 def default_state_dir() -> Path:
-    """``/run/runner`` as root; else ``$XDG_RUNTIME_DIR/runner`` (a relative value is
-    ignored, as the XDG rule says), else a folder of the user's own under the temp dir."""
-    if os.geteuid() == 0:
+    """``/run/runner`` as root; else ``runner`` in the user's runtime folder
+    (``sandboxes.runtime_folder``), else a folder of the user's own under the temp dir."""
+    uid = os.geteuid()
+    if uid == 0:
         return Path("/run/runner")
-    runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or "relative")
-    if runtime.is_absolute():
+    runtime = runtime_folder(uid, os.environ)
+    if runtime is not None:
         return runtime / "runner"
-    return Path(tempfile.gettempdir()) / f"runner-{os.geteuid()}"
+    return Path(tempfile.gettempdir()) / f"runner-{uid}"
 
 
 class SubprocessConfig(BaseModel):

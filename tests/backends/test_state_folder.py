@@ -23,6 +23,7 @@ from conftest import ToolBench
 from sandboxes._owners import remove_folders
 from sandboxes._state_folder import state_folder
 from sandboxes.base import SandboxUnavailable
+from sandboxes.runtime_folder import runtime_folder
 from sandboxes.subprocess import SubprocessConfig, SubprocessSandbox
 
 ECHO_TMP = (
@@ -241,3 +242,37 @@ def test_the_root_folder_is_never_a_state_folder() -> None:
     # Its etc/ is the host's /etc: set-up would write the sandboxes' passwd over the host's.
     folder, problem = state_folder(Path("/"))
     assert (folder, problem) == (Path("/"), "the state folder cannot be /")
+
+
+def test_the_runtime_folder_is_the_users_own_real_folder_or_none(tmp_path: Path) -> None:
+    own = tmp_path / "own"
+    own.mkdir()
+    if os.geteuid() == 0:
+        uid, others = 4242, tmp_path / "roots"  # a user of no other folder here
+        others.mkdir()
+        os.chown(own, uid, -1)
+    else:
+        uid, others = os.geteuid(), Path("/run")
+    link = tmp_path / "link"
+    link.symlink_to(own)
+    assert runtime_folder(uid, {"XDG_RUNTIME_DIR": str(own)}) == own
+    # Someone else's (root's, inherited through su without -), a link, a relative value
+    # or none: the user's /run/user/UID where there is one, else nothing.
+    fallback = Path(f"/run/user/{uid}")
+    expected = fallback if fallback.is_dir() and fallback.stat().st_uid == uid else None
+    for inherited in (str(others), str(link), "own", ""):
+        assert runtime_folder(uid, {"XDG_RUNTIME_DIR": inherited}) == expected, inherited
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="without root: scripts/test-rootless.sh")
+def test_a_runtime_folder_inherited_from_another_user_is_not_the_default_state_folder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # su without -: XDG_RUNTIME_DIR still names root's folder, where this user cannot
+    # make one. Every call was refused ("cannot use the state folder").
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run")
+    backend = SubprocessSandbox(SubprocessConfig())
+    backend.set_up()
+    assert backend.state_problem is None, backend.state_problem
+    assert backend.state_dir.parent != Path("/run")
+    assert backend.own_scratch_root().is_dir()

@@ -103,8 +103,11 @@ def test_the_forwarding_path_imports_the_standard_library_alone(served: Served) 
         capture_output=True,
         check=True,
     )
-    ours = {name for name in loaded if name.split(".")[0] == "runner"}
-    others = {name.split(".")[0] for name in set(loaded) - set(json.loads(bare.stdout))} - {"runner"}
+    ours = {name for name in loaded if name.split(".")[0] in ("runner", "sandboxes")}
+    others = {name.split(".")[0] for name in set(loaded) - set(json.loads(bare.stdout))} - {
+        "runner",
+        "sandboxes",
+    }
     assert others <= set(sys.stdlib_module_names), others - set(sys.stdlib_module_names)
     assert ours <= {
         "runner",
@@ -113,6 +116,8 @@ def test_the_forwarding_path_imports_the_standard_library_alone(served: Served) 
         "runner.config",
         "runner.config.locations",
         "runner.config.sockets",
+        "sandboxes",
+        "sandboxes.runtime_folder",
     }, ours
     assert served.finished("lean")["client"] == f"uid:{os.getuid()}"
 
