@@ -64,6 +64,7 @@ class SandboxCommand:
         cgroup: CallCgroup | None,
         network: SandboxNetwork | None,
         workspace: GrantedWorkspace | None,
+        scratch_root: Path | None,
     ) -> None:
         self._owner = owner
         self._spec = spec
@@ -74,6 +75,7 @@ class SandboxCommand:
         self._cgroup = cgroup
         self.network = network
         self._workspace = workspace
+        self._scratch_root = scratch_root  # checked (``own_scratch_root``): where ``scratch`` goes
         self.scratch: Path | None = None
         # Descriptors the tool itself inherits, same numbers (a session agent's control
         # socket); handed over, and closed here, by the launch.
@@ -162,9 +164,9 @@ class SandboxCommand:
         if self._owner.user_unshare is None:
             problem = "unshare is not installed (apt-get install util-linux)"
             raise SandboxUnavailable(f"{problem}: without root, the sandbox's /tmp and /dev/shm need it")
-        root = self._owner.own_scratch_root()
+        assert self._scratch_root is not None  # the backend checked it for a call without root
         try:
-            self.scratch = root / self._owner.next_name()
+            self.scratch = self._scratch_root / self._owner.next_name()
             self.scratch.mkdir(mode=0o700)
             for point in ("tmp", "shm"):
                 (self.scratch / point).mkdir(mode=0o700)
@@ -217,7 +219,8 @@ class SandboxCommand:
         self, staged_point: Path | None
     ) -> tuple[list[str], dict[str, str], str, tuple[int, ...]]:
         spec = self._spec
-        self.scratch = self._owner.own_scratch_root() / self._owner.next_name()
+        assert self._scratch_root is not None  # the backend checked it for a degraded call
+        self.scratch = self._scratch_root / self._owner.next_name()
         self.scratch.mkdir(mode=0o700)
         vmem = {} if self._cgroup else {"RUNNER_VMEM_KB": str(self._limits.memory_mb * 1024)}
         launcher_env: dict[str, str] = {}

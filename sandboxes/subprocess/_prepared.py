@@ -63,6 +63,7 @@ class PreparedSubprocess(OneRun):
         lease: IdentityLease,
         workspace: GrantedWorkspace | None,
         network: SandboxNetwork | None,
+        scratch_root: Path | None,
         stage_id: FolderId | None,
     ) -> None:
         super().__init__(limits)
@@ -85,6 +86,7 @@ class PreparedSubprocess(OneRun):
             cgroup=cgroup,
             network=network,
             workspace=workspace,
+            scratch_root=scratch_root,
         )
         self._fds: list[int] = []
         self._teardown_lock = threading.Lock()

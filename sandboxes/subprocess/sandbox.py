@@ -269,7 +269,10 @@ class SubprocessSandbox:
         try:
             network = SandboxNetwork.open(limits, spec)
             name = self.next_name()
-            user_stage = self.own_scratch_root() / name if os.geteuid() != 0 and not missing else None
+            # Checked once here: without root every call's /tmp has its folder in it, and
+            # in degraded mode every call's TMPDIR.
+            scratch_root = self.own_scratch_root() if os.geteuid() != 0 or missing else None
+            user_stage = scratch_root / name if scratch_root is not None and not missing else None
             workspace = GrantedWorkspace.open(spec, limits.disk_mb, name, user_stage)
             if self.cgroups is not None:
                 try:
@@ -294,6 +297,7 @@ class SubprocessSandbox:
             lease=lease,
             workspace=workspace,
             network=network,
+            scratch_root=scratch_root,
             stage_id=self._stage_id(spec, hardened=not missing, workspace=workspace),
         )
 
