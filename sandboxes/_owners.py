@@ -36,7 +36,7 @@ def remove_folders(root: Path, wanted: Callable[[str], bool]) -> None:
     it is in are the runner's own and writable by no one else: through a link, or in a
     folder someone else may swap, these names would be someone else's."""
     with contextlib.suppress(OSError):
-        fd = _open_own_root(root)
+        fd = _open_own_child(root)
         try:
             for name in _folder_names(fd):
                 if wanted(name):
@@ -49,7 +49,7 @@ def own_folder_names(root: Path) -> list[str]:
     """The names of the folders (not links) in ``root``, checked as ``remove_folders``
     checks it; none if it is not such a folder."""
     try:
-        fd = _open_own_root(root)
+        fd = _open_own_child(root)
     except OSError:
         return []
     try:
@@ -58,10 +58,15 @@ def own_folder_names(root: Path) -> list[str]:
         os.close(fd)
 
 
-def _open_own_root(root: Path) -> int:
-    parent = open_own_folder(root.parent)
+def _open_own_child(path: Path, make: int | None = None) -> int:
+    """``open_own_folder`` of ``path``, through the folder it is in, itself checked the same
+    way; ``make``: the mode to make ``path`` with if it is missing (the umask applies)."""
+    parent = open_own_folder(path.parent)
     try:
-        return open_own_folder(root, parent)
+        if make is not None:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path.name, make, dir_fd=parent)
+        return open_own_folder(path, parent)
     finally:
         os.close(parent)
 
@@ -102,13 +107,7 @@ def make_own_folder(path: Path, mode: int) -> None:
         OSError: either is not such a folder (``PermissionError``, ``ELOOP``), or ``path``
             cannot be made.
     """
-    parent = open_own_folder(path.parent)
-    try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path.name, mode, dir_fd=parent)
-        fd = open_own_folder(path, parent)
-    finally:
-        os.close(parent)
+    fd = _open_own_child(path, make=mode)
     try:
         os.fchmod(fd, mode)
     finally:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat
-import uuid
 from pathlib import Path
 
 import pytest
 from conftest import ToolBench
+from support.state_folders import passable_folder
 
 from sandboxes._owners import remove_folders
 from sandboxes._state_folder import state_folder
@@ -36,17 +35,6 @@ def _state(tmp_path: Path) -> Path:
     state.mkdir()
     state.chmod(0o755)
     return state
-
-
-def _home(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
-    """A folder for a state folder whose calls run: as root under ``/run``, as the sandbox's
-    uid must pass every folder above it (pytest's are ``0700``)."""
-    if os.geteuid() != 0:
-        return tmp_path
-    home = Path("/run") / f"runner-test-state-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    home.mkdir(mode=0o755)
-    request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True))
-    return home
 
 
 # Above the most the kernel's pid_max can be (2**22): a runner of that pid never lived.
@@ -116,7 +104,7 @@ def test_a_call_is_refused_rather_than_given_a_scratch_folder_through_a_link(
     # The call's folder is made in the scratch root by path, and chowned to the tool's uid
     # as root in degraded mode: through a link, that would be a folder of the tool's
     # anywhere the link's maker chose.
-    state = _state(_home(tmp_path, request))
+    state = _state(passable_folder(tmp_path, request))
     elsewhere = state.parent / "elsewhere"
     elsewhere.mkdir(mode=0o755)
     bench.tool("echo_tmp", ECHO_TMP)
@@ -142,7 +130,7 @@ def test_the_folders_made_for_a_configured_state_folder_let_the_sandbox_pass_wha
     # systemd's unit runs the runner under UMask=0077: the missing folders above a
     # configured state folder came out 0700, and as root every call failed (bubblewrap,
     # as the sandbox's uid, could not reach the files bound from the state folder).
-    home = _home(tmp_path, request)
+    home = passable_folder(tmp_path, request)
     state = home / "made" / "above" / "state"
     bench.tool("echo_tmp", ECHO_TMP)
     bench.policy["sandbox"] = {"backends": {"subprocess": {"state_dir": str(state)}}}

@@ -12,7 +12,6 @@ import asyncio
 import errno
 import json
 import os
-import shutil
 import signal
 import stat
 import subprocess
@@ -26,6 +25,7 @@ import psutil
 import pytest
 from conftest import ToolBench, wait_for
 from support.fork_probes import running_with, spare_of, status_of
+from support.state_folders import passable_folder
 
 from runner import Runner
 from sandboxes.subprocess._forked import exit_status_known
@@ -194,12 +194,14 @@ def test_each_call_is_forked_from_one_template_into_a_sandbox_of_its_own(
 
 
 @needs_fork_mode
-def test_a_template_is_the_first_sandbox_a_fresh_state_folder_serves(forked: tuple[ToolBench, str]) -> None:
+def test_a_template_is_the_first_sandbox_a_fresh_state_folder_serves(
+    forked: tuple[ToolBench, str], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     # On a fresh boot nothing had made the folder of calls' scratch folders: a template
     # asked for first failed to start, and its tool was served warm. Made, it must let
     # the template's uid pass whatever the runner's umask (systemd's unit: 0077).
     bench, mark = forked
-    state = Path("/run") / f"runner-test-fresh-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    state = passable_folder(tmp_path, request) / "state"
     bench.policy["sandbox"] = {"backends": {"subprocess": {"state_dir": str(state)}}}
     previous = os.umask(0o077)
     try:
@@ -213,7 +215,6 @@ def test_a_template_is_the_first_sandbox_a_fresh_state_folder_serves(forked: tup
         assert attempt.get("forked") is True
     finally:
         os.umask(previous)
-        shutil.rmtree(state, ignore_errors=True)
 
 
 def _start_time(pid: int) -> int:
