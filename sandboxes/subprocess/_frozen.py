@@ -58,6 +58,7 @@ from sandboxes.subprocess._frozen_calls import (
 from sandboxes.subprocess._frozen_checks import (
     TemplateRefused,
     sandboxed,
+    seize_alive,
     shared_mappings,
     status,
     untrustworthy,
@@ -68,7 +69,6 @@ from sandboxes.subprocess._ptrace import (
     O_TRACECLONE,
     O_TRACEFORK,
     O_TRACESECCOMP,
-    SEIZE,
     SETOPTIONS,
     Injector,
     Regs,
@@ -183,6 +183,7 @@ class FrozenTemplate:
         except BaseException as exc:
             if isinstance(exc, OSError):  # it exited, or did not stop as asked, while frozen
                 exc = TemplateRefused(f"the tool's template could not be frozen: {exc}")
+            self._kill_template()  # seized without EXITKILL: not killed by this thread's end
             frozen.set_exception(exc)
             return
         frozen.set_result(None)
@@ -234,10 +235,7 @@ class FrozenTemplate:
         init, template, _ = sandboxed(process.pid)
         self._init = (init, parent_and_start(init)[1])
         watch_sandbox_init(*self._init)  # should the runner die: its death takes them all
-        # Seized with no event to trace yet: until it is frozen, the tool's own mount or
-        # clone into new namespaces meets a tracer that does not take them (ENOSYS).
-        request(SEIZE, template, 0, O_EXITKILL)
-        self._pidfd = os.pidfd_open(template)
+        self._pidfd = seize_alive(init, template)
         # The tracer and the template on one CPU: the thirty-odd round trips of a call's
         # set-up then never wait for an idle core to wake up.
         self._cpus = os.sched_getaffinity(0)

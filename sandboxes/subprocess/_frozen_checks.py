@@ -5,10 +5,13 @@ capabilities (``_frozen``)."""
 from __future__ import annotations
 
 import contextlib
+import os
+import select
 from pathlib import Path
 
 from sandboxes._watchdog import parent_and_start
 from sandboxes.base import SandboxUnavailable
+from sandboxes.subprocess._ptrace import SEIZE, request
 
 NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 
@@ -85,3 +88,26 @@ def untrustworthy(init: int, template: int, now: tuple[int, int, list[int]]) -> 
     if shared_mappings(template):
         return "a shared mapping is left in the template"
     return None
+
+
+def seize_alive(init: int, template: int) -> int:
+    """Seize ``template`` (with no event to trace yet: until it is frozen, the tool's own
+    mount or clone into new namespaces meets a tracer that does not take them, ENOSYS);
+    its pidfd.
+
+    Pinned, seen to be the template, seized, then seen alive (a traced process's pid is
+    not freed before its tracer has seen it exit): a pid the template left to another
+    process is never traced past the seize. Without ``EXITKILL`` yet, the tracing
+    thread's end lets such a process go; the template dies with the sandbox's init.
+    """
+    pidfd = os.pidfd_open(template)
+    try:
+        if parent_and_start(template)[0] != init:
+            raise TemplateRefused("the tool's template exited")
+        request(SEIZE, template, 0, 0)
+        if select.select([pidfd], [], [], 0)[0]:
+            raise TemplateRefused("the tool's template exited")
+    except BaseException:
+        os.close(pidfd)
+        raise
+    return pidfd
