@@ -10,10 +10,12 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
 
 def runtime_folder(uid: int, env: Mapping[str, str]) -> Path | None:
     """``$XDG_RUNTIME_DIR``, else ``/run/user/UID``: the first that is a real folder of
-    ``uid``'s own; None when neither is.
+    ``uid``'s own that no one else may write in; None when neither is.
 
     A relative value is ignored, as the XDG rule says. So is one that is someone else's,
     most often root's, inherited through ``su`` without ``-``: the user could not write
@@ -27,6 +29,6 @@ def runtime_folder(uid: int, env: Mapping[str, str]) -> Path | None:
             info = os.lstat(folder)
         except OSError:
             continue
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == uid:
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == uid and not info.st_mode & _OTHERS_WRITE:
             return folder
     return None

@@ -62,7 +62,8 @@ def export_command(ctx: click.Context, fmt: str, strict: bool, role: str | None)
     default=None,
     metavar="[PATH]",
     help="Also (or only) take runner exec's calls on a Unix socket "
-    "(default $XDG_RUNTIME_DIR/runner/serve.sock); see serve.socket in the policy.",
+    "(default runner/serve.sock in the user's own $XDG_RUNTIME_DIR or /run/user/UID, "
+    "else $TMPDIR/runner-UID/serve.sock); see serve.socket in the policy.",
 )
 @click.option("--role", default=None, help="--stdio: the role of the client's calls (default: default_role).")
 @click.option(

@@ -26,6 +26,25 @@ from sandboxes.view import READ_CHUNK
 STDERR_DRAIN_S = 0.5
 
 
+class Hushable:
+    """A dialogue's stdout, until ``hush``: past the dialogue's end what comes is in no
+    answer, counts against no cap, and is dropped."""
+
+    def __init__(self, sink: StdoutSink) -> None:
+        self._sink: StdoutSink | None = sink
+
+    def hush(self) -> None:
+        self._sink = None
+
+    def feed(self, data: bytes) -> None:
+        if self._sink is not None:
+            self._sink.feed(data)
+
+    def close(self) -> None:
+        if self._sink is not None:
+            self._sink.close()
+
+
 class SocketStdin:
     """The container's stdin, written through the attach socket."""
 
@@ -82,19 +101,24 @@ async def read_frames(
 
 async def drain(attached: Attached) -> None:
     """Let the dialogue's reader (``Attached.reader``) read a killed container's stream to
-    its end, for the rest of its stderr; at most ``STDERR_DRAIN_S``. What stdout still
-    brings is past the dialogue's end and goes into no answer; the reader's own end (a
-    lost connection, an overflow) only ends the wait sooner."""
+    its end, for the rest of its stderr; at most ``STDERR_DRAIN_S``. A lost connection
+    only ends the wait sooner."""
+    reader = attached.reader
+    if reader is not None:
+        await asyncio.wait({reader}, timeout=STDERR_DRAIN_S)
+    await stop_reading(attached)
+
+
+async def stop_reading(attached: Attached) -> None:
+    """Cancel the dialogue's reader, if still reading, and wait for its end: the socket
+    is closed after, never under a read still pending."""
     reader, attached.reader = attached.reader, None
     if reader is None:
         return
-    try:
-        await asyncio.wait({reader}, timeout=STDERR_DRAIN_S)
-    finally:
-        reader.cancel()
-        await asyncio.wait({reader})
+    reader.cancel()
+    await asyncio.wait({reader})
     if not reader.cancelled():
-        reader.exception()  # retrieved: it ends the wait and nothing more
+        reader.exception()  # retrieved: it ended the reading and nothing more
 
 
 class Attached:

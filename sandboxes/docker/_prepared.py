@@ -41,7 +41,7 @@ from sandboxes.base import (
     SandboxUnavailable,
     StopReason,
 )
-from sandboxes.docker._attach import Attached, SocketStdin, drain, read_frames
+from sandboxes.docker._attach import Attached, Hushable, SocketStdin, drain, read_frames, stop_reading
 from sandboxes.docker._cgroup import ContainerCgroup
 from sandboxes.docker._checks import TCP_V1_PROBLEM
 from sandboxes.docker._client import daemon_call, daemon_failures
@@ -121,10 +121,8 @@ class PreparedContainer(OneRun):
             preamble, attached.unsent = attached.unsent, b""
             ending = await self._attend(attached, exchange, preamble, stderr)
             if ending is _FINISHED:
-                # The dialogue's end. The daemon copies stdout and stderr apart: what the
-                # tool wrote on stderr before its last answer may still be on its way.
-                # Kill, then read the stream to its end (bounded), as the subprocess
-                # backend drains its pipes.
+                # The daemon copies stdout and stderr apart: what the tool wrote on stderr
+                # before its last answer may still be on its way. Kill, then read on (bounded).
                 await asyncio.to_thread(self._kill)
                 await drain(attached)
         except OSError as exc:
@@ -133,6 +131,7 @@ class PreparedContainer(OneRun):
             raise SandboxUnavailable(message) from exc
         finally:
             if attached is not None:
+                await stop_reading(attached)
                 attached.close()
         if ending is not _OUTPUT_ENDED and ending is not _FINISHED:
             await asyncio.to_thread(self._kill)
@@ -343,8 +342,9 @@ class PreparedContainer(OneRun):
         raw.setblocking(False)
         speaker = asyncio.ensure_future(exchange.speak(SocketStdin(raw), preamble))
         shows = self.cgroup_shows_processes
+        stdout = Hushable(exchange.stdout)
         reader = asyncio.ensure_future(
-            read_frames(raw, attached.decoder, exchange.stdout, stderr, attached.gate_token, shows)
+            read_frames(raw, attached.decoder, stdout, stderr, attached.gate_token, shows)
         )
         watched = {speaker, reader}
         try:
@@ -353,6 +353,7 @@ class PreparedContainer(OneRun):
                 if speaker in done:
                     watched.discard(speaker)
                     if speaker.result():
+                        stdout.hush()
                         attached.reader = reader  # for ``drain``, uncancelled
                         return _FINISHED
                 if reader in done:
@@ -362,9 +363,7 @@ class PreparedContainer(OneRun):
             tasks = {speaker} if attached.reader is reader else {speaker, reader}
             for task in tasks:
                 task.cancel()
-            # Never raises their ends (the reader's, if any, was raised above); our own
-            # cancellation goes up.
-            await asyncio.wait(tasks)
+            await asyncio.wait(tasks)  # never raises their ends; our own cancellation goes up
 
     async def _settled(self, attached: Attached) -> dict[str, Any] | None:
         """The state the gate's trailer said, once the container's cgroup is empty (the

@@ -57,6 +57,7 @@ from sandboxes.subprocess._frozen_calls import (
 )
 from sandboxes.subprocess._frozen_checks import (
     TemplateRefused,
+    exited,
     sandboxed,
     seize_alive,
     shared_mappings,
@@ -386,7 +387,7 @@ class FrozenTemplate:
         if process is None or process.poll() is not None:
             return "the tool's sandbox exited"
         with self._pidfd_lock:
-            if self._pidfd is None or select.select([self._pidfd], [], [], 0)[0]:
+            if self._pidfd is None or exited(self._pidfd):
                 return "the tool's template died"
         if not self._tracer.is_alive():
             return "the tool's template is closed"

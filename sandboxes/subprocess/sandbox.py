@@ -281,6 +281,8 @@ class SubprocessSandbox:
                     if not self.config.allow_degraded:
                         raise SandboxUnavailable(str(exc)) from exc
                     missing.append(str(exc))
+            if missing and scratch_root is None:  # degraded by the cgroup, as root
+                scratch_root = self.own_scratch_root()
         except BaseException:
             if workspace is not None:
                 workspace.release()

@@ -153,10 +153,10 @@ class _OneAnswer:
         await pipe.receive()
 
 
-async def _stderr_after_the_last_answer(turns: int) -> str:
+async def _stderr_after_the_last_answer(turns: int, goodbye: bytes = b"") -> str:
     """A container's dialogue over a socket pair standing for the daemon's attach stream:
-    the answer on stdout, then after ``turns`` turns of the loop a stderr line, then the
-    stream's end (the kill). Returns the stderr tail the run keeps."""
+    the answer on stdout, then after ``turns`` turns of the loop ``goodbye`` on stdout and
+    a stderr line, then the stream's end (the kill). Returns the stderr tail the run keeps."""
     loop = asyncio.get_running_loop()
     ours, theirs = socket.socketpair()
     theirs.setblocking(False)
@@ -171,6 +171,8 @@ async def _stderr_after_the_last_answer(turns: int) -> str:
         await loop.sock_sendall(theirs, HEADER.pack(STDOUT, 5) + b"echo\n")
         for _ in range(turns):
             await asyncio.sleep(0)
+        if goodbye:
+            await loop.sock_sendall(theirs, HEADER.pack(STDOUT, len(goodbye)) + goodbye)
         await loop.sock_sendall(theirs, HEADER.pack(STDERR, 5) + b"said\n")
 
     talking = asyncio.ensure_future(daemon())
@@ -191,3 +193,9 @@ def test_what_came_on_stderr_as_a_dialogue_ended_is_kept(turns: int) -> None:
     # rest of stderr the daemon had sent was lost (once in a while in the suite, there
     # with a real container; here the turn that lost it every time).
     assert asyncio.run(_stderr_after_the_last_answer(turns)) == "said\n"
+
+
+def test_stdout_past_a_dialogues_end_counts_against_no_cap_and_the_rest_of_stderr_is_kept() -> None:
+    # Past the end it is in no answer: counted, it overflowed the cap (1000 bytes here)
+    # and that overflow ended the reading before the stderr line that followed.
+    assert asyncio.run(_stderr_after_the_last_answer(3, b"x" * 2000)) == "said\n"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from sandboxes._state_folder import state_folder
 from sandboxes.base import SandboxUnavailable
 from sandboxes.runtime_folder import runtime_folder
 from sandboxes.subprocess import SubprocessConfig, SubprocessSandbox
+from sandboxes.subprocess._cgroup import CgroupFactory, CgroupUnavailable
 
 ECHO_TMP = (
     "import json, os, sys\njson.load(sys.stdin)\nprint(json.dumps(os.path.realpath(os.environ['TMPDIR'])))\n"
@@ -243,24 +245,52 @@ def test_the_runtime_folder_is_the_users_own_real_folder_or_none(tmp_path: Path)
         uid, others = os.geteuid(), Path("/run")
     link = tmp_path / "link"
     link.symlink_to(own)
+    shared = tmp_path / "shared"  # the user's, but others may write in it
+    shared.mkdir()
+    shared.chmod(0o777)
+    if os.geteuid() == 0:
+        os.chown(shared, uid, -1)
     assert runtime_folder(uid, {"XDG_RUNTIME_DIR": str(own)}) == own
     # Someone else's (root's, inherited through su without -), a link, a relative value
     # or none: the user's /run/user/UID where there is one, else nothing.
     fallback = Path(f"/run/user/{uid}")
     expected = fallback if fallback.is_dir() and fallback.stat().st_uid == uid else None
-    for inherited in (str(others), str(link), "own", ""):
+    for inherited in (str(others), str(link), str(shared), "own", ""):
         assert runtime_folder(uid, {"XDG_RUNTIME_DIR": inherited}) == expected, inherited
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="without root: scripts/test-rootless.sh")
 def test_a_runtime_folder_inherited_from_another_user_is_not_the_default_state_folder(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # su without -: XDG_RUNTIME_DIR still names root's folder, where this user cannot
     # make one. Every call was refused ("cannot use the state folder").
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the last resort: $TMPDIR's
+    uid = os.geteuid()
+    runtime = runtime_folder(uid, {})
+    expected = runtime / "runner" if runtime is not None else tmp_path / f"runner-{uid}"
     backend = SubprocessSandbox(SubprocessConfig())
     backend.set_up()
     assert backend.state_problem is None, backend.state_problem
-    assert backend.state_dir.parent != Path("/run")
+    assert backend.state_dir == expected
     assert backend.own_scratch_root().is_dir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root: without root a call has no cgroup of its own here")
+def test_a_call_degraded_by_its_cgroup_gets_its_folder_in_the_checked_scratch_root(
+    bench: ToolBench, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only the cgroup's refusal, as the call is prepared, makes it degraded: its scratch
+    # root was then never checked, and the call failed on an internal error.
+    def refused(*_: object) -> None:
+        raise CgroupUnavailable("no cgroup for this test")
+
+    monkeypatch.setattr(CgroupFactory, "create", refused)
+    state = _state(passable_folder(tmp_path, request))
+    bench.tool("echo_tmp", ECHO_TMP)
+    bench.policy["sandbox"] = {"backends": {"subprocess": {"state_dir": str(state), "allow_degraded": True}}}
+    answer = bench.runner().handle({"toolName": "echo_tmp"})
+    assert answer["success"], answer["error"]
+    assert answer["metadata"].get("degraded") is True
+    assert Path(answer["result"]).parent == state / "scratch"
