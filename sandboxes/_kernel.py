@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+import math
+import select
 import signal
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 _HIGHEST_SIGNAL = signal.SIGRTMAX
+
+
+class _HasFileno(Protocol):
+    def fileno(self) -> int: ...
+
+
+def ready(fds: Sequence[int | _HasFileno], timeout_s: float, *, writable: bool = False) -> list[int]:
+    """The descriptors of ``fds`` ready to read (or to write), their end or an error
+    included, within ``timeout_s``: ``select``'s answer through ``poll``, which takes the
+    descriptors a busy runner numbers past 1024."""
+    watched = select.poll()
+    for fd in fds:
+        watched.register(fd, select.POLLOUT if writable else select.POLLIN)
+    return [fd for fd, _ in watched.poll(math.ceil(max(timeout_s, 0.0) * 1000))]
 
 
 def read_keyed(path: Path, key: str) -> int:

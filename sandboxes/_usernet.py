@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import shutil
 import signal
 import subprocess
 import time
 
+from sandboxes._kernel import ready
 from sandboxes.base import SandboxUnavailable
 
 # slirp4netns configures tap0 in a few milliseconds; this only bounds a stuck start.
@@ -102,8 +102,7 @@ class UserNetwork:
 def _wait_ready(ready_fd: int, process: subprocess.Popen[bytes]) -> bool:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while (left := deadline - time.monotonic()) > 0:
-        readable, _, _ = select.select([ready_fd], [], [], left)
-        if readable:
+        if ready([ready_fd], left):
             return os.read(ready_fd, 1) == b"1"
         if process.poll() is not None:
             return False

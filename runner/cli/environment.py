@@ -16,7 +16,8 @@ ENVIRONMENT = {
     "RUNNER_AUDIT_LOG": "where audit events go (what --audit-log gives)",
     "XDG_CONFIG_HOME": "the policy file is searched in $XDG_CONFIG_HOME/runner/ (default ~/.config/runner/)",
     "XDG_RUNTIME_DIR": "runner serve --socket listens, and runner exec looks, in $XDG_RUNTIME_DIR/runner/ "
-    "(when it is the user's own; else /run/user/UID/runner/, else $TMPDIR/runner-UID/)",
+    "(when it is the user's own, writable by no one else; else /run/user/UID/runner/, "
+    "else $TMPDIR/runner-UID/)",
     "RUNNER_SOCKET": "runner exec: the socket of runner serve --socket to send calls to",
     "NO_COLOR": "set to anything: no colour on a terminal (so does TERM=dumb)",
     "DOCKER_HOST": "the Docker daemon to use (default unix:///var/run/docker.sock)",

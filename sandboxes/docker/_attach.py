@@ -16,6 +16,7 @@ from typing import Any
 
 from sandboxes._exchange import StdoutSink
 from sandboxes._exec_status import new_token, token_line
+from sandboxes._streams import OutputOverflow
 from sandboxes.docker._cgroup import ContainerCgroup
 from sandboxes.docker._frames import STDOUT, FrameDecoder
 from sandboxes.docker._trailer import Sink, TrailerReader, both_said
@@ -26,19 +27,26 @@ from sandboxes.view import READ_CHUNK
 STDERR_DRAIN_S = 0.5
 
 
-class Hushable:
-    """A dialogue's stdout, until ``hush``: past the dialogue's end what comes is in no
-    answer, counts against no cap, and is dropped."""
+class StdoutValve:
+    """A run's stdout on its way to ``sink`` until shut: at a dialogue's end (what comes
+    after is in no answer and counts against no cap), or as it passes the cap (then
+    ``overflowed`` is done). Either way the stream is read on, for the rest of stderr."""
 
     def __init__(self, sink: StdoutSink) -> None:
         self._sink: StdoutSink | None = sink
+        self.overflowed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def hush(self) -> None:
+    def shut(self) -> None:
         self._sink = None
 
     def feed(self, data: bytes) -> None:
-        if self._sink is not None:
+        if self._sink is None:
+            return
+        try:
             self._sink.feed(data)
+        except OutputOverflow:
+            self._sink = None
+            self.overflowed.set_result(None)
 
     def close(self) -> None:
         if self._sink is not None:
@@ -119,6 +127,14 @@ async def stop_reading(attached: Attached) -> None:
     await asyncio.wait({reader})
     if not reader.cancelled():
         reader.exception()  # retrieved: it ended the reading and nothing more
+
+
+async def hang_up(attached: Attached) -> None:
+    """``stop_reading``, then close the socket, even if cancelled meanwhile."""
+    try:
+        await stop_reading(attached)
+    finally:
+        attached.close()
 
 
 class Attached:

@@ -41,7 +41,7 @@ from sandboxes.base import (
     SandboxUnavailable,
     StopReason,
 )
-from sandboxes.docker._attach import Attached, Hushable, SocketStdin, drain, read_frames, stop_reading
+from sandboxes.docker._attach import Attached, SocketStdin, StdoutValve, drain, hang_up, read_frames
 from sandboxes.docker._cgroup import ContainerCgroup
 from sandboxes.docker._checks import TCP_V1_PROBLEM
 from sandboxes.docker._client import daemon_call, daemon_failures
@@ -131,8 +131,7 @@ class PreparedContainer(OneRun):
             raise SandboxUnavailable(message) from exc
         finally:
             if attached is not None:
-                await stop_reading(attached)
-                attached.close()
+                await hang_up(attached)
         if ending is not _OUTPUT_ENDED and ending is not _FINISHED:
             await asyncio.to_thread(self._kill)
         duration_ms = (time.monotonic() - started) * 1000
@@ -342,20 +341,22 @@ class PreparedContainer(OneRun):
         raw.setblocking(False)
         speaker = asyncio.ensure_future(exchange.speak(SocketStdin(raw), preamble))
         shows = self.cgroup_shows_processes
-        stdout = Hushable(exchange.stdout)
+        stdout = StdoutValve(exchange.stdout)
         reader = asyncio.ensure_future(
             read_frames(raw, attached.decoder, stdout, stderr, attached.gate_token, shows)
         )
-        watched = {speaker, reader}
+        watched: set[asyncio.Future[Any]] = {speaker, reader, stdout.overflowed}
         try:
             while True:
                 done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
                 if speaker in done:
                     watched.discard(speaker)
                     if speaker.result():
-                        stdout.hush()
+                        stdout.shut()
                         attached.reader = reader  # for ``drain``, uncancelled
                         return _FINISHED
+                if stdout.overflowed.done():  # the reader, read on, may be done too
+                    raise OutputOverflow
                 if reader in done:
                     attached.said = reader.result()
                     return _OUTPUT_ENDED

@@ -34,7 +34,7 @@ from sandboxes.base import (
     WorkspaceNotApplied,
 )
 from sandboxes.cancellation import finish_shielded
-from sandboxes.docker._attach import Attached
+from sandboxes.docker._attach import Attached, hang_up
 from sandboxes.docker._client import daemon_call, daemon_failures
 from sandboxes.docker._container import GATE, PLAIN_GATE
 from sandboxes.docker._outcome import outcome
@@ -152,8 +152,10 @@ class DockerSession:
                 await finish_shielded(asyncio.to_thread(self.kill, SessionEnd.LIMIT))
                 raise
         finally:
-            attached.close()
-            stderr.close()
+            try:
+                await hang_up(attached)
+            finally:
+                stderr.close()
         reason = ending if isinstance(ending, StopReason) else None
         state: dict[str, Any] = {"ExitCode": attached.said, "Running": False}
         if reason is None and attached.said is None:  # no trailer (another runtime): the daemon says

@@ -31,7 +31,6 @@ import contextlib
 import os
 import queue
 import random
-import select
 import signal
 import socket
 import struct
@@ -43,6 +42,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from sandboxes._kernel import ready
 from sandboxes._watchdog import forget_sandbox_init, parent_and_start, watch_sandbox_init
 from sandboxes.subprocess._frozen_calls import (
     CallSetUp,
@@ -226,11 +226,11 @@ class FrozenTemplate:
         process = self.process
         assert process is not None and process.stdout is not None
         deadline = time.monotonic() + ready_s
-        readable: list[Any] = []
+        readable: list[int] = []
         while not readable and (left := deadline - time.monotonic()) > 0:
             if stop.is_set():  # the runner is closing: its close waits for no import
                 raise TemplateRefused("the tool's template was given up while it imported")
-            readable, _, _ = select.select([process.stdout], [], [], min(left, STOP_POLL_S))
+            readable = ready([process.stdout], min(left, STOP_POLL_S))
         if not readable or os.read(process.stdout.fileno(), 1) != b"r":
             raise TemplateRefused("the tool's template did not start (its imports failed or took too long)")
         init, template, _ = sandboxed(process.pid)

@@ -9,7 +9,6 @@ import array
 import contextlib
 import errno
 import os
-import select
 import signal
 import socket
 import struct
@@ -17,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandboxes._kernel import ready
 from sandboxes._watchdog import parent_and_start
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory
 from sandboxes.subprocess._frozen_checks import capabilities
@@ -146,7 +146,7 @@ def accepted(listener: socket.socket, pid: int) -> socket.socket:
     is closed unread."""
     deadline = time.monotonic() + CONNECT_S
     while (left := deadline - time.monotonic()) > 0:
-        if not select.select([listener], [], [], left)[0]:
+        if not ready([listener], left):
             break
         try:
             connection, _ = listener.accept()

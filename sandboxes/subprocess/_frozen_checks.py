@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 from pathlib import Path
 
+from sandboxes._kernel import ready
 from sandboxes._watchdog import parent_and_start
 from sandboxes.base import SandboxUnavailable
 from sandboxes.subprocess._ptrace import SEIZE, request
@@ -114,8 +114,5 @@ def seize_alive(init: int, template: int) -> int:
 
 
 def exited(pidfd: int) -> bool:
-    """Whether the process of ``pidfd`` has exited (``poll``: a busy runner's descriptors
-    pass ``select``'s 1024)."""
-    watched = select.poll()
-    watched.register(pidfd, select.POLLIN)
-    return bool(watched.poll(0))
+    """Whether the process of ``pidfd`` has exited."""
+    return bool(ready([pidfd], 0))

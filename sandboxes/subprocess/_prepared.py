@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import select
 import signal
 import subprocess
 import threading
@@ -23,6 +22,7 @@ from sandboxes._ended import process_ended
 from sandboxes._exchange import Exchange
 from sandboxes._exec_status import new_token, token_line
 from sandboxes._identity import IdentityLease
+from sandboxes._kernel import ready
 from sandboxes._prepare import submit
 from sandboxes._prepared import OneRun, Stage
 from sandboxes._priming import PrimingPipe
@@ -143,7 +143,7 @@ class PreparedSubprocess(OneRun):
         # byte, read by ``_drive`` later: only waited for here). This also paces the pool:
         # its next sandbox is not begun while this one still takes the CPU to set up.
         assert self._started_read is not None
-        select.select([self._started_read], [], [], STARTED_WAIT_S)
+        ready([self._started_read], STARTED_WAIT_S)
         tree = self._process_tree()
         if tree is not None:
             tree.look()  # its processes, while the launcher still holds them

@@ -1,14 +1,14 @@
 """The pipes of a process started ahead, as an ``Opening`` speaks through them (blocking,
-from the pool's thread): non-blocking descriptors behind ``select``, so that no wait
-outlasts the prime's deadline and stderr is drained while stdout is awaited (a tool that
+from the pool's thread): non-blocking descriptors behind ``poll`` (``_kernel.ready``), so
+that no wait outlasts the prime's deadline and stderr is drained while stdout is awaited (a tool that
 fills its stderr pipe must not stall its own answer)."""
 
 from __future__ import annotations
 
 import os
-import select
 import subprocess
 
+from sandboxes._kernel import ready
 from sandboxes._priming import PrimingPipe, left_until
 from sandboxes.view import READ_CHUNK
 
@@ -28,8 +28,7 @@ class FdPipe(PrimingPipe):
     def _write(self, data: bytes, deadline: float) -> None:
         view = memoryview(data)
         while view:
-            _, writable, _ = select.select([], [self._in], [], left_until(deadline))
-            if not writable:
+            if not ready([self._in], left_until(deadline), writable=True):
                 continue
             try:
                 view = view[os.write(self._in, view) :]
@@ -40,7 +39,7 @@ class FdPipe(PrimingPipe):
     def _read(self, deadline: float) -> bytes:
         while True:
             watched = [self._out, self._err] if self._err_open else [self._out]
-            readable, _, _ = select.select(watched, [], [], left_until(deadline))
+            readable = ready(watched, left_until(deadline))
             if self._err in readable:
                 try:
                     chunk = os.read(self._err, READ_CHUNK)

@@ -268,12 +268,7 @@ class SubprocessSandbox:
         network = None
         try:
             network = SandboxNetwork.open(limits, spec)
-            name = self.next_name()
-            # Checked once here: without root every call's /tmp has its folder in it, and
-            # in degraded mode every call's TMPDIR.
-            scratch_root = self.own_scratch_root() if os.geteuid() != 0 or missing else None
-            user_stage = scratch_root / name if scratch_root is not None and not missing else None
-            workspace = GrantedWorkspace.open(spec, limits.disk_mb, name, user_stage)
+            # First: a cgroup refused makes the call degraded, and that decides the rest.
             if self.cgroups is not None:
                 try:
                     cgroup = self.cgroups.create(limits.memory_mb, limits.max_pids)
@@ -281,9 +276,15 @@ class SubprocessSandbox:
                     if not self.config.allow_degraded:
                         raise SandboxUnavailable(str(exc)) from exc
                     missing.append(str(exc))
-            if missing and scratch_root is None:  # degraded by the cgroup, as root
-                scratch_root = self.own_scratch_root()
+            name = self.next_name()
+            # Checked once here: without root every call's /tmp has its folder in it, and
+            # in degraded mode every call's TMPDIR.
+            scratch_root = self.own_scratch_root() if os.geteuid() != 0 or missing else None
+            user_stage = scratch_root / name if scratch_root is not None and not missing else None
+            workspace = GrantedWorkspace.open(spec, limits.disk_mb, name, user_stage)
         except BaseException:
+            if cgroup is not None:
+                cgroup.remove()
             if workspace is not None:
                 workspace.release()
             if network is not None:

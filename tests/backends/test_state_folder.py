@@ -237,6 +237,7 @@ def test_the_root_folder_is_never_a_state_folder() -> None:
 def test_the_runtime_folder_is_the_users_own_real_folder_or_none(tmp_path: Path) -> None:
     own = tmp_path / "own"
     own.mkdir()
+    own.chmod(0o700)  # whatever the umask (002 gives 0775: others may write)
     if os.geteuid() == 0:
         uid, others = 4242, tmp_path / "roots"  # a user of no other folder here
         others.mkdir()
@@ -253,8 +254,8 @@ def test_the_runtime_folder_is_the_users_own_real_folder_or_none(tmp_path: Path)
     assert runtime_folder(uid, {"XDG_RUNTIME_DIR": str(own)}) == own
     # Someone else's (root's, inherited through su without -), a link, a relative value
     # or none: the user's /run/user/UID where there is one, else nothing.
-    fallback = Path(f"/run/user/{uid}")
-    expected = fallback if fallback.is_dir() and fallback.stat().st_uid == uid else None
+    expected = runtime_folder(uid, {})
+    assert expected in (None, Path(f"/run/user/{uid}"))
     for inherited in (str(others), str(link), str(shared), "own", ""):
         assert runtime_folder(uid, {"XDG_RUNTIME_DIR": inherited}) == expected, inherited
 
