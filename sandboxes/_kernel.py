@@ -7,16 +7,11 @@ import select
 import signal
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 _HIGHEST_SIGNAL = signal.SIGRTMAX
 
 
-class _HasFileno(Protocol):
-    def fileno(self) -> int: ...
-
-
-def ready(fds: Sequence[int | _HasFileno], timeout_s: float, *, writable: bool = False) -> list[int]:
+def ready(fds: Sequence[int], timeout_s: float, *, writable: bool = False) -> list[int]:
     """The descriptors of ``fds`` ready to read (or to write), their end or an error
     included, within ``timeout_s``: ``select``'s answer through ``poll``, which takes the
     descriptors a busy runner numbers past 1024."""

@@ -88,7 +88,8 @@ async def read_frames(
     stream is closed under it while it still writes).
 
     Raises:
-        OutputOverflow: stdout passed the cap (reading stops there).
+        OutputOverflow: ``stdout`` passed its cap (reading stops there; a ``StdoutValve``
+            takes the overflow and the reading goes on).
         OSError: the connection to the daemon was lost.
     """
     loop = asyncio.get_running_loop()

@@ -230,7 +230,7 @@ class FrozenTemplate:
         while not readable and (left := deadline - time.monotonic()) > 0:
             if stop.is_set():  # the runner is closing: its close waits for no import
                 raise TemplateRefused("the tool's template was given up while it imported")
-            readable = ready([process.stdout], min(left, STOP_POLL_S))
+            readable = ready([process.stdout.fileno()], min(left, STOP_POLL_S))
         if not readable or os.read(process.stdout.fileno(), 1) != b"r":
             raise TemplateRefused("the tool's template did not start (its imports failed or took too long)")
         init, template, _ = sandboxed(process.pid)

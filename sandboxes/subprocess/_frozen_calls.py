@@ -146,7 +146,7 @@ def accepted(listener: socket.socket, pid: int) -> socket.socket:
     is closed unread."""
     deadline = time.monotonic() + CONNECT_S
     while (left := deadline - time.monotonic()) > 0:
-        if not ready([listener], left):
+        if not ready([listener.fileno()], left):
             break
         try:
             connection, _ = listener.accept()

@@ -283,13 +283,15 @@ class SubprocessSandbox:
             user_stage = scratch_root / name if scratch_root is not None and not missing else None
             workspace = GrantedWorkspace.open(spec, limits.disk_mb, name, user_stage)
         except BaseException:
-            if cgroup is not None:
-                cgroup.remove()
-            if workspace is not None:
-                workspace.release()
-            if network is not None:
-                network.close()
-            lease.release()
+            try:
+                if cgroup is not None:
+                    cgroup.remove()
+            finally:
+                if workspace is not None:
+                    workspace.release()
+                if network is not None:
+                    network.close()
+                lease.release()
             raise
         return PreparedSubprocess(
             self,
