@@ -1,6 +1,6 @@
 """The user's runtime folder, where a runner without root keeps its state and listens.
 
-Standard library only: ``runner exec`` reads it on its fast path, and the watchdog may too.
+Standard library only: ``runner exec`` reads it on its fast path.
 """
 
 from __future__ import annotations

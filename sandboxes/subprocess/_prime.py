@@ -1,7 +1,7 @@
 """The pipes of a process started ahead, as an ``Opening`` speaks through them (blocking,
 from the pool's thread): non-blocking descriptors behind ``poll`` (``_kernel.ready``), so
-that no wait outlasts the prime's deadline and stderr is drained while stdout is awaited (a tool that
-fills its stderr pipe must not stall its own answer)."""
+that no wait outlasts the prime's deadline and stderr is drained while stdout is awaited
+(a tool that fills its stderr pipe must not stall its own answer)."""
 
 from __future__ import annotations
 
