@@ -24,15 +24,11 @@ from typing import Any
 import psutil
 import pytest
 from conftest import ToolBench, wait_for
-from support.fork_probes import running_with, spare_of, status_of
+from support.fork_probes import FORKABLE, needs_fork_mode, running_with, spare_of, status_of
 from support.state_folders import passable_folder
 
 from runner import Runner
-from sandboxes.subprocess._forked import exit_status_known
 from sandboxes.testing import processes_with_env
-
-FORKABLE = os.geteuid() == 0 and os.uname().machine == "x86_64" and exit_status_known()
-needs_fork_mode = pytest.mark.skipif(not FORKABLE, reason="fork mode needs root, x86-64 and Linux 6.15+")
 
 # What a call sees, and leaves behind for the next one to find: a file in /tmp, a child
 # that stays, a module global of an imported module changed.

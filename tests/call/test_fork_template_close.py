@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -20,22 +19,18 @@ from typing import Any
 
 import pytest
 from conftest import ToolBench, wait_for
-from support.fork_probes import running_with
+from support.fork_probes import needs_fork_mode, running_with
 
 from runner import Runner
 from sandboxes.subprocess import _fork_mode, _frozen
 from sandboxes.subprocess._cgroup import CallCgroup, CgroupFactory
 from sandboxes.subprocess._fork_mode import ToolTemplate
-from sandboxes.subprocess._forked import exit_status_known
 from sandboxes.subprocess._frozen_calls import Cloned
 from sandboxes.subprocess._frozen_checks import TemplateRefused
 from sandboxes.subprocess._ptrace import TraceError
 from sandboxes.subprocess.sandbox import SubprocessSandbox
 
-pytestmark = pytest.mark.skipif(
-    not (os.geteuid() == 0 and os.uname().machine == "x86_64" and exit_status_known()),
-    reason="fork mode needs root, x86-64 and Linux 6.15+",
-)
+pytestmark = needs_fork_mode
 
 ASKERS = 6
 ASKING_S = 0.3  # asks made before the close, and as long after it

@@ -10,11 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 from conftest import ToolBench, wait_for
-
-from sandboxes.subprocess._forked import exit_status_known
+from support.fork_probes import needs_fork_mode
 
 ADD = "import json, sys\nparams = json.load(sys.stdin)['params']\nprint(json.dumps(params['a'] + params['b']))\n"
-FORKABLE = os.geteuid() == 0 and os.uname().machine == "x86_64" and exit_status_known()
 HELD = 1100  # the call's own descriptors are numbered past these
 
 
@@ -40,9 +38,7 @@ def crowded() -> Iterator[None]:
     [
         "cold",
         "warm",
-        pytest.param(
-            "fork", marks=pytest.mark.skipif(not FORKABLE, reason="fork mode needs root, Linux 6.15+")
-        ),
+        pytest.param("fork", marks=needs_fork_mode),
     ],
 )
 def test_calls_run_with_descriptors_numbered_past_1024(bench: ToolBench, crowded: None, mode: str) -> None:

@@ -26,17 +26,13 @@ from typing import Any
 import pytest
 import yaml
 from conftest import ToolBench, our_cgroups, wait_for
-from support.fork_probes import running_with, write_tool
+from support.fork_probes import needs_fork_mode, running_with, write_tool
 
 from runner import Runner
-from sandboxes.subprocess._forked import exit_status_known
 from sandboxes.testing import processes_with_env
 from sandboxes.view import LIBRARY_SOURCE
 
-pytestmark = pytest.mark.skipif(
-    not (os.geteuid() == 0 and os.uname().machine == "x86_64" and exit_status_known()),
-    reason="fork mode needs root, x86-64 and Linux 6.15+",
-)
+pytestmark = needs_fork_mode
 
 Found = dict[str, Any]
 

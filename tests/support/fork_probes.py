@@ -17,9 +17,16 @@ memory, a SysV segment and a socketpair at import; ``files`` and ``procs`` open 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
+
+from sandboxes.subprocess._forked import exit_status_known
 from sandboxes.testing import processes_with_env
+
+FORKABLE = os.geteuid() == 0 and os.uname().machine == "x86_64" and exit_status_known()
+needs_fork_mode = pytest.mark.skipif(not FORKABLE, reason="fork mode needs root, x86-64 and Linux 6.15+")
 
 MAIN = """import json, sys
 import runner_tool
