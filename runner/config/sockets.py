@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from sandboxes.runtime_folder import runtime_folder
+from sandboxes.runtime_folder import own_folder_fault, runtime_folder
 
 SOCKET_ENV = "RUNNER_SOCKET"  # a socket of the user's choosing, for `runner exec`
 SOCKET_NAME = "serve.sock"
@@ -48,17 +48,8 @@ def own_folder(folder: Path, *, private: bool) -> None:
     Raises:
         SocketPlaceError: it is missing, a symlink, someone else's, or too open.
     """
-    try:
-        info = os.lstat(folder)
-    except OSError as exc:
-        raise SocketPlaceError(f"{folder}: {exc.strerror or 'cannot be read'}") from None
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise SocketPlaceError(f"{folder} is not a folder (a symlink, or a file)")
-    if info.st_uid != os.getuid():
-        raise SocketPlaceError(f"{folder} belongs to uid {info.st_uid}, not to this user")
-    if info.st_mode & (0o077 if private else 0o022):
-        wanted = "0700" if private else "writable by this user alone"
-        raise SocketPlaceError(f"{folder} has mode {stat.S_IMODE(info.st_mode):04o}; it must be {wanted}")
+    if (fault := own_folder_fault(folder, os.getuid(), private=private)) is not None:
+        raise SocketPlaceError(fault)
 
 
 def prepare_folder(socket_path: Path, *, private: bool) -> None:
