@@ -25,4 +25,12 @@ class TailBuffer:
             del self._data[: len(self._data) - self._cap]
 
     def text(self) -> str:
-        return self._data.decode("utf-8", errors="replace")
+        data = self._data
+        if self.total > len(data):
+            # Cut inside a character: its last bytes alone would decode as U+FFFD, which
+            # would hide the end of a secret cut there from the scrub of a cut tail.
+            start = 0
+            while start < min(3, len(data)) and data[start] & 0xC0 == 0x80:
+                start += 1
+            data = data[start:]
+        return data.decode("utf-8", errors="replace")

@@ -9,7 +9,9 @@ A backend hands each event line of the tool's stderr to the attempt's ``ToolEven
 
 Anything else (an unknown event, a malformed line, a number that is not finite, an image
 of a type outside ``IMAGE_TYPES``, more than ``MAX_EVENTS``) is dropped and counted,
-never a failure. Every string an event shows is scrubbed of the call's secrets.
+never a failure. Every string an event shows is scrubbed of the call's secrets. What
+cannot be scrubbed in place is dropped: a progress number, or an image's, audio's or
+blob's data, that holds a secret (as the base64 text, or in the bytes it decodes to).
 """
 
 from __future__ import annotations
@@ -78,13 +80,28 @@ class ToolEvents:
         if "log" in value:
             return self._log(value)
         block = _block(value["content"])
-        return {"content": self._scrubbed_block(block)} if block is not None else None
+        if block is None or self._holds_secret(block):
+            return None
+        return {"content": self._scrubbed_block(block)}
+
+    def _holds_secret(self, block: dict[str, Any]) -> bool:
+        """Does an image's, audio's or blob's data hold a secret? It cannot be cut out of
+        the data and leave it whole, so such a block is dropped."""
+        data = block.get("data", block.get("resource", {}).get("blob"))
+        if data is None or not self._scrubber:
+            return False
+        if self._scrubber.scrub_text(data) != data:
+            return True
+        raw = base64.b64decode(data)
+        return any(secret.encode("utf-8", "surrogatepass") in raw for secret in self._scrubber.secrets)
 
     def _progress(self, value: dict[str, Any]) -> Event | None:
         done, total, message = value["progress"], value.get("total"), value.get("message")
         if not _number(done) or (total is not None and not (_number(total) and total > 0)):
             return None
         if message is not None and not isinstance(message, str):
+            return None
+        if self._scrubber.spelled_by(done) or self._scrubber.spelled_by(total):
             return None
         if total is not None:
             done = min(done, total)  # never past the whole
@@ -102,7 +119,7 @@ class ToolEvents:
         level = value["log"]
         if level not in LOG_LEVELS:
             return None
-        event: Event = {"log": level, "data": self._scrubber.scrub(value.get("data"))}
+        event: Event = {"log": level, "data": self._scrubber.scrub_document(value.get("data"))}
         logger = value.get("logger")
         if isinstance(logger, str):
             event["logger"] = self._scrubber.scrub_text(logger)

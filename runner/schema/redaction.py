@@ -9,6 +9,7 @@ that quotes a parent object or a tool's stderr alike (``Scrubber``).
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +29,9 @@ class Scrubber:
 
     @classmethod
     def of(cls, values: Iterable[object]) -> Scrubber:
-        """A scrubber for every non-empty string found in ``values``, nested ones included."""
-        return cls(frozenset(text for text in string_leaves(values) if text))
+        """A scrubber for every non-empty string and every number (by its JSON text) found
+        in ``values``, nested ones included: a sensitive PIN is as secret as a password."""
+        return cls(frozenset(text for text in sensitive_leaves(values) if text))
 
     def __bool__(self) -> bool:
         return bool(self.secrets)
@@ -87,6 +89,23 @@ class Scrubber:
             return [self.scrub(item) for item in value]
         return value
 
+    def spelled_by(self, value: object) -> bool:
+        """Does a number's JSON text hold a secret (a secret of digits)?"""
+        if not self.secrets or isinstance(value, str | Mapping | list | tuple):
+            return False
+        text = json.dumps(value)
+        return self.scrub_text(text) != text
+
+    def scrub_document(self, value: Any) -> Any:
+        """``scrub`` for a document a tool wrote: a number that spells a secret is ``***`` too."""
+        if isinstance(value, str):
+            return self.scrub_text(value)
+        if isinstance(value, Mapping):
+            return {self.scrub_text(key): self.scrub_document(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.scrub_document(item) for item in value]
+        return REDACTED if self.spelled_by(value) else value
+
 
 NO_SECRETS = Scrubber()
 
@@ -102,13 +121,16 @@ def _cut_fragment(secret: str, text: str) -> int:
     return 0
 
 
-def string_leaves(values: Iterable[object]) -> Iterable[str]:
-    """Every string value in ``values`` and in the lists and mappings they hold (not keys)."""
+def sensitive_leaves(values: Iterable[object]) -> Iterable[str]:
+    """Every string value in ``values`` and in the lists and mappings they hold (not keys),
+    and every number's JSON text (not true or false)."""
     stack = list(values)
     while stack:
         value = stack.pop()
         if isinstance(value, str):
             yield value
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            yield json.dumps(value)
         elif isinstance(value, Mapping):
             stack.extend(value.values())
         elif isinstance(value, list | tuple):

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Literal
+from typing import Literal
 
 from runner.schema import strict_json
-from runner.schema.redaction import REDACTED, Scrubber
+from runner.schema.redaction import Scrubber
 from sandboxes import SandboxOutcome
 from sandboxes.view import STDERR_TAIL_BYTES
 
@@ -58,16 +58,4 @@ def scrub_stdout(stdout: bytes, scrubber: Scrubber, output_format: Literal["json
     if scrubber.scrub_text(canonical) == canonical:
         return stdout
     # ASCII: a lone surrogate the tool wrote as \ud800 is written back the same way.
-    return json.dumps(_scrub_document(document, scrubber), allow_nan=False).encode("ascii")
-
-
-def _scrub_document(value: Any, scrubber: Scrubber) -> Any:
-    if isinstance(value, str):
-        return scrubber.scrub_text(value)
-    if isinstance(value, dict):
-        return {scrubber.scrub_text(key): _scrub_document(item, scrubber) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_scrub_document(item, scrubber) for item in value]
-    # A number (or true/false/null) whose text holds a secret: a secret of digits.
-    text = json.dumps(value)
-    return REDACTED if scrubber.scrub_text(text) != text else value
+    return json.dumps(scrubber.scrub_document(document), allow_nan=False).encode("ascii")

@@ -69,3 +69,14 @@ def test_without_a_sink_event_lines_are_dropped_from_the_tail() -> None:
 def test_an_event_line_cut_by_the_end_of_the_stream_is_handed_on_at_close() -> None:
     heard, _, _ = split([b'\x1e{"progress": 1}'])
     assert heard.records == [b'{"progress": 1}']
+
+
+def test_a_tail_cut_inside_a_character_begins_at_the_next_one() -> None:
+    # Decoded with its stray last bytes, the tail began with U+FFFD, and a secret cut
+    # there kept its end out of the reach of the scrub of a cut tail.
+    tail = TailBuffer(8)
+    tail.feed("xü".encode() + b"abcdefg")
+    assert tail.text() == "abcdefg"
+    whole = TailBuffer(8)
+    whole.feed(b"\x80abc")  # not cut: what the tool wrote, as it wrote it
+    assert whole.text() == "\ufffdabc"

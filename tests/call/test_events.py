@@ -152,3 +152,45 @@ def test_a_listener_that_raises_does_not_stop_the_events() -> None:
     sink.event(line({"content": {"type": "text", "text": "kept"}}))
     assert sink.content == [{"type": "text", "text": "kept"}]
     assert sink.ignored_count == 0
+
+
+def test_a_block_whose_data_holds_a_secret_is_dropped_whole_and_counted() -> None:
+    # A secret of base64's alphabet passes as the data itself; any other, inside the bytes
+    # the data decodes to (an image's text chunk). Neither can be cut out and leave an image.
+    plain, hidden = "Zm9vYmFyYmF6cXV4", "sk-live hidden key"
+    scrubber = Scrubber.of([plain, hidden])
+    inside = base64.b64encode(b"\x89PNG\r\n\x1a\ntEXt" + hidden.encode() + b"\x00").decode()
+    heard, sink = read(
+        {"content": {"type": "image", "mimeType": "image/png", "data": plain}},
+        {"content": {"type": "audio", "mimeType": "audio/wav", "data": plain}},
+        {"content": {"type": "resource", "resource": {"uri": "data:x", "blob": plain}}},
+        {"content": {"type": "image", "mimeType": "image/png", "data": inside}},
+        {"content": {"type": "image", "mimeType": "image/png", "data": PNG}},
+        scrubber=scrubber,
+    )
+    assert heard == [{"content": {"type": "image", "mimeType": "image/png", "data": PNG}}]
+    assert sink.content == [heard[0]["content"]]
+    assert sink.ignored_count == 4
+
+
+def test_a_secret_of_digits_never_passes_as_a_number_of_a_log_or_progress() -> None:
+    pin = "73914682"
+    heard, sink = read(
+        {"log": "info", "data": 73914682},
+        {"log": "info", "data": {"n": [73914682, 5], "f": 73914682.5}},
+        {"progress": 73914682},
+        {"progress": 1, "total": 739146820},
+        {"progress": 2, "total": 4},
+        scrubber=Scrubber.of([pin]),
+    )
+    assert heard == [
+        {"log": "info", "data": "***"},
+        {"log": "info", "data": {"n": ["***", 5], "f": "***"}},
+        {"progress": 2, "total": 4},
+    ]
+    assert sink.ignored_count == 2
+
+
+def test_a_sensitive_number_is_scrubbed_by_its_json_text() -> None:
+    scrubber = Scrubber.of([{"pin": 48151623, "ratio": 0.5, "flag": True}])
+    assert scrubber.scrub_text("bad pin 48151623, ratio 0.5, true") == "bad pin ***, ratio ***, true"

@@ -146,6 +146,31 @@ def test_a_secret_a_failing_tool_echoes_is_scrubbed_from_the_answer_and_every_ev
     assert "***" in events[1]["stderr"]
 
 
+def test_a_sensitive_number_a_failing_tool_echoes_is_scrubbed_from_the_answer_events_and_log(
+    bench: ToolBench,
+) -> None:
+    # A PIN is a number: it was kept out of the log where it stood, but not cut out of
+    # the text the tool wrote around it.
+    code = (
+        "import json, sys\n"
+        "pin = json.load(sys.stdin)['params']['pin']\n"
+        "print('bad pin', pin, file=sys.stderr)\n"
+        "print('\\x1e' + json.dumps({'log': 'info', 'data': f'pin is {pin}'}), file=sys.stderr)\n"
+        "print('\\x1e' + json.dumps({'content': {'type': 'text', 'text': f'pin is {pin}'}}), file=sys.stderr)\n"
+        "print(json.dumps({'error': {'message': f'bad pin {pin}'}}))\n"
+        "sys.exit(3)\n"
+    )
+    schema = {"type": "object", "properties": {"pin": {"type": "integer", "x-sensitive": True}}}
+    bench.tool("pin", code, parameters=schema)
+    heard: list[dict[str, Any]] = []
+    result = bench.runner().call("pin", {"pin": 48151623}, on_event=heard.append)
+    assert not result.success
+    assert len(heard) == 2
+    assert "48151623" not in json.dumps([result.to_wire(), heard])
+    assert "48151623" not in bench.audit_log.read_text()
+    assert "bad pin ***" in bench.audit_log.read_text()
+
+
 # -- patterns and validation time (issue 8, item 6) -----------------------------------
 
 
