@@ -45,8 +45,9 @@ from runner.call.requests import (
     wire_request,
 )
 from runner.call.running import InFlight, current_task, run_blocking
+from runner.call.session_counts import SessionCounts
 from runner.call.session_scope import Session
-from runner.call.sessions import CURRENT, CallSession, SessionCounts, is_session_tool
+from runner.call.sessions import CURRENT, CallSession, is_session_tool
 from runner.clock import Clock, SystemClock, iso_now
 from runner.config.locations import find_policy, tool_dirs
 from runner.dispatch.choice import dispatched_sandbox
@@ -91,8 +92,7 @@ class Runner:
         self.audit = audit
         self._sandbox_factory = sandbox_factory
         self._clock = clock or SystemClock()
-        # Params and results are validated in these threads, never on the event loop; they
-        # start on first use and are joined by ``aclose``.
+        # Params and results are validated in these threads, off the loop, joined by ``aclose``.
         self._threads = ThreadPoolExecutor(
             max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="runner-validate"
         )

@@ -141,3 +141,9 @@ def run_settings(backend: Sandbox, spec: LaunchSpec, limits: Limits) -> str:
         dataclasses.replace(limits, timeout_ms=0, max_output_bytes=0),
     )
     return hashlib.sha256(repr(shape).encode()).hexdigest()
+
+
+def secrets_digest(spec: LaunchSpec) -> str:
+    """A digest of the secrets' values a sandbox is opened with: a session sandbox keeps
+    its first call's, which a later call's scrub, knowing only its own, would not mask."""
+    return hashlib.sha256(repr(sorted(spec.secrets.items())).encode()).hexdigest()

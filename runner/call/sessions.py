@@ -7,7 +7,8 @@ tool, opened by its first call; a call outside a session runs as any other. A sa
 ends when its session ends (``ended``), after ``session.idle_ms`` without a call
 (``idle``), ``session.max_ms`` after it opened (``max_ms``), when a call broke a limit,
 timed out or was cut short (``limit``: the backend killed it whole), when its limits
-could not be looked at between calls (``fault``), or when the runner closes
+could not be looked at between calls (``fault``), when a secret of the tool has another
+value than it was opened with (``secrets``), or when the runner closes
 (``runner_closed``). A hosted MCP server's tools marked so share one run of the server
 per session (``runner.call.hosted_sessions``), keyed by the server's name apart from the
 tools' (a tool and a server of one name never share a sandbox); a server that ends by
@@ -21,16 +22,16 @@ import asyncio
 import contextlib
 import functools
 import secrets
-import threading
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from runner.audit.log import AuditLog
-from runner.call.hosted_sessions import HostedServer, run_settings
+from runner.call.hosted_sessions import HostedServer, run_settings, secrets_digest
 from runner.call.hosting import HostedDialogue, HostedWork
 from runner.call.policy import Policy, SessionModel
+from runner.call.session_counts import SessionCounts
 from runner.clock import Clock
 from runner.tools.manifest import Tool
 from sandboxes import (
@@ -67,49 +68,6 @@ def is_session_tool(tool: Tool, policy: Policy) -> bool:
     return tool.manifest.session
 
 
-class SessionCounts:
-    """The session sandboxes open in a runner: in all, and per client."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._total = 0
-        self._by_owner: dict[str, int] = {}
-        self.sessions: set[CallSession] = set()
-        # Moved on by each reload of the policy and tools: a session sandbox opened before
-        # holds the old settings (limits, grants, secrets, code) and is opened anew.
-        self.generation = 0
-
-    def reserve(self, owner: str | None, settings: SessionModel) -> None:
-        """Count one more open sandbox of ``owner``.
-
-        Raises:
-            SandboxUnavailable: ``session.max_total`` or ``session.max_per_token`` is reached.
-        """
-        with self._lock:
-            if self._total >= settings.max_total:
-                raise SandboxUnavailable(
-                    f"session.max_total reached: {self._total} session sandboxes are open"
-                )
-            held = self._by_owner.get(owner, 0) if owner is not None else 0
-            if owner is not None and held >= settings.max_per_token:
-                raise SandboxUnavailable(f"session.max_per_token reached: this client holds {held}")
-            self._total += 1
-            if owner is not None:
-                self._by_owner[owner] = held + 1
-
-    def release(self, owner: str | None) -> None:
-        with self._lock:
-            self._total -= 1
-            if owner is not None:
-                left = self._by_owner.pop(owner, 1) - 1
-                if left > 0:
-                    self._by_owner[owner] = left
-
-    def open_count(self) -> int:
-        with self._lock:
-            return self._total
-
-
 class _Kept(Protocol):
     """What a session keeps open: a session sandbox, or a hosted server's run."""
 
@@ -128,6 +86,7 @@ class _Held:
     used: float
     generation: int
     calls: int = 0
+    secrets: str = ""  # ``secrets_digest`` of what it was opened with
 
 
 Opener = Callable[[], Awaitable[_Kept]]
@@ -219,7 +178,13 @@ class CallSession:
             self.counts.sessions.discard(self)  # a runner's close on this loop waits till here
 
     async def take(
-        self, key: Key, backend: Sandbox, open_: Opener, note: SessionNote | None, generation: int
+        self,
+        key: Key,
+        backend: Sandbox,
+        open_: Opener,
+        note: SessionNote | None,
+        generation: int,
+        secrets: str = "",
     ) -> tuple[_Held, asyncio.Lock]:
         """The tool's sandbox in this session, opened if need be, with its lock held (the
         caller releases it when its call is over).
@@ -232,11 +197,14 @@ class CallSession:
         await lock.acquire()
         try:
             held = self._held.get(key)
-            if held is not None and (why := self._ends(held)) is not None:
+            # Opened with other secrets' values: a later call's scrub knows only its own.
+            why = held and (self._ends(held) or ("secrets" if held.secrets != secrets else None))
+            if held is not None and why:
                 await self._drop(key, why)
                 held = None
             if held is None:
                 held = await self._open(key, backend, open_, generation)
+                held.secrets = secrets
                 if note is not None and key[:2] in self._lost:
                     note.restarted = True
                 self._lost.discard(key[:2])
@@ -367,7 +335,8 @@ class _SessionBackend:
                 raise SandboxUnavailable(f"the {backend.name} backend cannot keep a sandbox for a session")
             return await backend.open_session(spec, limits)
 
-        held, lock = await self._session.take(self._key, backend, open_, NOTE.get(), self._generation)
+        note, digest = NOTE.get(), secrets_digest(spec)
+        held, lock = await self._session.take(self._key, backend, open_, note, self._generation, digest)
         return _SessionRun(self._session, self._key, held, lock, limits)
 
 

@@ -384,3 +384,32 @@ def test_runner_validate_warns_of_ungranted_and_unavailable_secrets(bench: ToolB
     warnings = [line for line in lines if line.startswith("warning:")]
     assert len(errors) == 1 and "ungranted" in errors[0] and "not granted" in errors[0], done.stdout
     assert len(warnings) == 1 and "unset" in warnings[0] and HOST_VARIABLE in warnings[0], done.stdout
+
+
+def test_a_secret_changed_during_a_session_opens_its_sandbox_anew_and_the_old_value_stays_masked(
+    bench: ToolBench, tmp_path: Path
+) -> None:
+    # The session's sandbox keeps the environment of its first call; a later call's scrub
+    # knew only the value read for it, so a rotated secret's old value went out in clear.
+    source = tmp_path / "token"
+    source.write_text("OLDSECRETVALUE-1234")
+    source.chmod(0o600)
+    code = "import json, os, sys\nsys.stdin.read()\nprint(json.dumps({'key': os.environ['API_TOKEN']}))\n"
+    bench.tool("keeps", code, secrets=["API_TOKEN"], session=True)
+    bench.policy["secrets"] = {"API_TOKEN": {"file": str(source)}}
+    bench.policy["tools"] = {"keeps": {"secrets": ["API_TOKEN"]}}
+
+    async def calls() -> list[Any]:
+        async with bench.runner() as runner, runner.session() as session:
+            first = await session.acall("keeps", {})
+            source.write_text("NEWSECRETVALUE-5678")
+            return [first, await session.acall("keeps", {})]
+
+    first, second = asyncio.run(calls())
+    assert (first.result, second.result) == ({"key": "***"}, {"key": "***"})
+    assert second.metadata.extra["sessionRestarted"] is True
+    closed = [
+        e for e in map(json.loads, bench.audit_log.read_text().splitlines()) if e["event"] == "session.closed"
+    ]
+    assert [e["reason"] for e in closed] == ["secrets", "ended"]
+    assert "SECRETVALUE" not in bench.audit_log.read_text()
