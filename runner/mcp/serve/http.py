@@ -132,6 +132,10 @@ class HttpTransport:
             # MCP is plain HTTP: an upgrade to a WebSocket would pass the bearer check
             # (an ASGI "websocket", not "http") and leave the gate's count of its connection.
             ws="none",
+            # A client's address is its socket's peer: uvicorn would believe X-Forwarded-For
+            # from any loopback peer, so any local user could name itself in the audit, and
+            # a token client behind a proxy would not be the peer the gate trusts.
+            proxy_headers=False,
             log_level="warning",
             lifespan="on",
             timeout_keep_alive=math.ceil(limits.idle_timeout_s),

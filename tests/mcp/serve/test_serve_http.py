@@ -61,6 +61,23 @@ async def test_a_request_without_a_token_or_with_an_unknown_one_is_401_and_audit
     assert not any(tokens["ops"] in line for line in bench.audit_log.read_text().splitlines())
 
 
+async def test_a_forwarded_for_header_from_a_local_peer_is_not_its_address(
+    bench: ToolBench, served: tuple[HttpServer, dict[str, str]]
+) -> None:
+    # uvicorn believed X-Forwarded-For from loopback by default: any local user wrote the
+    # peer of its own refusals (and the key of their budget), and a token client behind a
+    # proxy that adds the header was never trusted by the connection gate.
+    server, _ = served
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    forged = {"X-Forwarded-For": "203.0.113.66", "Forwarded": "for=203.0.113.67"}
+    async with httpx2.AsyncClient() as http:
+        answer = await http.post(server.url, json=ping, headers=forged)
+    assert answer.status_code == 401
+    [refused] = audit_events(bench, event="serve.auth")
+    assert refused["peer"].startswith("127.0.0.1:"), refused
+    assert "203.0.113" not in bench.audit_log.read_text()
+
+
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_each_token_gets_its_roles_tools_and_its_name_in_every_audit_event_of_its_calls(
     bench: ToolBench, served: tuple[HttpServer, dict[str, str]], mode: str
