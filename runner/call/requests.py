@@ -25,7 +25,7 @@ MAX_PARAMS_BYTES = 8 * 1024 * 1024
 MAX_PARAMS_DEPTH = MAX_DEPTH
 MAX_REQUEST_ERRORS = 20  # failing fields of a request listed in its INVALID_PARAMS answer
 # Printable text only: ids end up in environments, argv, audit lines and messages.
-ID_PATTERN = r"^[^\x00-\x1f\x7f]*$"  # lone surrogates are refused by _check_json
+ID_PATTERN = r"^[^\x00-\x1f\x7f]*$"  # lone surrogates are refused by check_json
 
 
 class _Wire(BaseModel):
@@ -63,7 +63,7 @@ class DiscoverRequest(_Wire):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-def _check_json(raw: dict[str, Any]) -> None:
+def check_json(raw: dict[str, Any]) -> None:
     """The request must be plain JSON the tool can be sent: bounded depth and size, valid text."""
     if depth(raw, MAX_PARAMS_DEPTH) > MAX_PARAMS_DEPTH:
         raise CallError(
@@ -107,7 +107,7 @@ def parse_request(raw: object) -> CallRequest | DiscoverRequest:
             "request must be a JSON object",
             {"field": "(root)", "problem": "not an object"},
         )
-    _check_json(raw)
+    check_json(raw)
     model: type[CallRequest | DiscoverRequest] = DiscoverRequest if "action" in raw else CallRequest
     try:
         return model.model_validate(raw)

@@ -32,14 +32,13 @@ def _finite_float(text: str) -> float:
 
 def depth(value: object, limit: int = MAX_DEPTH) -> int:
     """Nesting depth of a JSON value, counted without recursion and stopping past ``limit``."""
-    deepest, stack = 0, [(value, 1)]
+    deepest, stack = 1, [(value, 1)]
     while stack and deepest <= limit:
         item, level = stack.pop()
-        deepest = max(deepest, level)
-        if isinstance(item, dict):
-            stack.extend((v, level + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, level + 1) for v in item)
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        if children:  # a leaf counts one level; only containers are walked (millions of leaves are quick)
+            deepest = max(deepest, level + 1)
+            stack.extend((v, level + 1) for v in children if isinstance(v, dict | list))
     return deepest
 
 

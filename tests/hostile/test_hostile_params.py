@@ -16,6 +16,7 @@ from conftest import ToolBench
 
 from runner import Runner
 from runner.call.guard import VALIDATION_GRACE_S
+from runner.schema.strict_json import depth
 
 ECHO = "import json, sys\njson.dump(json.load(sys.stdin)['params'], sys.stdout)\n"
 SECRET = "s3cr3t-TOKEN-1f9d"
@@ -385,3 +386,15 @@ def test_nan_and_infinity_floats_handed_to_handle_are_invalid_params(bench: Tool
     assert runner.handle({"toolName": "ok", "params": {}, "metadata": {"x": value}})["error"]["code"] == (
         "INVALID_PARAMS"
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(1, 1), ([], 1), ({}, 1), ([1], 2), ({"a": {}}, 2), ({"a": {"b": [1, [2, [3]]]}}, 5), ([[[[]]]], 4)],
+)
+def test_the_depth_of_params_counts_a_leaf_as_a_level_and_walks_containers_only(
+    value: object, expected: int
+) -> None:
+    # Only containers are walked: a flat array of millions of numbers is checked quickly.
+    assert depth(value) == expected
+    assert depth([0] * 100_000 + [[[]]]) == 4

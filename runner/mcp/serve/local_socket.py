@@ -13,7 +13,8 @@ there, anyone else is refused (audited within a budget, like HTTP's refusals). W
 can cost is bounded: ``serve.socket.max_open`` connections at once, lowered to the
 listener's share of the descriptor limit (more are closed unread), ``read_timeout_ms``
 for the request line, ``MAX_REQUEST_BYTES`` for its size and ``MAX_CONTAINERS`` for the
-objects and arrays in it (what parsing it costs). A call whose client goes away
+objects and arrays in it (what parsing it costs); a long line is parsed and checked
+(``LARGE_LINE``) one at a time, in a thread. A call whose client goes away
 (its connection ends, e.g. Ctrl-C) is cancelled.
 """
 
@@ -31,7 +32,9 @@ from typing import Any
 
 from pydantic.alias_generators import to_camel
 
+from runner.call.requests import check_json
 from runner.config.sockets import MAX_REQUEST_BYTES, SocketPlaceError, prepare_folder
+from runner.errors import CallError
 from runner.mcp.serve.app import ToolService
 from runner.mcp.serve.lifecycle import Transport
 from runner.mcp.serve.refusals import RefusalBudget
@@ -42,6 +45,10 @@ from runner.telemetry.connections import ACCEPT_BACKLOG, listen_long
 # in, and what it costs grows with them (docs/performance.md). A tool call carries far
 # fewer.
 MAX_CONTAINERS = 1_000_000
+# A line longer than this is parsed one at a time, and in a thread where the walk that
+# checks its size and depth lets the loop run: what many large lines at once would cost
+# the server in memory and in stalls of every client's loop is that of one.
+LARGE_LINE = 64 * 1024
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _PROBE_S = 1.0  # how long the check for a live server at the socket's path may wait
@@ -156,6 +163,7 @@ class SocketTransport:
         self._where = where
         self._stopped = asyncio.Event()
         self._connections: set[asyncio.Task[Any]] = set()
+        self._large = asyncio.Semaphore(1)
         audit = service.runner.audit
         self._refusals = RefusalBudget(lambda **fields: audit.emit("serve.socket", decision="deny", **fields))
 
@@ -247,10 +255,11 @@ class SocketTransport:
             raise _Refused("bad_request", "the request line ended early")
         if line.count(b"{") + line.count(b"[") > MAX_CONTAINERS:
             raise _Refused("too_large", f"a request line holds at most {MAX_CONTAINERS} objects and arrays")
-        try:
-            document = json.loads(line, parse_constant=_no_constant)
-        except (ValueError, RecursionError):
-            raise _Refused("bad_request", "the request line is not strict JSON") from None
+        if len(line) <= LARGE_LINE:
+            document = _parsed(line)
+        else:  # one at a time, its size checked before it waits for a slot (see LARGE_LINE)
+            async with self._large:
+                document = await asyncio.to_thread(_parsed, line, checked=True)
         if not isinstance(document, dict) or set(document) != _REQUEST_KEYS:
             raise _Refused("bad_request", "a request line is an object of request and where")
         request, where = document["request"], Where.parse(document["where"])
@@ -310,6 +319,22 @@ def _peer_uid(writer: asyncio.StreamWriter) -> int:
     sock = writer.get_extra_info("socket")
     _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
     return int(uid)
+
+
+def _parsed(line: bytes, *, checked: bool = False) -> Any:
+    """The request line's document; ``checked``: refused if its request is larger or
+    deeper than the runner takes (as it would refuse it), so it never waits for a slot."""
+    try:
+        document = json.loads(line, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        raise _Refused("bad_request", "the request line is not strict JSON") from None
+    request = document.get("request") if checked and isinstance(document, dict) else None
+    if isinstance(request, dict):
+        try:
+            check_json(request)
+        except CallError as exc:
+            raise _Refused("too_large", exc.message) from None
+    return document
 
 
 def _no_constant(name: str) -> None:

@@ -3,6 +3,7 @@ the socket may live, and what the audit trail says."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -251,6 +252,30 @@ def test_a_request_line_of_too_many_objects_is_refused_before_it_is_parsed(share
         line({"toolName": "add_numbers", "params": {"a": 1, "b": 2}}, shared.folder).encode() + b"\n",
     )
     assert fine is not None and fine["answer"]["success"], fine
+
+
+def _peak_rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(row for row in status.splitlines() if row.startswith("VmHWM:")).split()[1]) / 1024
+
+
+def test_large_request_lines_at_once_are_parsed_one_by_one_and_refused_before_a_slot(shared: Served) -> None:
+    # Lines of a flat array of 8 million numbers: each was parsed on the event loop and
+    # held while the runner's own check walked it there, seconds per line, every client
+    # waiting, and a gigabyte for eight connections.
+    request = {"toolName": "add_numbers", "params": {"a": 1, "b": 1, "c": "PLACE"}}
+    head, tail = line(request, shared.folder).encode().split(b'"PLACE"')
+    numbers = b"[" + b"0," * ((MAX_REQUEST_BYTES - len(head) - len(tail) - 8) // 2) + b"0]"
+    data = head + numbers + tail + b"\n"
+    before = _peak_rss_mb(shared.process.pid)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda _: exchange(shared.socket, data, timeout_s=120), range(4)))
+    grown = _peak_rss_mb(shared.process.pid) - before
+    print(f"peak RSS grew by {grown:.0f} MB")
+    for reply in replies:
+        assert reply is not None and reply["refused"]["reason"] == "too_large", str(reply)[:300]
+        assert "larger than" in reply["refused"]["message"]
+    assert grown < 300, f"the server's peak memory grew by {grown:.0f} MB"
 
 
 @pytest.mark.parametrize(
