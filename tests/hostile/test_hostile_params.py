@@ -390,7 +390,7 @@ def test_nan_and_infinity_floats_handed_to_handle_are_invalid_params(bench: Tool
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(1, 1), ([], 1), ({}, 1), ([1], 2), ({"a": {}}, 2), ({"a": {"b": [1, [2, [3]]]}}, 5), ([[[[]]]], 4)],
+    [(1, 1), ([], 1), ({}, 1), ([1], 2), ({"a": {}}, 2), ({"a": {"b": [1, [2, [3]]]}}, 6), ([[[[]]]], 4)],
 )
 def test_the_depth_of_params_counts_a_leaf_as_a_level_and_walks_containers_only(
     value: object, expected: int
