@@ -157,10 +157,29 @@ def test_requests_the_protocol_rejects_are_json_rpc_errors_and_the_server_keeps_
             process, '{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": 7}}'
         )
         assert bad_params["id"] == 3 and bad_params["error"]["code"] == types.INVALID_PARAMS
-        # A line that is not JSON at all: the SDK drops it (no id to answer) and reads on.
-        pong = _rpc(
-            process, '{"jsonrpc": "2.0", "id": 4, "method": \n{"jsonrpc": "2.0", "id": 5, "method": "ping"}'
-        )
+        # Lines the SDK cannot take went unanswered, and their client waited for ever: each
+        # gets JSON-RPC's error (with its id when it has one), and the server reads on.
+        refused = [
+            _rpc(process, line)
+            for line in (
+                '{"jsonrpc": "2.0", "id": 4, "method": ',
+                '{"jsonrpc": "2.0", "id": {"a": 1}, "method": "tools/list"}',
+                '{"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {"x": '
+                + "[" * 300
+                + "]" * 300
+                + "}}",
+                '{"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"a": ' + "9" * 5000 + "}}",
+                '{"jsonrpc": "2.0", "id": 9, "method": "ping", "params": {"x": "' + "a" * (17 << 20) + '"}}',
+            )
+        ]
+        assert [(answer["id"], answer["error"]["code"]) for answer in refused] == [
+            (None, types.PARSE_ERROR),
+            (None, types.INVALID_REQUEST),
+            (7, types.INVALID_REQUEST),
+            (None, types.PARSE_ERROR),
+            (None, types.PARSE_ERROR),
+        ]
+        pong = _rpc(process, '{"jsonrpc": "2.0", "id": 5, "method": "ping"}')
         assert pong == {"jsonrpc": "2.0", "id": 5, "result": {}}
         listed = _rpc(process, '{"jsonrpc": "2.0", "id": 6, "method": "tools/list"}')
         assert [t["name"] for t in listed["result"]["tools"]] == ["echo"]
