@@ -59,8 +59,13 @@ class HostedServer:
         """Start the server for a session of at most ``max_ms``.
 
         Raises:
-            SandboxUnavailable: as ``prepare``, or the backend cannot host MCP servers.
+            SandboxUnavailable: as ``prepare``, the backend cannot host MCP servers, or
+                the call's network goes through the egress proxy.
         """
+        if spec.egress is not None:  # attached to the run, it would end with the first call
+            raise SandboxUnavailable(
+                "a session's server cannot use the egress proxy, which lives for one call"
+            )
         session_limits = dataclasses.replace(
             limits, timeout_ms=max_ms, max_output_bytes=limits.max_output_bytes * SESSION_OUTPUT_CALLS
         )

@@ -343,3 +343,25 @@ def test_a_reload_that_changes_a_servers_settings_says_its_state_is_gone(bench: 
     asyncio.run(scenario())
     assert [event["restarted"] for event in _events(bench, "session.opened")] == [False, True]
     _nothing_left(mark)
+
+
+def test_a_session_server_whose_calls_use_the_egress_proxy_is_refused_not_cut_off_after_one_call(
+    bench: ToolBench,
+) -> None:
+    # The first call's proxy was attached to the server's run and closed with that call:
+    # every later call of the session found its network refused, unexplained.
+    allow = {"network": {"allow": ["example.com:80"]}}
+    mark = uuid.uuid4().hex
+    add_server(bench, session=True, env={"SESSION_MARK": mark}, **allow)
+    bench.policy["limits"] = {"network": True}
+    bench.policy["tools"] = {"st_count": {"network": {"allow": ["example.com:80"]}}}
+
+    async def scenario() -> tuple[CallResult, CallResult]:
+        async with bench.runner(warm_pools=False) as runner, runner.session() as session:
+            return await session.acall("st_count"), await session.acall("st_count")
+
+    for answer in asyncio.run(scenario()):
+        assert answer.error is not None and answer.error.details["reason"] == "sandbox_unavailable", answer
+        assert "egress proxy" in answer.error.message
+    assert _events(bench, "session.opened") == []
+    _nothing_left(mark)
