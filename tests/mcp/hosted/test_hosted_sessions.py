@@ -350,9 +350,8 @@ def test_a_session_server_whose_calls_use_the_egress_proxy_is_refused_not_cut_of
 ) -> None:
     # The first call's proxy was attached to the server's run and closed with that call:
     # every later call of the session found its network refused, unexplained.
-    allow = {"network": {"allow": ["example.com:80"]}}
     mark = uuid.uuid4().hex
-    add_server(bench, session=True, env={"SESSION_MARK": mark}, **allow)
+    add_server(bench, session=True, env={"SESSION_MARK": mark}, network={"allow": ["example.com:80"]})
     bench.policy["limits"] = {"network": True}
     bench.policy["tools"] = {"st_count": {"network": {"allow": ["example.com:80"]}}}
 
