@@ -63,6 +63,7 @@ class EventRelay:
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
         self._heartbeat = anyio.CancelScope()
         self._last_progress = -1.0
+        self._rebase: float | None = None  # what the tool's progress is shifted by (``_send``)
         self._pumped = anyio.Event()
 
     def heard(self, event: Event) -> None:
@@ -103,7 +104,14 @@ class EventRelay:
         with contextlib.suppress(Exception):
             if "progress" in event:
                 self._heartbeat.cancel()
-                await self._progress(event["progress"], event.get("total"), event.get("message"))
+                if self._rebase is None:  # past the clock's seconds, or they would hide the tool's
+                    self._rebase = max(self._last_progress, 0.0)
+                total = event.get("total")
+                await self._progress(
+                    self._rebase + event["progress"],
+                    None if total is None else self._rebase + total,
+                    event.get("message"),
+                )
             else:
                 with warnings.catch_warnings():
                     # Deprecated by the 2026-07-28 protocol, still the way for clients before it.

@@ -87,13 +87,46 @@ async def test_the_tools_own_progress_replaces_the_heartbeat(rich_bench: ToolBen
     async with Client(stdio_server(rich_bench), mode="legacy") as client:
         result = await client.call_tool("rich", {"seconds": 2.2}, progress_callback=progress)
     assert not result.is_error, result.content
-    # The heartbeat may come while the sandbox starts; from the tool's first progress on,
-    # over two seconds of its sleep, only the tool's own (its 0 may be below a heartbeat
-    # already sent: progress only goes forward).
-    ours = [index for index, (_, total, _) in enumerate(seen) if total == 2]
-    assert seen[-1] == (2, 2, "done")
-    assert all(total == 2 for _, total, _ in seen[ours[0] :])
+    # The heartbeat may come while the sandbox starts (the tool's values are then shifted
+    # by its last); from the tool's first progress on, over two seconds of its sleep,
+    # only the tool's own.
+    ours = [index for index, (_, _, message) in enumerate(seen) if message == "starting"]
+    shift = seen[ours[0]][0]
+    assert seen[ours[0] :] == [(shift, shift + 2, "starting"), (shift + 2, shift + 2, "done")]
     assert [done for done, _, _ in seen] == sorted(done for done, _, _ in seen)
+
+
+LATE = """
+import time
+import runner_tool as rt
+
+def main(params, context):
+    time.sleep(2.5)
+    for quarter in range(1, 5):
+        rt.progress(quarter / 4, 1, f"part {quarter}")
+    return {"ok": True}
+
+rt.run(main)
+"""
+
+
+async def test_a_tools_progress_after_heartbeats_goes_out_shifted_past_them(bench: ToolBench) -> None:
+    # Fractions after two heartbeats (1 s, 2 s) were all below them and never went out.
+    bench.tool("late", LATE, limits={"timeout_ms": 20000})
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    async with Client(stdio_server(bench), mode="legacy") as client:
+        result = await client.call_tool("late", {}, progress_callback=progress)
+        await settled(seen, 6)
+    assert not result.is_error, result.content
+    beats = [done for done, total, message in seen if message is not None and "running for" in message]
+    tools = [entry for entry in seen if entry[2] is not None and entry[2].startswith("part")]
+    assert len(beats) >= 2, seen
+    shift = beats[-1]
+    assert tools == [(shift + quarter / 4, shift + 1, f"part {quarter}") for quarter in range(1, 5)], seen
 
 
 async def test_logs_go_out_from_the_level_the_client_set(rich_bench: ToolBench) -> None:
