@@ -39,7 +39,7 @@ from runner.call.requests import CallOptions
 from runner.call.session_scope import no_session, restarted_wire
 from runner.errors import CallError
 from runner.mcp.hosted.dialogue import CALL_PROGRESS
-from runner.mcp.serve.approval import ask_first, client_approver, state_boundary
+from runner.mcp.serve.approval import SpentAnswers, ask_first, client_approver, state_boundary
 from runner.mcp.serve.call_sessions import McpSessions, mcp_session_id
 from runner.mcp.serve.client_limits import gives_up_first
 from runner.mcp.serve.disconnect import cancel_when_gone
@@ -93,6 +93,7 @@ class ToolService:
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         self.sessions = McpSessions(runner)  # each MCP session's runner session
         self._log_levels = LogLevels()
+        self._spent = SpentAnswers()  # 2026-07-28 approvals already used
         self._warned: set[tuple[str | None, int]] = set()
 
     def server(self) -> Server[Any]:
@@ -175,7 +176,9 @@ class ToolService:
         # A hosted MCP server's tool reports its own progress: passed through.
         hosted = tool is not None and tool.hosted is not None
         client_token = AUDIT_CLIENT.set(caller.client)
-        approver_token = CALL_APPROVER.set(client_approver(ctx, caller.client or "stdio", params))
+        approver_token = CALL_APPROVER.set(
+            client_approver(ctx, caller.client or "stdio", params, self._spent)
+        )
         progress_token = CALL_PROGRESS.set(ctx.session.report_progress if hosted and wants_progress else None)
         relay = EventRelay(ctx, params.name, wants_progress and not hosted, self._log_levels)
         answer: dict[str, Any] | None = None

@@ -6,14 +6,17 @@ event stream) carries the request on the call's own channel, and the call waits 
 answer. A 2026-07-28 session has no such channel: its ``tools/call`` is answered with an
 ``input_required`` result holding the question (``ask_first``), and the client calls again
 with the answer and the sealed ``requestState`` (the SDK's ``RequestStateBoundary`` seals
-and checks it, bound to the tool and its arguments), which ``client_approver`` then reads.
+and checks it, bound to the tool and its arguments), which ``client_approver`` then reads,
+once: each question has its own id, and an answer already used (``SpentAnswers``) is a no.
 A client that did not declare the elicitation capability cannot be asked: the call is
 refused as ``approval_unavailable``, never run unasked.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
+import secrets
 import time
 from typing import Any
 
@@ -41,6 +44,29 @@ APPROVE_SCHEMA: dict[str, Any] = {
 }
 
 NO_BACK_CHANNEL = "this MCP connection cannot carry a request to the client"
+# Answers kept as used until their question's timeout ends; past this many at once, every
+# further answer is a no (a client answering faster than its answers expire).
+MAX_SPENT = 100_000
+
+
+class SpentAnswers:
+    """The ids of the 2026-07-28 questions whose answer was used: one yes runs one call."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+        self._expiring: list[tuple[float, str]] = []
+
+    def spend(self, question: str, until: float) -> bool:
+        """Mark ``question`` answered (kept until ``until``, its timeout's end); False if it
+        was already, or too many are kept."""
+        now = time.time()
+        while self._expiring and self._expiring[0][0] < now:
+            self._until.pop(heapq.heappop(self._expiring)[1], None)
+        if question in self._until or len(self._until) >= MAX_SPENT:
+            return False
+        self._until[question] = until
+        heapq.heappush(self._expiring, (until, question))
+        return True
 
 
 def state_boundary(server_name: str) -> RequestStateBoundary:
@@ -80,7 +106,14 @@ async def ask_first(
     question = types.ElicitRequest(
         params=types.ElicitRequestFormParams(message=message, requested_schema=APPROVE_SCHEMA)
     )
-    state = json.dumps({"tool": tool.name, "asked": time.time(), "timeoutMs": approval.timeout_ms})
+    state = json.dumps(
+        {
+            "tool": tool.name,
+            "asked": time.time(),
+            "timeoutMs": approval.timeout_ms,
+            "question": secrets.token_hex(16),
+        }
+    )
     return types.InputRequiredResult(input_requests={APPROVAL_INPUT: question}, request_state=state)
 
 
@@ -100,9 +133,10 @@ def _asked_at(params: types.CallToolRequestParams) -> float | None:
     return asked if isinstance(asked, float) else None
 
 
-def _answered(params: types.CallToolRequestParams) -> bool | None:
+def _answered(params: types.CallToolRequestParams, spent: SpentAnswers) -> bool | None:
     """The answer a 2026-07-28 call carries for its approval: True (a yes), False (a no, a
-    cancel, or no answer within the timeout it was asked with), None (it carries none).
+    cancel, an answer already used, or no answer within the timeout it was asked with),
+    None (it carries none).
 
     Raises:
         TimeoutError: the answer came after ``approval.timeout_ms``.
@@ -111,7 +145,12 @@ def _answered(params: types.CallToolRequestParams) -> bool | None:
         return None
     try:
         state = json.loads(params.request_state)
-        asked, timeout_ms, tool = state["asked"], state["timeoutMs"], state["tool"]
+        asked, timeout_ms, tool, question = (
+            state["asked"],
+            state["timeoutMs"],
+            state["tool"],
+            state["question"],
+        )
     except (ValueError, KeyError, TypeError):
         return None
     answer = (params.input_responses or {}).get(APPROVAL_INPUT)
@@ -119,18 +158,20 @@ def _answered(params: types.CallToolRequestParams) -> bool | None:
         return False
     if time.time() - asked > timeout_ms / 1000:
         raise TimeoutError
+    if not spent.spend(question, asked + timeout_ms / 1000):
+        return False
     return answer.action == "accept" and (answer.content or {}).get("approve") is True
 
 
 def client_approver(
-    ctx: ServerRequestContext[Any, Any], by: str, params: types.CallToolRequestParams
+    ctx: ServerRequestContext[Any, Any], by: str, params: types.CallToolRequestParams, spent: SpentAnswers
 ) -> Approver:
     """The client of request ``ctx``: its answer if the call carries one (2026-07-28),
     else asked on that request's own channel; ``by`` names it in the ``call.approval``
     event (the token's client name, or ``stdio``)."""
 
     async def ask(request: ApprovalRequest) -> bool:
-        answered = _answered(params)
+        answered = _answered(params, spent)
         if answered is not None:
             return answered
         session = ctx.session

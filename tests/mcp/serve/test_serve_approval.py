@@ -204,9 +204,10 @@ async def test_a_call_refused_by_the_policy_or_with_bad_params_is_never_asked_ab
     assert person.asked == []
 
 
-async def test_a_2026_client_cannot_forge_or_move_an_approval(held: ToolBench) -> None:
-    """The answer only counts with the sealed requestState of its own question: a forged
-    state, an answer without one, or a state moved to other arguments never runs the call."""
+async def test_a_2026_client_cannot_forge_move_or_replay_an_approval(held: ToolBench) -> None:
+    """The answer only counts with the sealed requestState of its own question, once: a
+    forged state, an answer without one, a state moved to other arguments, or an answer
+    used already never runs the call."""
     yes: types.InputResponses = {"dev.runner/approval": YES}
     async with Client(stdio_server(held), mode="auto", elicitation_callback=Person(YES)) as client:
         session = client.session
@@ -225,8 +226,22 @@ async def test_a_2026_client_cannot_forge_or_move_an_approval(held: ToolBench) -
         allowed = await session.call_tool(
             "wipe", {"path": "/a"}, input_responses=yes, request_state=unasked.request_state
         )
+        # One yes runs one call: the same answer sent again ran the call again, each time.
+        replayed = [
+            await session.call_tool(
+                "wipe", {"path": "/a"}, input_responses=yes, request_state=unasked.request_state
+            )
+            for _ in range(2)
+        ]
     assert isinstance(allowed, types.CallToolResult) and not allowed.is_error
-    assert [e["decision"] for e in audit_events(held, event="call.approval")] == ["approved"]
+    for again in replayed:
+        assert isinstance(again, types.CallToolResult)
+        assert error_of(again)["details"]["reason"] == "not_approved"
+    assert [e["decision"] for e in audit_events(held, event="call.approval")] == [
+        "approved",
+        "declined",
+        "declined",
+    ]
     assert len(audit_events(held, event="call.attempt")) == 1
 
 
