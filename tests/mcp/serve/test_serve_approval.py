@@ -5,6 +5,7 @@ over HTTP with a token."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,8 @@ from mcp.client.context import ClientRequestContext
 from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 from support.mcp_harness import ECHO, HttpServer, add_token, audit_events, stdio_server
+
+from runner.mcp.serve.approval import SpentAnswers
 
 pytestmark = pytest.mark.anyio
 # auto: 2026-07-28, asked with an input_required answer the client calls again after;
@@ -264,3 +267,16 @@ async def test_a_bare_client_session_with_an_elicitation_callback_is_asked(held:
     assert isinstance(approved, types.CallToolResult) and not approved.is_error
     assert len(person.asked) == 2
     assert [e["decision"] for e in audit_events(held, event="call.approval")] == ["declined", "approved"]
+
+
+def test_an_answer_is_kept_as_used_until_its_timeout_and_too_many_at_once_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spent = SpentAnswers()
+    now = time.time()
+    assert spent.spend("a", now + 0.05) and not spent.spend("a", now + 0.05)
+    time.sleep(0.1)
+    assert spent.spend("a", now + 60)  # the first use expired with its question
+    monkeypatch.setattr("runner.mcp.serve.approval.MAX_SPENT", 3)
+    assert spent.spend("b", now + 60) and spent.spend("c", now + 60)
+    assert not spent.spend("d", now + 60)  # a no, never an unbounded table
