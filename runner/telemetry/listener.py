@@ -135,11 +135,12 @@ class MetricsServer:
     ) -> None:
         wait = self.gate.limits.header_timeout_s
         while True:
-            request = await asyncio.wait_for(_next_request(connection, reader), wait)
-            if request is None:
+            head = await asyncio.wait_for(_next_request(connection, reader), wait)
+            if head is None:
                 return
+            request, body_follows = head
             trusted, status, headers, body = self._answer(request)
-            if trusted:
+            if trusted and not body_follows:
                 self.gate.trust(peer)
             else:
                 headers.append(("connection", "close"))
@@ -150,7 +151,7 @@ class MetricsServer:
             # A client that never reads its answer does not hold the connection either.
             await asyncio.wait_for(writer.drain(), self.gate.limits.idle_timeout_s)
             if connection.our_state is not h11.DONE or connection.their_state is not h11.DONE:
-                return  # a body we did not read, or the connection is to close
+                return  # a body never read, or the connection is to close
             connection.start_next_cycle()
             wait = self.gate.limits.idle_timeout_s
 
@@ -169,7 +170,13 @@ class MetricsServer:
             body = b"not found: the metrics are at /metrics\n"
             return False, 404, [*plain, ("content-length", str(len(body)))], body
         page = generate_latest(self._metrics.registry)
-        return True, 200, [("content-type", CONTENT_TYPE_LATEST), ("content-length", str(len(page)))], page
+        # Without a token anyone may scrape: such a connection is never kept over another's.
+        return (
+            self._digest is not None,
+            200,
+            [("content-type", CONTENT_TYPE_LATEST), ("content-length", str(len(page)))],
+            page,
+        )
 
     def _authorized(self, request: h11.Request) -> bool:
         if self._digest is None:
@@ -184,23 +191,24 @@ class MetricsServer:
         return False
 
 
-async def _next_request(connection: h11.Connection, reader: asyncio.StreamReader) -> h11.Request | None:
-    """The next request's head (its body, if any, is read and dropped); None once the
-    client closed the connection."""
+async def _next_request(
+    connection: h11.Connection, reader: asyncio.StreamReader
+) -> tuple[h11.Request, bool] | None:
+    """The next request's head, and whether a body follows it: a body is never read (the
+    answer closes the connection), so a refused peer costs no reading of what it sends.
+    None once the client closed the connection."""
     request: h11.Request | None = None
     while True:
         event = connection.next_event()
         if event is h11.NEED_DATA:
-            data = await reader.read(READ_SIZE)
-            connection.receive_data(data)
-            continue
-        if isinstance(event, h11.ConnectionClosed):
-            return None
-        if isinstance(event, h11.Request):
+            if request is not None:
+                return request, True
+            connection.receive_data(await reader.read(READ_SIZE))
+        elif isinstance(event, h11.Request):
             request = event
-        elif isinstance(event, h11.EndOfMessage):
-            return request
-        elif event is h11.PAUSED:
+        elif isinstance(event, h11.EndOfMessage | h11.Data) and request is not None:
+            return request, isinstance(event, h11.Data)
+        else:  # the connection closed, or paused
             return None
 
 

@@ -175,6 +175,57 @@ async def test_a_scrape_token_guards_metrics_that_name_every_tool_admin_ones_inc
     assert f'tool="{ADMIN_TOOL}"' in right.text or ADMIN_TOOL in right.text
 
 
+def _one_answer(sock: socket.socket) -> bytes:
+    """One whole answer (its head and its content-length's body), the connection left open."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += sock.recv(65536)
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = next(
+        int(row.split(b":")[1]) for row in head.lower().split(b"\r\n") if row.startswith(b"content-length")
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+async def test_a_metrics_request_is_answered_at_its_head_and_only_a_scrape_with_the_token_keeps_its_connection(
+    bench: ToolBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 401 waited for the request's whole body, read until the head timeout (a core kept
+    # busy by a peer sending forever); without a token every scrape was trusted, so a
+    # local user could hold every slot with scrapes of its own.
+    monkeypatch.setenv("SCRAPE_TOKEN", "scrape-secret-7f3a")
+    server = HttpServer(bench, "--metrics", "127.0.0.1:0", "--metrics-token-env", "SCRAPE_TOKEN")
+    open_server = HttpServer(bench, "--metrics", "127.0.0.1:0")
+    try:
+        port = port_of(server.metrics_url)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000000\r\n\r\n")
+            sock.sendall(b"x" * 65536)
+            started = time.monotonic()
+            answer = _read_all(sock, timeout_s=HEAD_BOUND_S)
+            took = time.monotonic() - started
+        scrape = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", port_of(open_server.metrics_url)), timeout=10) as sock:
+            sock.sendall(scrape)
+            unkept = _read_all(sock, timeout_s=HEAD_BOUND_S)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(scrape.replace(b"\r\n\r\n", b"\r\nAuthorization: Bearer scrape-secret-7f3a\r\n\r\n"))
+            sock.settimeout(5)
+            kept = _one_answer(sock)
+            sock.sendall(scrape)  # the connection still serves: a 401 on it, then the close
+            after = _read_all(sock, timeout_s=HEAD_BOUND_S)
+    finally:
+        assert server.stop() == 0
+        assert open_server.stop() == 0
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:80]
+    assert took < 5.0, f"the 401 came {took:.1f} s after the head (the head timeout is 10 s)"
+    assert unkept.startswith(b"HTTP/1.1 200") and b"connection: close" in unkept.lower()
+    assert kept.startswith(b"HTTP/1.1 200") and b"connection: close" not in kept.lower()
+    assert after.startswith(b"HTTP/1.1 401"), after[:80]
+
+
 def test_a_metrics_token_variable_that_is_unset_is_a_usage_error(bench: ToolBench) -> None:
     metrics = ("--metrics", "127.0.0.1:0", "--metrics-token-env", "NO_SUCH")
     argv = server_argv(bench, "--http", "127.0.0.1:0", *metrics)
