@@ -11,18 +11,21 @@ the server's own user calls with the role it asks for (the policy's ``default_ro
 asks for none, as ``runner exec`` would), a uid in ``serve.socket.uids`` with its role
 there, anyone else is refused (audited within a budget, like HTTP's refusals). What a peer
 can cost is bounded: ``serve.socket.max_open`` connections at once, lowered to the
-listener's share of the descriptor limit (more are closed unread), ``read_timeout_ms``
+listener's share of the descriptor limit (more are closed unread), half of them per
+uid other than the server's own and three quarters for all of those, ``read_timeout_ms``
 for the request line, ``MAX_REQUEST_BYTES`` for its size and ``MAX_CONTAINERS`` for the
 objects and arrays in it (what parsing it costs); a long line is parsed and checked
 (``LARGE_LINE``) one at a time, in a thread. A call whose client goes away
-(its connection ends, e.g. Ctrl-C) is cancelled.
+(its connection closed whole, e.g. Ctrl-C) is cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
+import select
 import socket
 import stat
 import struct
@@ -50,6 +53,7 @@ MAX_CONTAINERS = 1_000_000
 # the server in memory and in stalls of every client's loop is that of one.
 LARGE_LINE = 64 * 1024
 
+HANG_UP_POLL_S = 0.1  # how often a client that shut its writing side is looked at
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _PROBE_S = 1.0  # how long the check for a live server at the socket's path may wait
 _REQUEST_KEYS = frozenset({"request", "where"})
@@ -164,6 +168,9 @@ class SocketTransport:
         self._stopped = asyncio.Event()
         self._connections: set[asyncio.Task[Any]] = set()
         self._large = asyncio.Semaphore(1)
+        self._held: collections.Counter[int] = (
+            collections.Counter()
+        )  # connections by uid, but the server's own
         audit = service.runner.audit
         self._refusals = RefusalBudget(lambda **fields: audit.emit("serve.socket", decision="deny", **fields))
 
@@ -203,6 +210,7 @@ class SocketTransport:
         if task is not None:
             self._connections.add(task)
         settings = self._service.runner.policy.model.serve.socket  # read at each call: SIGHUP reloads it
+        counted: int | None = None
         try:
             uid = _peer_uid(writer)
             client = f"uid:{uid}"
@@ -211,6 +219,9 @@ class SocketTransport:
                 if len(self._connections) > most:
                     self._refuse(client, "busy", f"serve.socket.max_open ({most}) reached")
                 role = self._role_of(uid, client)
+                if uid != os.getuid():
+                    self._share(uid, most, client)
+                    self._held[counted := uid] += 1
                 if self._service.draining:
                     raise _Refused("draining", "the server is shutting down")
                 request = await self._read(reader, settings.read_timeout_ms / 1000, role)
@@ -220,7 +231,7 @@ class SocketTransport:
                 return
             except TimeoutError:
                 return
-            answer = await self._call_watching(reader, request, client)
+            answer = await self._call_watching(reader, writer.get_extra_info("socket"), request, client)
             if answer is not None:
                 writer.write(_line({"answer": answer}))
                 async with asyncio.timeout(settings.read_timeout_ms / 1000):
@@ -231,6 +242,16 @@ class SocketTransport:
             writer.close()
             if task is not None:
                 self._connections.discard(task)
+            if counted is not None:
+                self._held[counted] -= 1
+
+    def _share(self, uid: int, most: int, client: str) -> None:
+        """Another uid may hold half of the connections, and all of them together three
+        quarters: none can lock out another, nor all of them the server's own user."""
+        if self._held[uid] >= max(1, most // 2):
+            self._refuse(client, "busy", f"this uid holds its share of serve.socket.max_open ({most})")
+        if self._held.total() >= most - max(1, most // 4):
+            self._refuse(client, "busy", f"other uids hold their share of serve.socket.max_open ({most})")
 
     def _refuse(self, client: str, reason: str, message: str) -> None:
         self._refusals.refused(client, reason=reason, peer=client)
@@ -285,12 +306,12 @@ class SocketTransport:
             raise _Refused("approval", "the call waits for a person's yes, asked on runner exec's terminal")
 
     async def _call_watching(
-        self, reader: asyncio.StreamReader, request: dict[str, Any], client: str
+        self, reader: asyncio.StreamReader, sock: socket.socket, request: dict[str, Any], client: str
     ) -> dict[str, Any] | None:
         """The call's answer; None when the client went away first (the call is cancelled,
         its sandbox gone, before this returns)."""
         call = asyncio.ensure_future(self._service.call_for(request, client))
-        gone = asyncio.ensure_future(reader.read(1))  # the end of the connection, or bytes it should not send
+        gone = asyncio.ensure_future(_gone(reader, sock))
         try:
             done, _ = await asyncio.wait({call, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -301,6 +322,17 @@ class SocketTransport:
         if call in done and not call.cancelled() and call.exception() is None:
             return call.result()
         return None
+
+
+async def _gone(reader: asyncio.StreamReader, sock: socket.socket) -> None:
+    """Until the client is gone: bytes it should not send, or its end closed whole. A
+    client that only shut its writing side after the request (``nc -N``) still reads."""
+    if await reader.read(1) != b"":
+        return
+    hung_up = select.poll()
+    hung_up.register(sock.fileno(), select.POLLHUP)  # set once both sides are shut
+    while not hung_up.poll(0):
+        await asyncio.sleep(HANG_UP_POLL_S)
 
 
 def _camel_case(request: dict[str, Any]) -> dict[str, Any]:

@@ -234,6 +234,55 @@ def test_the_socket_holds_no_more_connections_than_its_share_of_the_descriptor_l
     assert b"serve.socket.max_open lowered to 64" in err, err
 
 
+_HOLDER = """
+import socket, sys
+held = [socket.socket(socket.AF_UNIX) for _ in range(4)]
+busy = 0
+for conn in held:
+    conn.connect(sys.argv[1])
+    conn.settimeout(0.5)
+    try:
+        busy += b'"busy"' in conn.recv(1000)
+    except TimeoutError:  # held by the server, waiting for a request line
+        pass
+print(busy, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_an_admitted_uid_holds_half_the_connections_and_never_locks_out_the_servers_user(
+    shared: Served,
+) -> None:
+    # The cap was global: an admitted uid held every slot with idle connections, and the
+    # server's own user was refused busy (runner exec then ran directly, silently).
+    if not Path(SYSTEM_PYTHON).is_file() or os.getuid() != 0:
+        pytest.skip("needs root (setpriv) and a system python3 another uid can run")
+    argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", SYSTEM_PYTHON]
+    with subprocess.Popen(
+        [*argv, "-c", _HOLDER, str(shared.socket)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as holder:
+        assert holder.stdin is not None and holder.stdout is not None
+        busy = int(holder.stdout.readline())
+        reply = exchange(shared.socket, line(ADD, shared.folder).encode() + b"\n")
+        holder.stdin.close()
+    assert busy == 2, f"{4 - busy} of 4 held by one uid (max_open 4)"
+    assert reply is not None and reply.get("answer", {}).get("result") == 3, reply
+
+
+def test_a_client_that_shuts_its_writing_side_after_the_request_still_gets_its_answer(
+    shared: Served,
+) -> None:
+    # End of input was taken for the client's going away: its call was cancelled, and a
+    # client of one-request tools (nc -N, socat) got no answer.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(60)
+        conn.connect(str(shared.socket))
+        conn.sendall(line(ADD, shared.folder).encode() + b"\n")
+        conn.shutdown(socket.SHUT_WR)
+        reply = conn.makefile("rb").readline()
+    assert json.loads(reply)["answer"]["result"] == 3, reply
+
+
 def test_a_request_line_over_the_bound_is_refused(shared: Served) -> None:
     reply = exchange(shared.socket, b"x" * (MAX_REQUEST_BYTES + 2))
     assert reply is not None and reply["refused"]["reason"] == "too_large"
