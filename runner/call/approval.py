@@ -29,7 +29,9 @@ from runner.errors import CallError, ErrorCode
 Decision = Literal["approved", "declined", "timeout", "unavailable"]
 # How much of the params an approval message shows; a person reads no more than this.
 MAX_MESSAGE_PARAMS = 2000
-_WHITE_RUN = re.compile(r"\s{4,}")
+# White space, and letters and symbols that draw as nothing (Hangul fillers, the blank
+# Braille pattern): a run of them can push a part of the params out of sight.
+_WHITE_RUN = re.compile(r"[\s\u115f\u1160\u2800\u3164\uffa0]{4,}")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ its calls that need approval are refused as ``approval_unavailable``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import termios
 
 from runner.call.approval import ApprovalRequest, ApprovalUnavailable, Approver
 
@@ -26,6 +28,9 @@ async def _ask(request: ApprovalRequest) -> bool:
     except OSError as exc:
         raise ApprovalUnavailable(f"runner exec has no terminal to ask on ({TTY}: {exc.strerror})") from exc
     try:
+        # What was typed before the question was shown (a "y" for another prompt) is not its answer.
+        with contextlib.suppress(termios.error):
+            termios.tcflush(fd, termios.TCIFLUSH)
         os.write(fd, f"runner: {request.message()} [y/N] ".encode())
         try:
             answer = await _read_line(fd)

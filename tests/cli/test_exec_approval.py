@@ -47,11 +47,11 @@ def take_controlling_terminal() -> None:
 
 
 def on_terminal(
-    bench: ToolBench, params: dict[str, Any], typed: bytes | None
+    bench: ToolBench, params: dict[str, Any], typed: bytes | None, ahead: bytes = b""
 ) -> tuple[int, dict[str, Any], str]:
-    """Run ``runner exec wipe`` with a pty as its terminal; type ``typed`` once it asks
-    (None: never answer). The exit status, the answer (its stdout, a pipe) and what the
-    terminal showed."""
+    """Run ``runner exec wipe`` with a pty as its terminal; type ``ahead`` at once and
+    ``typed`` once it asks (None: never answer). The exit status, the answer (its stdout,
+    a pipe) and what the terminal showed."""
     master, slave = pty.openpty()
     with subprocess.Popen(
         exec_argv(bench, params),
@@ -62,6 +62,7 @@ def on_terminal(
         preexec_fn=take_controlling_terminal,  # noqa: PLW1509 - an ioctl only
     ) as process:
         os.close(slave)
+        os.write(master, ahead)
         shown = b""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and process.poll() is None:
@@ -101,6 +102,13 @@ def test_anything_but_yes_is_not_approved(held: ToolBench, typed: bytes) -> None
     assert answer["error"]["code"] == "PERMISSION_DENIED"
     assert answer["error"]["details"]["reason"] == "not_approved"
     assert [e["decision"] for e in approvals(held)] == ["declined"]
+
+
+def test_a_yes_typed_before_the_question_is_not_its_answer(held: ToolBench) -> None:
+    held.policy["approval"]["timeout_ms"] = 1500
+    status, answer, _ = on_terminal(held, {"path": "/data"}, None, ahead=b"y\n")
+    assert status == 1 and answer["error"]["details"]["reason"] == "not_approved", answer
+    assert [e["decision"] for e in approvals(held)] == ["timeout"]
 
 
 def test_no_answer_within_timeout_ms_is_not_approved(held: ToolBench) -> None:
