@@ -7,14 +7,15 @@ tool, opened by its first call; a call outside a session runs as any other. A sa
 ends when its session ends (``ended``), after ``session.idle_ms`` without a call
 (``idle``), ``session.max_ms`` after it opened (``max_ms``), when a call broke a limit,
 timed out or was cut short (``limit``: the backend killed it whole), when its limits
-could not be looked at between calls (``fault``), when a secret of the tool has another
-value than it was opened with (``secrets``), or when the runner closes
-(``runner_closed``). A hosted MCP server's tools marked so share one run of the server
-per session (``runner.call.hosted_sessions``), keyed by the server's name apart from the
-tools' (a tool and a server of one name never share a sandbox); a server that ends by
-itself closes with ``server_died``. The session's next call of that tool opens a new one
-and says so (``sessionRestarted``). ``SessionCounts`` bounds the open sandboxes, in all
-(``session.max_total``) and per client (``session.max_per_token``)."""
+could not be looked at between calls (``fault``), when it ended by itself between calls
+(``died``), when a secret of the tool has another value than it was opened with
+(``secrets``), or when the runner closes (``runner_closed``). A hosted MCP server's tools
+marked so share one run of the server per session (``runner.call.hosted_sessions``), keyed
+by the server's name apart from the tools' (a tool and a server of one name never share a
+sandbox); a server that ends by itself closes with ``server_died``. The session's next
+call of that tool opens a new one and says so (``sessionRestarted``). ``SessionCounts``
+bounds the open sandboxes, in all (``session.max_total``) and per client
+(``session.max_per_token``)."""
 
 from __future__ import annotations
 
@@ -314,7 +315,9 @@ def _end_reason(held: _Held) -> str | None:
     ended = held.sandbox.ended()
     if ended is None:
         return None
-    return "server_died" if ended is SessionEnd.DIED and isinstance(held.sandbox, HostedServer) else "limit"
+    if ended is SessionEnd.DIED:
+        return "server_died" if isinstance(held.sandbox, HostedServer) else "died"
+    return "limit"
 
 
 class _SessionBackend:

@@ -131,6 +131,8 @@ class SubprocessSession:
         """How the sandbox ended, if it did; between calls, a limit of the sandbox as a
         whole that it passed ends it here (a process a call left behind may keep using
         CPU or memory, and no call's poll looks then)."""
+        if self._end is None and not self._busy and self._prepared.ended() is not None:
+            self._end = SessionEnd.DIED  # killed from outside, or by a process a call left
         if self._end is None and not self._busy and self._between.due() and self._prepared.limit_broken():
             self.kill(SessionEnd.LIMIT)
         return self._end

@@ -37,6 +37,14 @@ if params.get("hang"):
 if params.get("kill_agent"):  # the process that started this call, in the same sandbox
     os.kill(os.getppid(), signal.SIGKILL)
     time.sleep(600)
+if params.get("kill_agent_later"):  # once this call has answered: the sandbox dies between calls
+    agent = os.getppid()
+    if os.fork() == 0:
+        os.setsid()
+        os.closerange(0, 1024)
+        time.sleep(1)
+        os.kill(agent, signal.SIGKILL)
+        os._exit(0)
 if params.get("burn"):  # CPU time, in this call alone under the limit
     until = time.process_time() + params["burn"]
     while time.process_time() < until:
@@ -64,6 +72,7 @@ PARAMS = {
         "hang": {"type": "boolean"},
         "hog": {"type": "boolean"},
         "kill_agent": {"type": "boolean"},
+        "kill_agent_later": {"type": "boolean"},
         "burn": {"type": "number"},
         "leave": {"enum": ["spinners", "hoarders"]},
     },
@@ -367,6 +376,31 @@ def test_a_tool_that_kills_the_process_that_started_it_only_ends_its_own_session
             assert _count(await other.acall("counter")) == 2
 
     asyncio.run(scenario())
+    assert processes_with_env(f"SESSION_MARK={mark}") == []
+
+
+def test_a_session_sandbox_that_dies_between_calls_is_closed_as_died_and_frees_its_place(
+    bench: ToolBench, mark: str
+) -> None:
+    # Its death went unseen: it still counted against session.max_total, and the next
+    # call of its session failed (killed by SIGKILL) before the one after restarted.
+    bench.policy["session"] = {"max_total": 1}
+
+    async def scenario() -> None:
+        async with bench.runner() as runner, runner.session() as session:
+            assert _count(await session.acall("counter", {"kill_agent_later": True})) == 1
+            for _ in range(200):
+                if _events(bench, "session.closed"):
+                    break
+                await asyncio.sleep(0.05)
+            async with runner.session() as other:
+                assert _count(await other.acall("counter")) == 1
+            answer = await session.acall("counter")
+            assert _count(answer) == 1
+            assert answer.metadata.extra["sessionRestarted"] is True
+
+    asyncio.run(scenario())
+    assert [event["reason"] for event in _events(bench, "session.closed")] == ["died", "ended", "ended"]
     assert processes_with_env(f"SESSION_MARK={mark}") == []
 
 
