@@ -158,6 +158,33 @@ def test_location_flags_are_accepted_after_the_command(tmp_path: Path, home: Pat
     assert answer_of(before_and_after)["result"] == 3
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root, to hand the folder to another user")
+def test_a_policy_or_tools_found_in_a_folder_of_another_users_are_not_used(
+    tmp_path: Path, home: Path
+) -> None:
+    # Root ran a planted ./policies.yaml: its backend settings name the programs root runs
+    # (runner doctor) and its workspace the folder a planted tool may write.
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    assert runner_command("init", cwd=folder, home=home).returncode == 0
+    planted = [folder, folder / "policies.yaml", folder / "tools"]
+    for path in planted:
+        os.chown(path, 65534, 65534)
+    for owned_by_root in (None, *planted):
+        if owned_by_root is not None:
+            os.chown(owned_by_root, 0, 0)
+        done = runner_command(*ADD, cwd=folder, home=home)
+        if owned_by_root != folder / "tools":
+            assert done.returncode == 2 and "another user could have put it there" in done.stderr, done.stderr
+            assert "Traceback" not in done.stderr
+    assert done.returncode == 0 and answer_of(done)["result"] == 3  # all root's again
+    os.chmod(folder / "tools", 0o777)
+    done = runner_command(*ADD, cwd=folder, home=home)
+    assert done.returncode == 2 and "writable by every user" in done.stderr, done.stderr
+    named = runner_command("--tools", str(folder / "tools"), *ADD, cwd=folder, home=home)
+    assert named.returncode == 0 and answer_of(named)["result"] == 3  # named: the user's choice
+
+
 @pytest.mark.skipif(Path("/etc/runner/policies.yaml").exists(), reason="this machine has a system policy")
 def test_finding_no_policy_says_where_it_looked_and_suggests_init(tmp_path: Path, home: Path) -> None:
     for command in (ADD, ("list",), ("validate",)):

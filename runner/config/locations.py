@@ -3,6 +3,10 @@
 A flag (or an argument of ``Runner.load``) wins, then ``RUNNER_POLICIES``/``RUNNER_TOOLS``,
 then the search: ``./policies.yaml``, ``$XDG_CONFIG_HOME/runner/`` (default
 ``~/.config/runner/``), ``/etc/runner/``. Tools default to ``tools/`` beside the policy file.
+A policy file the search finds, its folder, and the default ``tools/`` are used only when
+they are this user's or root's and not writable by every user (``untrusted``): a folder
+another user controls (``/tmp``, their checkout) must not configure this user's runner,
+least of all root's; naming one (a flag, a variable) is the way to use it anyway.
 
 The example tools, the starter policy and the image build contexts ship inside the
 package (``runner/_bundled/``, copied there when the wheel is built); ``examples_dir``
@@ -12,6 +16,7 @@ finds them, or the repository's own copies when running from a source checkout.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -43,6 +48,13 @@ def find_policy(explicit: str | Path | None = None, env: Mapping[str, str] | Non
     # brings in dataclasses and inspect, the costliest imports that path would have.
     from runner.errors import ConfigError
 
+    searched = _searched(env)
+    if searched is not None:
+        why = untrusted(searched) or untrusted(searched.parent)
+        raise ConfigError(
+            POLICY_FILE,
+            f"{why}: not used, another user could have put it there (--policies {searched} uses it)",
+        )
     looked = ", ".join(f"{folder}/" for folder in search_dirs(env))
     raise ConfigError(
         POLICY_FILE,
@@ -57,6 +69,13 @@ def found_policy(explicit: str | Path | None = None, env: Mapping[str, str] | No
     given = explicit or env.get("RUNNER_POLICIES")
     if given:
         return Path(given)
+    found = _searched(env)
+    if found is None or untrusted(found) or untrusted(found.parent):
+        return None
+    return found
+
+
+def _searched(env: Mapping[str, str] | None) -> Path | None:
     for folder in search_dirs(env):
         candidate = folder / POLICY_FILE
         if candidate.is_file():
@@ -64,15 +83,40 @@ def found_policy(explicit: str | Path | None = None, env: Mapping[str, str] | No
     return None
 
 
+def untrusted(path: Path) -> str | None:
+    """Why ``path`` (found, not named) is not to be used: it is another user's than this
+    one's and root's, or every user may write to it (a folder: and is not sticky)."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None  # nothing there: nothing planted
+    if info.st_uid not in (os.getuid(), 0):
+        return f"{path} belongs to uid {info.st_uid}"
+    if info.st_mode & stat.S_IWOTH and not (stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX):
+        return f"{path} is writable by every user"
+    return None
+
+
 def tool_dirs(
     explicit: str | Path | Iterable[str | Path] | None, policy: Path, env: Mapping[str, str] | None = None
 ) -> list[Path]:
     """The tool directories: ``explicit``, else ``RUNNER_TOOLS`` (``:``-joined), else ``tools/``
-    beside the policy file."""
+    beside the policy file.
+
+    Raises:
+        ConfigError: the default ``tools/`` is not to be used (``untrusted``).
+    """
     env = os.environ if env is None else env
     value = explicit if explicit is not None else env.get("RUNNER_TOOLS")
     if not value:
-        return [policy.parent / TOOLS_DIR]
+        default = policy.parent / TOOLS_DIR
+        if why := untrusted(default):
+            from runner.errors import ConfigError
+
+            raise ConfigError(
+                TOOLS_DIR, f"{why}: not used, another user could have put it there (--tools uses it)"
+            )
+        return [default]
     if isinstance(value, str):
         return [Path(part) for part in value.split(":") if part]
     if isinstance(value, Path):
