@@ -202,21 +202,31 @@ def manifest_text(name: str, source: Source, command: Sequence[str], asks: Asks)
 def _install_pip(folder: Path, source: PipSource) -> list[str]:
     if not SYSTEM_PYTHON.is_file():
         raise McpAddError("missing_program", f"{SYSTEM_PYTHON} is missing (Debian package python3)")
-    probe = _run([str(SYSTEM_PYTHON), "-c", "import venv, ensurepip"], timeout=CHECK_TIMEOUT_S)
+    # -I, and a fixed working folder (_run): a module planted in the folder the command was
+    # run from would be imported first, as root.
+    probe = _run([str(SYSTEM_PYTHON), "-I", "-c", "import venv, ensurepip"], timeout=CHECK_TIMEOUT_S)
     if probe.returncode != 0:
         raise McpAddError(
             "missing_program",
             f"{SYSTEM_PYTHON} cannot make a virtual environment: install the Debian package python3-venv",
         )
     venv = folder / VENV_DIR
-    _checked("python3 -m venv", _run([str(SYSTEM_PYTHON), "-m", "venv", str(venv)]))
+    _checked("python3 -m venv", _run([str(SYSTEM_PYTHON), "-I", "-m", "venv", str(venv)]))
     # Taken before pip: afterwards the venv holds the package's files, which may add a
     # decoy lib/python3.X/site-packages or replace bin/python3.
     interpreters = venv_interpreters(venv)
     site = _site_packages(venv)
     # The venv's python3 is still the symlink to SYSTEM_PYTHON here: nothing of the package
     # is installed yet. Wheels only: a source distribution's setup.py would run, as root.
-    pip = [str(venv / "bin" / "python3"), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+    pip = [
+        str(venv / "bin" / "python3"),
+        "-I",
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--no-input",
+    ]
     _checked(f"pip install {source.package}", _run([*pip, "--only-binary", ":all:", source.package]))
     # From here on nothing in the venv is executed on the host.
     check_interpreters(venv, interpreters, source.package)

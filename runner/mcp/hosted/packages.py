@@ -245,6 +245,7 @@ def _run(argv: list[str], *, timeout: float = INSTALL_TIMEOUT_S) -> subprocess.C
             text=True,
             errors="replace",
             start_new_session=True,
+            cwd="/",  # not the caller's folder, where a planted module or .npmrc would be read
             env={key: value for key, value in os.environ.items() if key not in _NOT_PASSED},
         )
     except OSError as exc:

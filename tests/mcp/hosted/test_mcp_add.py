@@ -301,6 +301,34 @@ def project(tmp_path: Path) -> Path:
     return new_project(tmp_path / "project")
 
 
+def test_no_python_run_by_mcp_add_imports_a_module_planted_in_the_current_folder(
+    project: Path, tmp_path: Path
+) -> None:
+    # The probe (python3 -c "import venv, ensurepip"), python3 -m venv and the venv's pip
+    # ran with the caller's folder first on sys.path: a venv.py planted there ran as root.
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    ran = tmp_path / "ran"
+    for module in ("venv", "ensurepip", "pip"):
+        (planted / f"{module}.py").write_text(
+            f"open({str(ran)!r}, 'a').write({module!r})\nraise SystemExit(0)\n"
+        )
+    done = runner_command(
+        "--policies",
+        str(project / "policies.yaml"),
+        "--tools",
+        str(project / "tools"),
+        "mcp",
+        "add",
+        "ghost",
+        "--pip",
+        "runner-mcp-add-no-such-package-7f3a",
+        cwd=planted,
+    )
+    assert "Traceback" not in done.stderr
+    assert not ran.exists(), f"{ran.read_text()} ran from the current folder"
+
+
 @pytest.mark.parametrize("name", ["Time", "1time", "a/b", "..", "x" * 65, "t\u00e9", ""])
 def test_a_bad_name_is_refused(project: Path, name: str) -> None:
     before = sorted(p.name for p in (project / "tools").iterdir())
