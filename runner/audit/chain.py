@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from runner.audit.files import open_log_file
+
 GENESIS = "0" * 64  # the prevHash of a file's first chained event
 HASH_FIELD = "hash"
 PREV_FIELD = "prevHash"
@@ -136,10 +138,11 @@ class ChainedFileSink:
         self.path = path
         self._key = key
         self._lock = threading.Lock()  # flock orders processes; threads share one descriptor
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = _open_regular(path, os.O_RDWR | os.O_APPEND, "the audit log")
+        fd = open_log_file(path, os.O_RDWR | os.O_APPEND, "the audit log", regular_only=True)
         try:
-            lock_fd = _open_regular(lock_path(path), os.O_RDWR, "the audit log's lock file")
+            lock_fd = open_log_file(
+                lock_path(path), os.O_RDWR, "the audit log's lock file", regular_only=True
+            )
         except OSError:
             os.close(fd)
             raise
@@ -197,28 +200,6 @@ class ChainedFileSink:
                 os.close(self._fd)
                 os.close(self._lock_fd)
                 self._fd = None
-
-
-def _open_regular(path: Path, flags: int, what: str) -> int:
-    """``path`` opened (created 0600 when absent) without following a symlink; a regular file.
-
-    Raises:
-        OSError: it cannot be opened, is a symlink (``ELOOP``) or is not a regular file.
-    """
-    flags |= os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-    try:
-        fd = os.open(path, flags, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise OSError(
-                errno.ELOOP, f"{what} {path} is a symbolic link, which a chained log never follows"
-            ) from exc
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, f"{what} {path} is not a regular file", str(path))
-    os.set_blocking(fd, True)  # O_NONBLOCK only kept a FIFO at the path from blocking open
-    return fd
 
 
 def _check_private(fd: int, path: Path) -> None:

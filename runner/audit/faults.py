@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from runner.audit.files import open_log_file
 from runner.clock import iso_now
 from runner.errors import CallError, ConfigError, ErrorCode
 from runner.schema.redaction import NO_SECRETS, Scrubber
@@ -52,8 +53,7 @@ class OperatorLog:
         if path is None:
             return cls()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = open_log_file(path, os.O_WRONLY | os.O_APPEND, "the operator log")
         except OSError as exc:
             raise ConfigError(str(path), f"cannot open the operator log: {exc.strerror}") from exc
         return cls(fd, path)

@@ -40,6 +40,7 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 from runner.audit import chain as audit_chain
 from runner.audit.chain import ChainedFileSink
 from runner.audit.faults import OperatorLog
+from runner.audit.files import open_log_file
 from runner.clock import iso_now
 from runner.errors import CallError, ErrorCode
 from runner.schema.redaction import NO_SECRETS, Scrubber
@@ -136,8 +137,7 @@ class FileSink:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._fd: int | None = open_log_file(path, os.O_WRONLY | os.O_APPEND, "the audit log")
 
     def write(self, line: str) -> None:
         data = (line + "\n").encode("utf-8")

@@ -300,3 +300,40 @@ def test_runner_audit_takes_a_request_id_prefix_and_a_limit_and_survives_a_close
     reader.stderr.close()
     assert reader.wait(timeout=60) == 0, stderr
     assert "Traceback" not in stderr and "Broken" not in stderr
+
+
+@pytest.mark.parametrize("log", ["audit", "chained audit", "operator"])
+@pytest.mark.parametrize("plant", ["link", "dangling link", "fifo", "open folder", "linked folder"])
+def test_the_logs_are_never_opened_through_a_planted_link_fifo_or_open_folder(
+    bench: ToolBench, tmp_path: Path, log: str, plant: str
+) -> None:
+    # As root, the audit and operator logs were appended to through a symlink at their
+    # name (another file got root's lines, or a dangling link had root create one), a
+    # FIFO there hung the runner, and a linked folder led even a chained log elsewhere.
+    from runner import Runner
+    from runner.errors import ConfigError
+
+    logs, victim = tmp_path / "logs", tmp_path / "victim"
+    logs.mkdir()
+    victim.write_text("precious\n")
+    folder = logs
+    if plant == "linked folder":
+        folder = tmp_path / "linked"
+        folder.symlink_to(logs, target_is_directory=True)
+    where = folder / f"{log.rsplit(maxsplit=1)[-1]}.log"
+    if plant == "link":
+        where.symlink_to(victim)
+    elif plant == "dangling link":
+        where.symlink_to(logs / "elsewhere")
+    elif plant == "fifo":
+        os.mkfifo(where)
+    elif plant == "open folder":
+        logs.chmod(0o777)
+    bench.policy["audit"] = {"chain": log == "chained audit"}
+    if log == "operator":
+        bench.policy["audit"]["operator_log"] = str(where)
+    audit_log = where if log != "operator" else bench.audit_log
+    with pytest.raises(ConfigError, match=r"symbolic link|every user|No such device|not a regular file"):
+        Runner.load(tools=bench.tools, policies=bench.write_policy(), audit_log=audit_log).close()
+    assert victim.read_text() == "precious\n"
+    assert not (logs / "elsewhere").exists()
