@@ -4,7 +4,8 @@ A few hundred bytes of YAML aliases ("billion laughs") describe a document of bi
 nodes, and every later walk over it (schema checks, validation) pays for all of them. So
 a file is read only if it is a regular file of at most ``MAX_YAML_BYTES``, its events are
 scanned before anything is built, and any alias, or nesting deeper than
-``MAX_YAML_DEPTH``, refuses it. Anchors alone are harmless and allowed.
+``MAX_YAML_DEPTH``, refuses it. Anchors alone are harmless and allowed. So is a key given
+twice in one mapping refused, which YAML loaders resolve silently, the last one winning.
 """
 
 from __future__ import annotations
@@ -52,16 +53,37 @@ def read_bounded(path: Path, max_bytes: int = MAX_YAML_BYTES) -> bytes:
 
 
 def _refuse_expansion(text: str) -> None:
-    depth = 0
+    """Refuse aliases, nesting past ``MAX_YAML_DEPTH`` and a key given twice in one mapping
+    (the loader keeps the last: a later ``roles:`` would drop the deny rules of the first,
+    unseen by anyone reading the top of the file)."""
+    # Per open collection: the keys seen (None: a sequence), and whether a key comes next.
+    open_: list[tuple[set[str] | None, list[bool]]] = []
+
+    def is_key() -> bool:
+        if not open_ or open_[-1][0] is None:
+            return False
+        next_is_key = open_[-1][1]
+        next_is_key[0] = not next_is_key[0]
+        return not next_is_key[0]
+
     for event in yaml.parse(text, Loader=_LOADER):
         if isinstance(event, yaml.AliasEvent):
             raise YamlFileError(f"YAML aliases (*{event.anchor}) are not allowed")
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_YAML_DEPTH:
+        if isinstance(event, yaml.ScalarEvent):
+            keys = open_[-1][0] if is_key() else None
+            if keys is not None:
+                if event.value in keys:
+                    mark = event.start_mark
+                    where = f" (line {mark.line + 1})" if mark is not None else ""
+                    raise YamlFileError(f"the key {event.value!r} is given twice in one mapping{where}")
+                keys.add(event.value)
+        elif isinstance(event, yaml.CollectionStartEvent):
+            is_key()
+            open_.append((set() if isinstance(event, yaml.MappingStartEvent) else None, [True]))
+            if len(open_) > MAX_YAML_DEPTH:
                 raise YamlFileError(f"nested deeper than {MAX_YAML_DEPTH} levels")
         elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
+            open_.pop()
 
 
 def load_yaml_file(path: Path, max_bytes: int = MAX_YAML_BYTES) -> object:

@@ -103,6 +103,26 @@ def test_a_policy_file_that_expands_or_is_oversized_stops_the_runner_quickly(
     assert "Traceback" not in done.stderr
 
 
+def test_a_key_given_twice_stops_the_runner_rather_than_drop_the_first(bench: ToolBench) -> None:
+    # The loader kept the last: a later roles: dropped the deny of the first, and
+    # runner validate said all was well.
+    bench.tool("ok", ECHO)
+    bench.tool("wipe", ECHO, tags=["destructive"])
+    bench.runner()
+    policy = bench.root / "policies.yaml"
+    text = yaml.safe_dump(bench.policy)
+    policy.write_text(text + "disabled: [wipe]\n" + "disabled: []\n")
+    for command in (("exec", "wipe", "--params", "{}"), ("validate",)):
+        done = runner_cli(bench, *command)
+        assert done.returncode == 2, done.stdout
+        assert "'disabled' is given twice" in done.stderr and "Traceback" not in done.stderr
+    policy.write_text(text)
+    manifest = bench.tools / "ok" / "tool.yaml"
+    manifest.write_text(manifest.read_text() + "name: wipe\n")  # the same goes for a manifest
+    done = runner_cli(bench, "validate")
+    assert "'name' is given twice" in done.stdout + done.stderr, done
+
+
 def test_a_policy_file_that_is_a_fifo_stops_the_runner_without_blocking(
     bench: ToolBench, tmp_path: Path
 ) -> None:
