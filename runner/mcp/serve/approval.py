@@ -7,13 +7,14 @@ answer. A 2026-07-28 session has no such channel: its ``tools/call`` is answered
 ``input_required`` result holding the question (``ask_first``), and the client calls again
 with the answer and the sealed ``requestState`` (the SDK's ``RequestStateBoundary`` seals
 and checks it, bound to the tool and its arguments), which ``client_approver`` then reads,
-once: each question has its own id, and an answer already used (``SpentAnswers``) is a no.
+once: each question has its own id, and a yes already used (``SpentAnswers``) is a no.
 A client that did not declare the elicitation capability cannot be asked: the call is
 refused as ``approval_unavailable``, never run unasked.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
 import json
 import secrets
@@ -44,27 +45,37 @@ APPROVE_SCHEMA: dict[str, Any] = {
 }
 
 NO_BACK_CHANNEL = "this MCP connection cannot carry a request to the client"
-# Answers kept as used until their question's timeout ends; past this many at once, every
-# further answer is a no (a client answering faster than its answers expire).
-MAX_SPENT = 100_000
+# The yeses one client may have used at once (each kept until its question's timeout
+# ends): past them, its next yes cannot be told from a replay, and it waits.
+MAX_SPENT_PER_CLIENT = 10_000
 
 
 class SpentAnswers:
-    """The ids of the 2026-07-28 questions whose answer was used: one yes runs one call."""
+    """The ids of the 2026-07-28 questions whose yes was used: one yes runs one call."""
 
     def __init__(self) -> None:
-        self._until: dict[str, float] = {}
+        self._until: dict[str, tuple[float, str]] = {}  # question: (until, client)
         self._expiring: list[tuple[float, str]] = []
+        self._held: collections.Counter[str] = collections.Counter()
 
-    def spend(self, question: str, until: float) -> bool:
-        """Mark ``question`` answered (kept until ``until``, its timeout's end); False if it
-        was already, or too many are kept."""
+    def spend(self, question: str, until: float, client: str) -> bool:
+        """Mark ``question``'s yes used (kept until ``until``, its timeout's end); False if
+        it was already.
+
+        Raises:
+            ApprovalUnavailable: ``client`` holds ``MAX_SPENT_PER_CLIENT`` used yeses.
+        """
         now = time.time()
         while self._expiring and self._expiring[0][0] < now:
-            self._until.pop(heapq.heappop(self._expiring)[1], None)
-        if question in self._until or len(self._until) >= MAX_SPENT:
+            gone = self._until.pop(heapq.heappop(self._expiring)[1], None)
+            if gone is not None:
+                self._held[gone[1]] -= 1
+        if question in self._until:
             return False
-        self._until[question] = until
+        if self._held[client] >= MAX_SPENT_PER_CLIENT:
+            raise ApprovalUnavailable("too many approvals of this client are still in force; ask again later")
+        self._until[question] = (until, client)
+        self._held[client] += 1
         heapq.heappush(self._expiring, (until, question))
         return True
 
@@ -133,7 +144,7 @@ def _asked_at(params: types.CallToolRequestParams) -> float | None:
     return asked if isinstance(asked, float) else None
 
 
-def _answered(params: types.CallToolRequestParams, spent: SpentAnswers) -> bool | None:
+def _answered(params: types.CallToolRequestParams, spent: SpentAnswers, client: str) -> bool | None:
     """The answer a 2026-07-28 call carries for its approval: True (a yes), False (a no, a
     cancel, an answer already used, or no answer within the timeout it was asked with),
     None (it carries none).
@@ -158,9 +169,9 @@ def _answered(params: types.CallToolRequestParams, spent: SpentAnswers) -> bool 
         return False
     if time.time() - asked > timeout_ms / 1000:
         raise TimeoutError
-    if not spent.spend(question, asked + timeout_ms / 1000):
-        return False
-    return answer.action == "accept" and (answer.content or {}).get("approve") is True
+    yes = answer.action == "accept" and (answer.content or {}).get("approve") is True
+    # Only a yes is kept: a no runs nothing, however often it is sent.
+    return yes and spent.spend(str(question), asked + timeout_ms / 1000, client)
 
 
 def client_approver(
@@ -171,7 +182,7 @@ def client_approver(
     event (the token's client name, or ``stdio``)."""
 
     async def ask(request: ApprovalRequest) -> bool:
-        answered = _answered(params, spent)
+        answered = _answered(params, spent, by)
         if answered is not None:
             return answered
         session = ctx.session

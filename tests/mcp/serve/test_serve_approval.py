@@ -19,6 +19,7 @@ from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 from support.mcp_harness import ECHO, HttpServer, add_token, audit_events, stdio_server
 
+from runner.call.approval import ApprovalUnavailable
 from runner.mcp.serve.approval import SpentAnswers
 
 pytestmark = pytest.mark.anyio
@@ -269,14 +270,16 @@ async def test_a_bare_client_session_with_an_elicitation_callback_is_asked(held:
     assert [e["decision"] for e in audit_events(held, event="call.approval")] == ["declined", "approved"]
 
 
-def test_an_answer_is_kept_as_used_until_its_timeout_and_too_many_at_once_are_refused(
+def test_a_yes_is_kept_as_used_until_its_timeout_and_one_client_cannot_fill_the_table(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     spent = SpentAnswers()
     now = time.time()
-    assert spent.spend("a", now + 0.05) and not spent.spend("a", now + 0.05)
+    assert spent.spend("a", now + 0.05, "one") and not spent.spend("a", now + 0.05, "one")
     time.sleep(0.1)
-    assert spent.spend("a", now + 60)  # the first use expired with its question
-    monkeypatch.setattr("runner.mcp.serve.approval.MAX_SPENT", 3)
-    assert spent.spend("b", now + 60) and spent.spend("c", now + 60)
-    assert not spent.spend("d", now + 60)  # a no, never an unbounded table
+    assert spent.spend("a", now + 60, "one")  # the first use expired with its question
+    monkeypatch.setattr("runner.mcp.serve.approval.MAX_SPENT_PER_CLIENT", 2)
+    assert spent.spend("b", now + 60, "one")
+    with pytest.raises(ApprovalUnavailable):  # never a no that reads as a person's
+        spent.spend("c", now + 60, "one")
+    assert spent.spend("c", now + 60, "another")  # one client's table is its own
