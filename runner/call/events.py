@@ -11,7 +11,8 @@ Anything else (an unknown event, a malformed line, a number that is not finite, 
 of a type outside ``IMAGE_TYPES``, more than ``MAX_EVENTS``) is dropped and counted,
 never a failure. Every string an event shows is scrubbed of the call's secrets. What
 cannot be scrubbed in place is dropped: a progress number, or an image's, audio's or
-blob's data, that holds a secret (as the base64 text, or in the bytes it decodes to).
+blob's data, that holds a secret (as the base64 text, or in the bytes it decodes to; a
+secret of fewer than ``MIN_DATA_SECRET`` characters is not looked for there).
 """
 
 from __future__ import annotations
@@ -88,12 +89,7 @@ class ToolEvents:
         """Does an image's, audio's or blob's data hold a secret? It cannot be cut out of
         the data and leave it whole, so such a block is dropped."""
         data = block.get("data", block.get("resource", {}).get("blob"))
-        if data is None or not self._scrubber:
-            return False
-        if self._scrubber.scrub_text(data) != data:
-            return True
-        raw = base64.b64decode(data)
-        return any(secret.encode("utf-8", "surrogatepass") in raw for secret in self._scrubber.secrets)
+        return data is not None and self._scrubber.in_data(data)
 
     def _progress(self, value: dict[str, Any]) -> Event | None:
         done, total, message = value["progress"], value.get("total"), value.get("message")

@@ -8,6 +8,7 @@ that quotes a parent object or a tool's stderr alike (``Scrubber``).
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 from collections.abc import Iterable, Mapping
@@ -19,6 +20,12 @@ from runner.schema.patterns import Pattern, PatternError, any_of_literals
 REDACTED = "***"
 # Up to this many secrets, str.replace one by one is as fast as one RE2 pass.
 FEW_SECRETS = 16
+# A sensitive number shorter than this (as digits) is no secret kept: masking every 7 or
+# 42 would garble every message, and would drop every progress event and image.
+MIN_NUMBER_SECRET = 3
+# The secrets looked for in an image's, audio's or blob's data: a shorter one turns up in
+# any few kilobytes of it by chance.
+MIN_DATA_SECRET = 8
 
 
 @dataclass(frozen=True)
@@ -89,12 +96,39 @@ class Scrubber:
             return [self.scrub(item) for item in value]
         return value
 
+    def found_in(self, text: str) -> bool:
+        pattern = self._pattern
+        if pattern is not None:
+            return pattern.search(text) is not None
+        return any(secret in text for secret in self.secrets)
+
+    @functools.cached_property
+    def _numeric(self) -> Scrubber:
+        return Scrubber(frozenset(secret for secret in self.secrets if len(secret) >= MIN_NUMBER_SECRET))
+
+    @functools.cached_property
+    def _in_bytes(self) -> Scrubber:
+        # Latin-1 maps each byte to one character: a secret's UTF-8 bytes are found in the
+        # data's bytes as text, by one pattern.
+        return Scrubber(
+            frozenset(
+                secret.encode("utf-8", "surrogatepass").decode("latin-1")
+                for secret in self.secrets
+                if len(secret) >= MIN_DATA_SECRET
+            )
+        )
+
     def spelled_by(self, value: object) -> bool:
         """Does a number's JSON text hold a secret (a secret of digits)?"""
         if not self.secrets or isinstance(value, str | Mapping | list | tuple):
             return False
-        text = json.dumps(value)
-        return self.scrub_text(text) != text
+        return self._numeric.found_in(json.dumps(value))
+
+    def in_data(self, data: str) -> bool:
+        """Does base64 ``data`` (checked valid) hold a secret, as its text or in the bytes it
+        decodes to? Only secrets of ``MIN_DATA_SECRET`` characters or more are looked for."""
+        look = self._in_bytes
+        return bool(look) and (look.found_in(data) or look.found_in(base64.b64decode(data).decode("latin-1")))
 
     def scrub_document(self, value: Any) -> Any:
         """``scrub`` for a document a tool wrote: a number that spells a secret is ``***`` too."""
@@ -123,14 +157,17 @@ def _cut_fragment(secret: str, text: str) -> int:
 
 def sensitive_leaves(values: Iterable[object]) -> Iterable[str]:
     """Every string value in ``values`` and in the lists and mappings they hold (not keys),
-    and every number's JSON text (not true or false)."""
+    and every number's JSON text (and an integral float's integer), of ``MIN_NUMBER_SECRET``
+    characters or more (not true or false)."""
     stack = list(values)
     while stack:
         value = stack.pop()
         if isinstance(value, str):
             yield value
         elif isinstance(value, int | float) and not isinstance(value, bool):
-            yield json.dumps(value)
+            # 48151623.0 is an integer to JSON Schema, which a tool may well print as such.
+            spellings = {json.dumps(value), *([str(int(value))] if float(value).is_integer() else [])}
+            yield from (text for text in spellings if len(text) >= MIN_NUMBER_SECRET)
         elif isinstance(value, Mapping):
             stack.extend(value.values())
         elif isinstance(value, list | tuple):
