@@ -48,9 +48,10 @@ from runner.telemetry.connections import ACCEPT_BACKLOG, listen_long
 # in, and what it costs grows with them (docs/performance.md). A tool call carries far
 # fewer.
 MAX_CONTAINERS = 1_000_000
-# A line longer than this is parsed one at a time, and in a thread where the walk that
-# checks its size and depth lets the loop run: what many large lines at once would cost
-# the server in memory and in stalls of every client's loop is that of one.
+# A line longer than this is served one at a time (others are refused busy), parsed in a
+# thread where the walk that checks its size and depth lets the loop run: what many large
+# lines at once would cost the server in memory and in stalls of every client's loop is
+# that of one.
 LARGE_LINE = 64 * 1024
 
 HANG_UP_POLL_S = 0.1  # how often a client that shut its writing side is looked at
@@ -168,9 +169,8 @@ class SocketTransport:
         self._stopped = asyncio.Event()
         self._connections: set[asyncio.Task[Any]] = set()
         self._large = asyncio.Semaphore(1)
-        self._held: collections.Counter[int] = (
-            collections.Counter()
-        )  # connections by uid, but the server's own
+        self._large_bytes = 0  # of the large lines parsed and not yet answered
+        self._held: collections.Counter[int] = collections.Counter()  # by uid, the server's own not
         audit = service.runner.audit
         self._refusals = RefusalBudget(lambda **fields: audit.emit("serve.socket", decision="deny", **fields))
 
@@ -211,6 +211,7 @@ class SocketTransport:
             self._connections.add(task)
         settings = self._service.runner.policy.model.serve.socket  # read at each call: SIGHUP reloads it
         counted: int | None = None
+        large = 0
         try:
             uid = _peer_uid(writer)
             client = f"uid:{uid}"
@@ -224,7 +225,7 @@ class SocketTransport:
                     self._held[counted := uid] += 1
                 if self._service.draining:
                     raise _Refused("draining", "the server is shutting down")
-                request = await self._read(reader, settings.read_timeout_ms / 1000, role)
+                request, large = await self._read(reader, settings.read_timeout_ms / 1000, role)
             except _Refused as refused:
                 # Written without waiting: a refused peer holds nothing once it is closed.
                 writer.write(_line({"refused": {"reason": refused.reason, "message": refused.message}}))
@@ -244,13 +245,14 @@ class SocketTransport:
                 self._connections.discard(task)
             if counted is not None:
                 self._held[counted] -= 1
+            self._large_bytes -= large
 
     def _share(self, uid: int, most: int, client: str) -> None:
         """Another uid may hold half of the connections, and all of them together three
         quarters: none can lock out another, nor all of them the server's own user."""
         if self._held[uid] >= max(1, most // 2):
             self._refuse(client, "busy", f"this uid holds its share of serve.socket.max_open ({most})")
-        if self._held.total() >= most - max(1, most // 4):
+        if self._held.total() >= most - min(max(1, most // 4), most - 1):
             self._refuse(client, "busy", f"other uids hold their share of serve.socket.max_open ({most})")
 
     def _refuse(self, client: str, reason: str, message: str) -> None:
@@ -266,7 +268,10 @@ class SocketTransport:
             self._refuse(client, "uid", f"uid {uid} is not admitted (serve.socket.uids)")
         return role
 
-    async def _read(self, reader: asyncio.StreamReader, timeout_s: float, role: str | None) -> dict[str, Any]:
+    async def _read(
+        self, reader: asyncio.StreamReader, timeout_s: float, role: str | None
+    ) -> tuple[dict[str, Any], int]:
+        """The request, and the bytes of a large line counted as held until it is answered."""
         try:
             async with asyncio.timeout(timeout_s):
                 line = await reader.readline()
@@ -277,10 +282,21 @@ class SocketTransport:
         if line.count(b"{") + line.count(b"[") > MAX_CONTAINERS:
             raise _Refused("too_large", f"a request line holds at most {MAX_CONTAINERS} objects and arrays")
         if len(line) <= LARGE_LINE:
-            document = _parsed(line)
-        else:  # one at a time, its size checked before it waits for a slot (see LARGE_LINE)
+            return self._request(_parsed(line), role), 0
+        # One at a time, from its parsing to its answer (parsed, it holds many times its
+        # bytes), its size checked before it waits for a slot.
+        if self._large_bytes:
+            raise _Refused("busy", "the server is serving another large request")
+        self._large_bytes += len(line)
+        try:
             async with self._large:
                 document = await asyncio.to_thread(_parsed, line, checked=True)
+            return self._request(document, role), len(line)
+        except BaseException:
+            self._large_bytes -= len(line)
+            raise
+
+    def _request(self, document: Any, role: str | None) -> dict[str, Any]:
         if not isinstance(document, dict) or set(document) != _REQUEST_KEYS:
             raise _Refused("bad_request", "a request line is an object of request and where")
         request, where = document["request"], Where.parse(document["where"])
@@ -364,8 +380,9 @@ def _parsed(line: bytes, *, checked: bool = False) -> Any:
     if isinstance(request, dict):
         try:
             check_json(request)
-        except CallError as exc:
-            raise _Refused("too_large", exc.message) from None
+        except CallError as exc:  # anything else the call's own answer says, as for a short line
+            if exc.details.get("problem") in ("too large", "too deep"):
+                raise _Refused("too_large", exc.message) from None
     return document
 
 
