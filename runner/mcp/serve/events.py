@@ -26,6 +26,9 @@ from runner.call.events import LOG_LEVELS, Event
 # A call that runs longer than this gets progress notifications (when the client sent a
 # progressToken), one per interval, until the tool reports progress of its own.
 PROGRESS_INTERVAL_S = 1.0
+# A heartbeat's progress per second of the call: far below what a tool reports, so that
+# the tool's own values, once they come, go out as they are and still go forward.
+HEARTBEAT_UNIT = 1e-6
 
 
 def _connection(ctx: ServerRequestContext[Any, Any]) -> object:
@@ -63,7 +66,7 @@ class EventRelay:
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
         self._heartbeat = anyio.CancelScope()
         self._last_progress = -1.0
-        self._rebase: float | None = None  # what the tool's progress is shifted by (``_send``)
+        self._beating = True  # until the tool's own progress
         self._pumped = anyio.Event()
 
     def heard(self, event: Event) -> None:
@@ -84,7 +87,8 @@ class EventRelay:
             while True:
                 await anyio.sleep(PROGRESS_INTERVAL_S)
                 elapsed = round(time.monotonic() - started, 1)
-                await self._progress(elapsed, None, f"{self._tool_name} running for {elapsed:g} s")
+                message = f"{self._tool_name} running for {elapsed:g} s"
+                await self._progress(elapsed * HEARTBEAT_UNIT, None, message)
 
     async def pump(self) -> None:
         """Send the queued events in order, until ``finish``."""
@@ -104,14 +108,11 @@ class EventRelay:
         with contextlib.suppress(Exception):
             if "progress" in event:
                 self._heartbeat.cancel()
-                if self._rebase is None:  # past the clock's seconds, or they would hide the tool's
-                    self._rebase = max(self._last_progress, 0.0)
-                total = event.get("total")
-                await self._progress(
-                    self._rebase + event["progress"],
-                    None if total is None else self._rebase + total,
-                    event.get("message"),
-                )
+                done = event["progress"]
+                if self._beating and done <= self._last_progress:  # a 0 after heartbeats
+                    done = self._last_progress + HEARTBEAT_UNIT
+                self._beating = False
+                await self._progress(done, event.get("total"), event.get("message"))
             else:
                 with warnings.catch_warnings():
                     # Deprecated by the 2026-07-28 protocol, still the way for clients before it.
