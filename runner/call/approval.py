@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import json
 import re
+import sys
 import threading
+import unicodedata
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -31,7 +34,23 @@ Decision = Literal["approved", "declined", "timeout", "unavailable"]
 MAX_MESSAGE_PARAMS = 2000
 # White space, and letters and symbols that draw as nothing (Hangul fillers, the blank
 # Braille pattern): a run of them can push a part of the params out of sight.
-_WHITE_RUN = re.compile(r"[\s\u115f\u1160\u2800\u3164\uffa0]{4,}")
+_BLANK = r"\s\u115f\u1160\u2800\u3164\uffa0"
+
+
+@functools.cache
+def _blank_run() -> re.Pattern[str]:
+    """Four or more blanks, each with the combining marks after it (drawn as nothing on a
+    blank: they must not break a run). Built on first use (a walk of every code point)."""
+    marks: list[str] = []
+    start = None
+    for point in range(sys.maxunicode + 2):
+        is_mark = point <= sys.maxunicode and unicodedata.category(chr(point)) in ("Mn", "Me")
+        if is_mark and start is None:
+            start = point
+        elif not is_mark and start is not None:
+            marks.append(f"\\U{start:08x}-\\U{point - 1:08x}")
+            start = None
+    return re.compile(f"(?:[{_BLANK}][{''.join(marks)}]*){{4,}}")
 
 
 @dataclass(frozen=True)
@@ -48,7 +67,7 @@ class ApprovalRequest:
         sequence in them must not rewrite what the person reads."""
         shown = json.dumps(self.params, ensure_ascii=False, sort_keys=True)
         # Runs of white space shown as counted: padding cannot push a part out of sight.
-        shown = _WHITE_RUN.sub(lambda run: f"<{len(run.group())} spaces>", shown)
+        shown = _blank_run().sub(lambda run: f"<{len(run.group())} spaces>", shown)
         if len(shown) > MAX_MESSAGE_PARAMS:
             # Both ends and the size: what a long value hides at its end is shown too.
             half = MAX_MESSAGE_PARAMS // 2

