@@ -316,12 +316,12 @@ class Runner:
         return discovered(self.registry, self.policy, filter, role)
 
     def reload(self, tools: Iterable[Path], policies: Path) -> None:
-        """Serve later calls with the policy file and tool folders as they are now (``runner
-        serve`` on a change); calls in flight finish with what they started with, session
-        sandboxes are opened anew, and the circuit breakers stay. Backend settings and the
-        audit log are not reloaded. Raises ``ConfigError`` when the policy file cannot be
-        used (the runner keeps the old one)."""
+        """Serve later calls with the policy and tools as they are now; calls in flight end as
+        they began, session sandboxes are opened anew, breakers stay. Raises ``ConfigError``
+        (the old ones kept): the policy cannot be used, or changes what only a start reads."""
         policy = Policy.load(policies)
+        if changed := policy.read_at_start_changed(self.policy):
+            raise ConfigError(str(policies), f"{', '.join(changed)} changed: restart the runner to use it")
         factory = self._sandbox_factory
         registry = Registry.load(
             tools,

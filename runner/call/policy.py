@@ -309,6 +309,16 @@ class Policy:
             return None
         return self.base_dir / self.model.audit.operator_log
 
+    def read_at_start_changed(self, old: Policy) -> list[str]:
+        """The keys a runner reads only at its start (the audit trail, the backends, the
+        cluster) that differ from ``old``'s: a reload that took them silently would leave a
+        stricter setting unenforced."""
+        return [
+            key
+            for key in ("audit", "sandbox", "dispatch")
+            if getattr(self.model, key) != getattr(old.model, key)
+        ]
+
     def granted_secrets(self, tool: Tool) -> list[str]:
         """The secrets ``tool`` asks for that the policy grants it, in the manifest's order."""
         override = self.model.tools.get(tool.name)

@@ -94,3 +94,21 @@ async def test_sighup_reloads_at_once(bench: ToolBench) -> None:
             while not audit_events(bench, event="serve.reload", accepted=True):
                 await anyio.sleep(0.05)
         assert not (await client.call_tool("echo", {})).is_error  # and it still serves
+
+
+async def test_an_edit_of_what_only_a_start_reads_is_refused_not_taken_unenforced(bench: ToolBench) -> None:
+    # The new policy was served while its audit: and sandbox: were not: audit.required
+    # turned on was not required, a backend setting made stricter did not hold.
+    bench.tool("echo", ECHO)
+    async with Client(stdio_server(bench)) as client:
+        assert not (await client.call_tool("echo", {})).is_error
+        bench.policy["audit"] = {"required": True}
+        bench.policy["sandbox"] = {"backends": {"subprocess": {"allow_degraded": False}}}
+        bench.policy["roles"] = {"user": {"allow": []}}  # the rest of the edit waits too
+        write_policy(bench)
+        with anyio.fail_after(ANNOUNCED_WITHIN_S):
+            while not audit_events(bench, event="serve.reload", accepted=False):
+                await anyio.sleep(0.1)
+        assert not (await client.call_tool("echo", {})).is_error  # the old policy still rules
+    [refused] = audit_events(bench, event="serve.reload", accepted=False)
+    assert "audit, sandbox changed: restart" in refused["problem"], refused
