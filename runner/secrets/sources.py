@@ -47,6 +47,7 @@ RESERVED_PREFIXES = ("RUNNER_", "LD_")
 # A PEM private key fits easily; a secret is not a data file, and every answer of the
 # call is searched for it.
 MAX_SECRET_BYTES = 16 * 1024
+MAX_LINKS = 40  # as the kernel's own bound on links in one path
 
 
 def name_problem(name: str) -> str | None:
@@ -161,11 +162,14 @@ def _read_env(variable: str) -> str:
 def _read_file(path: Path) -> str:
     """The file's text, one trailing newline dropped (``echo key > file`` writes one).
 
-    Symlinks are followed: Kubernetes and Docker mount secrets through them, and the path
-    is the operator's. What is refused: anything but a regular file (``O_NONBLOCK`` so a
-    FIFO planted there cannot hang the call), a file any user may write (its value is not
-    a secret), more than ``MAX_SECRET_BYTES``.
+    Symlinks are followed (Kubernetes and Docker mount secrets through them), but only
+    those of root or the runner's user (``_foreign_link``): another user's link would have
+    the runner, often root, read a file that user may not. What is refused besides: anything
+    but a regular file (``O_NONBLOCK`` so a FIFO planted there cannot hang the call), a file
+    any user may write (its value is not a secret), more than ``MAX_SECRET_BYTES``.
     """
+    if _foreign_link(path) is not None:  # the link's path is not the caller's to know
+        raise _NoValue("is reached through a symbolic link of another user's")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except FileNotFoundError as exc:
@@ -193,6 +197,35 @@ def _read_file(path: Path) -> str:
     except UnicodeDecodeError:
         raise _NoValue("is not UTF-8 text") from None
     return _checked(text.removesuffix("\n").removesuffix("\r"))
+
+
+def _foreign_link(path: Path) -> str | None:
+    """The first symbolic link on the way to ``path`` (in a link's target too) that is
+    neither root's nor the runner user's; None when there is none (or the way ends: the
+    open says why)."""
+    me, left = os.getuid(), MAX_LINKS
+    here = Path("/") if path.is_absolute() else Path.cwd()
+    parts = list(path.parts[1:] if path.is_absolute() else path.parts)
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            here = here.parent
+            continue
+        step = here / part
+        try:
+            info = os.lstat(step)
+        except OSError:
+            return None
+        if not stat.S_ISLNK(info.st_mode):
+            here = step
+            continue
+        if info.st_uid not in (0, me) or (left := left - 1) < 0:
+            return str(step)
+        target = step.readlink()
+        parts = [*(target.parts[1:] if target.is_absolute() else target.parts), *parts]
+        if target.is_absolute():
+            here = Path("/")
+    return None
 
 
 def _checked(value: str) -> str:

@@ -213,6 +213,27 @@ def test_a_symlinked_secret_file_is_followed_as_kubernetes_mounts_it(
     assert answer["success"], answer
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root, to make a link of another user's")
+def test_a_secret_file_reached_through_another_users_link_is_refused(
+    bench: ToolBench, tmp_path: Path
+) -> None:
+    # A link another user planted had the runner, as root, read a file that user may not
+    # (the tool then let it out transformed, past the mask).
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "key").write_text("root only")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "token").symlink_to(private / "key")
+    os.lchown(shared / "token", 65534, 65534)
+    setup(bench, "linked", SHOW_SECRET)
+    bench.policy["secrets"] = {"API_TOKEN": {"file": str(shared / "token")}}
+    answer = bench.runner().handle({"toolName": "linked"})
+    assert not answer["success"] and answer["error"]["details"]["reason"] == "secret_unavailable", answer
+    assert "a symbolic link of another user's" in answer["error"]["message"]
+    assert "root only" not in json.dumps(answer) and str(shared) not in json.dumps(answer)
+
+
 # -- validation -----------------------------------------------------------------------
 
 
