@@ -44,14 +44,16 @@ def needed_grants(
     policy: Policy, server: str, tools: Sequence[Tool], manifest: Mapping[str, Any], role: str | None = None
 ) -> Grants:
     """The grants that let ``role`` (default: the policy's default role) call ``tools``, the
-    server's registered tools; with none registered (its tools did not load), what a tool
-    ``SERVER_*`` with the server's ``manifest`` needs."""
+    server's registered tools, each by its name; with none registered (its tools did not
+    load), what a tool ``SERVER_*`` with the server's ``manifest`` needs."""
     role = role or policy.model.default_role
-    pattern = f"{server}_*"
     additions: dict[str, Any] = {}
     removals: list[str] = []
     model = policy.model
     for tool in tools or [_stand_in(server, manifest, policy.base_dir)]:
+        # Each tool by its name: SERVER_* would also grant the tools of a server named
+        # SERVER_more, installed then or later, and any tool named so.
+        pattern = tool.name if tools else f"{server}_*"
         for _ in range(_ROUNDS):
             decision = Policy(model, policy.base_dir, policy.source).decide(tool, role)
             if decision.allowed:

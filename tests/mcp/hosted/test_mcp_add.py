@@ -100,8 +100,9 @@ def test_pip_server_gets_a_venv_of_the_system_python_and_a_kind_mcp_manifest(
     # The registry loaded after the install lists the server's tools through the sandbox.
     assert {tool["name"] for tool in report["tools"]} == {"time_get_current_time", "time_convert_time"}
     assert report["problems"] == []
-    assert "time_*" in report["grantsYaml"]
-    assert report["grants"]["roles"]["user"]["allow"] == ["time_*"]
+    # Each tool by its name: time_* would grant a server named time_more too.
+    assert "time_get_current_time" in report["grantsYaml"] and "time_*" not in report["grantsYaml"]
+    assert set(report["grants"]["roles"]["user"]["allow"]) == {"time_get_current_time", "time_convert_time"}
 
 
 @pytest.mark.registry
@@ -719,7 +720,8 @@ def test_a_server_that_lists_no_tools_fails_with_the_fix_and_workspace_and_grant
     policy_after = (project / "policies.yaml").read_text()
     assert policy_after.startswith(policy_before.splitlines()[0])  # its comments are kept
     assert policy_after.count("# ") == policy_before.count("# ")
-    assert "files_*" in yaml.safe_load(policy_after)["roles"]["user"]["allow"]
+    granted = yaml.safe_load(policy_after)["roles"]["user"]["allow"]
+    assert "files_list_files" in granted and "files_*" not in granted  # each tool by its name
     (project / "workspace" / "seen.txt").write_text("x")
     answer = answer_of(
         _runner_offline(project, directory_wheel, "exec", "files_list_files", "--role", "user")
