@@ -23,7 +23,6 @@ import importlib.util
 import json
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -122,19 +121,45 @@ class ManifestCache:
         if self.path is None or not self._changed:
             return
         entries = dict(list(self._entries.items())[-MAX_ENTRIES:])
-        body = json.dumps({"key": self.key, "entries": entries}, separators=(",", ":"))
+        body = json.dumps({"key": self.key, "entries": entries}, separators=(",", ":")).encode()
         with contextlib.suppress(OSError):
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".manifests-")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    out.write(body)
-                # Atomic: a runner starting meanwhile reads the old file or the new one.
-                Path(temporary).replace(self.path)
-            except OSError:
-                Path(temporary).unlink(missing_ok=True)
-                raise
+            _write_in_own_folder(self.path, body)
         self._changed = False
+
+
+def _write_in_own_folder(path: Path, body: bytes) -> None:
+    """Write ``path`` whole (a new file renamed over it: a runner starting meanwhile reads
+    the old file or the new one), through a descriptor of its folder opened without
+    following a link, and only if that folder is this user's and no one else may write it:
+    as root, with ``$HOME`` a user's (``su`` without ``-``), a planted link there would
+    have root replace a file of the link's choosing.
+
+    Raises:
+        OSError: it cannot be written, or the folder is not to be used.
+    """
+    folder = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(folder)
+        if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise PermissionError(f"{path.parent} is not this user's own folder")
+        temporary = f".manifests-{os.urandom(8).hex()}"
+        fd = os.open(
+            temporary,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=folder,
+        )
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(body)
+            os.rename(temporary, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=folder)
+            raise
+    finally:
+        os.close(folder)
 
 
 def _read_entries(path: Path, key: str) -> dict[str, Any]:

@@ -77,6 +77,35 @@ def test_a_manifest_is_checked_once_then_taken_from_the_cache_by_its_bytes(
     assert again.params_validator.is_valid({}) and again.sensitive_params == frozenset()
 
 
+@pytest.mark.parametrize("plant", ["linked folder", "open folder", "another's folder"])
+def test_the_cache_is_never_written_through_a_link_or_in_a_folder_others_could_change(
+    tmp_path: Path, plant: str
+) -> None:
+    # As root with a user's $HOME (su without -), ~/.cache/runner linked to a folder of
+    # the user's choosing had root replace manifests.json there.
+    folder = write_tool(tmp_path / "tools", "adder", "print(1)")
+    target = tmp_path / "target"
+    target.mkdir(mode=0o700)
+    (target / CACHE_FILE).write_text("old")
+    cache_folder = tmp_path / "cache"
+    if plant == "linked folder":
+        cache_folder.symlink_to(target, target_is_directory=True)
+    else:
+        cache_folder.mkdir(mode=0o700)
+        if plant == "open folder":
+            cache_folder.chmod(0o777)
+        elif os.geteuid() == 0:
+            os.chown(cache_folder, 65534, 65534)
+        else:
+            pytest.skip("needs root, to give the folder to another user")
+    cache = ManifestCache.open(cache_folder)
+    load_tool(folder, cache)
+    cache.save()  # quietly not written: checking from scratch next time
+    assert (target / CACHE_FILE).read_text() == "old"
+    if plant != "linked folder":
+        assert not (cache_folder / CACHE_FILE).exists()
+
+
 def test_a_changed_manifest_is_checked_again(tmp_path: Path) -> None:
     folder = write_tool(tmp_path / "tools", "adder", "print(1)")
     cache = ManifestCache.open(tmp_path / "cache")
