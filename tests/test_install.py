@@ -83,6 +83,25 @@ def test_init_refuses_to_overwrite_existing_files_unless_forced(tmp_path: Path, 
     assert "whitelist" in (tmp_path / "policies.yaml").read_text()
 
 
+def test_init_writes_nothing_through_a_planted_link_or_into_a_folder_others_control(
+    tmp_path: Path, home: Path
+) -> None:
+    # As root in a folder another user could write to, a tools link planted there had the
+    # example tools written where it led.
+    folder, target = tmp_path / "shared", tmp_path / "target"
+    folder.mkdir()
+    target.mkdir(mode=0o700)
+    (folder / "tools").symlink_to(target, target_is_directory=True)
+    linked = runner_command("init", cwd=folder, home=home)
+    assert linked.returncode != 0 and "symbolic link" in linked.stderr, linked.stderr
+    assert list(target.iterdir()) == [] and sorted(p.name for p in folder.iterdir()) == ["tools"]
+    (folder / "tools").unlink()
+    folder.chmod(0o777)
+    opened = runner_command("init", cwd=folder, home=home)
+    assert opened.returncode != 0 and "writable by every user" in opened.stderr, opened.stderr
+    assert "Traceback" not in linked.stderr + opened.stderr
+
+
 def test_the_policy_in_xdg_config_home_is_used_with_the_tools_beside_it(tmp_path: Path, home: Path) -> None:
     config = tmp_path / "xdg"
     assert runner_command("init", str(config / "runner"), cwd=tmp_path, home=home).returncode == 0

@@ -6,11 +6,13 @@ next to the tools, never used where it is installed.
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.config.locations import POLICY_FILE, TOOLS_DIR, examples_dir
+from runner.config.locations import POLICY_FILE, TOOLS_DIR, examples_dir, untrusted
 
 WORKSPACE_DIR = "workspace"
 _SKIPPED = {"__pycache__"}
@@ -43,15 +45,33 @@ def _shipped_files(source: Path) -> list[Path]:
     return files
 
 
+def _no_linked_folder(directory: Path, relative: Path) -> None:
+    """Raises ``PermissionError`` when a folder between ``directory`` and the file is a
+    symbolic link: ``runner init`` as root in a folder another user could write to would
+    write the example tools where that link leads."""
+    folder = directory
+    for part in relative.parts[:-1]:
+        folder = folder / part
+        if folder.is_symlink():
+            raise PermissionError(
+                errno.EPERM, f"{folder} is a symbolic link: runner init writes nothing through one"
+            )
+
+
 def write_starter(directory: Path, *, force: bool = False) -> StarterFiles:
     """Copy the starter policy and the example tools into ``directory`` and make its workspace.
 
     Raises:
         StarterExists: a file to write is already there and ``force`` is false (nothing written).
-        OSError: the folder cannot be written.
+        OSError: the folder cannot be written, or is not to be written (another user's, open
+            to every user, or reached through a link of its own).
     """
     source = examples_dir()
     files = _shipped_files(source)
+    if why := untrusted(directory):
+        raise PermissionError(errno.EPERM, f"{why}: runner init writes nothing there")
+    for relative in files:  # all checked before anything is written
+        _no_linked_folder(directory, relative)
     existing = [relative for relative in files if (directory / relative).exists()]
     if existing and not force:
         raise StarterExists(directory, existing)
@@ -62,8 +82,11 @@ def write_starter(directory: Path, *, force: bool = False) -> StarterFiles:
             shutil.rmtree(target)
         elif target.exists() or target.is_symlink():
             target.unlink()
-        shutil.copyfile(source / relative, target)
-        target.chmod(0o644)
+        # A new file, never through a link (one planted between the unlink and here fails).
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "wb") as out:
+            out.write((source / relative).read_bytes())
+            os.fchmod(out.fileno(), 0o644)
     (directory / WORKSPACE_DIR).mkdir(exist_ok=True)
     tools = sorted({relative.parts[1] for relative in files if relative.parts[0] == TOOLS_DIR})
     return StarterFiles(directory, tuple(files), tuple(tools))
