@@ -558,7 +558,7 @@ def _start_together(argvs: list[list[str]], cwd: Path) -> Iterator[subprocess.Po
 
 def test_writers_in_four_processes_interleave_and_leave_a_chain_that_verifies(tmp_path: Path) -> None:
     log = tmp_path / "audit.log"
-    per_writer = 1500
+    per_writer = 4000  # long enough to overlap on a loaded machine too (1500 did not, once)
     argvs = [[sys.executable, "-c", EMITTER, str(log), str(per_writer), f"w{n}"] for n in range(4)]
     assert all(proc.wait(timeout=120) == 0 for proc in list(_start_together(argvs, tmp_path)))
     events = [json.loads(line) for line in log.read_bytes().splitlines()]
