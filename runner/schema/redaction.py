@@ -166,7 +166,10 @@ def sensitive_leaves(values: Iterable[object]) -> Iterable[str]:
             yield value
         elif isinstance(value, int | float) and not isinstance(value, bool):
             # 48151623.0 is an integer to JSON Schema, which a tool may well print as such.
-            spellings = {json.dumps(value), *([str(int(value))] if float(value).is_integer() else [])}
+            spellings = {
+                json.dumps(value),
+                *([str(int(value))] if isinstance(value, float) and value.is_integer() else []),
+            }
             yield from (text for text in spellings if len(text) >= MIN_NUMBER_SECRET)
         elif isinstance(value, Mapping):
             stack.extend(value.values())

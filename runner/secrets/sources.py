@@ -168,7 +168,8 @@ def _read_file(path: Path) -> str:
     but a regular file (``O_NONBLOCK`` so a FIFO planted there cannot hang the call), a file
     any user may write (its value is not a secret), more than ``MAX_SECRET_BYTES``.
     """
-    if _foreign_link(path) is not None:  # the link's path is not the caller's to know
+    foreign, reached = _foreign_link(path)
+    if foreign is not None:  # the link's path is not the caller's to know
         raise _NoValue("is reached through a symbolic link of another user's")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
@@ -178,6 +179,9 @@ def _read_file(path: Path) -> str:
         raise _NoValue(f"cannot be opened ({exc.strerror})") from None
     try:
         info = os.fstat(fd)
+        if reached is not None and (info.st_dev, info.st_ino) != reached:
+            # A link swapped after the walk: the file opened is not the one approved.
+            raise _NoValue("is reached through a symbolic link of another user's")
         if not stat.S_ISREG(info.st_mode):
             raise _NoValue("is not a regular file")
         if info.st_mode & stat.S_IWOTH:
@@ -199,33 +203,34 @@ def _read_file(path: Path) -> str:
     return _checked(text.removesuffix("\n").removesuffix("\r"))
 
 
-def _foreign_link(path: Path) -> str | None:
+def _foreign_link(path: Path) -> tuple[str | None, tuple[int, int] | None]:
     """The first symbolic link on the way to ``path`` (in a link's target too) that is
-    neither root's nor the runner user's; None when there is none (or the way ends: the
-    open says why)."""
+    neither root's nor the runner user's, or None; and the (device, inode) the way ends at,
+    for the file opened to be checked against (None: the way ends before a file)."""
     me, left = os.getuid(), MAX_LINKS
     here = Path("/") if path.is_absolute() else Path.cwd()
     parts = list(path.parts[1:] if path.is_absolute() else path.parts)
+    info = None
     while parts:
         part = parts.pop(0)
         if part == "..":
-            here = here.parent
+            here, info = here.parent, None
             continue
         step = here / part
         try:
             info = os.lstat(step)
         except OSError:
-            return None
+            return None, None
         if not stat.S_ISLNK(info.st_mode):
             here = step
             continue
         if info.st_uid not in (0, me) or (left := left - 1) < 0:
-            return str(step)
+            return str(step), None
         target = step.readlink()
         parts = [*(target.parts[1:] if target.is_absolute() else target.parts), *parts]
         if target.is_absolute():
             here = Path("/")
-    return None
+    return None, (info.st_dev, info.st_ino) if info is not None else None
 
 
 def _checked(value: str) -> str:

@@ -200,6 +200,7 @@ def test_a_sensitive_number_is_scrubbed_by_its_json_text_and_a_short_one_is_no_s
     )
     # An integer sent as 48151623.0 passes "type: integer", and the tool prints 48151623.
     assert Scrubber.of([48151623.0]).scrub_text("pin 48151623 or 48151623.0") == "pin *** or ***"
+    assert "1" + "0" * 400 in Scrubber.of([10**400]).secrets  # past a float's range: no OverflowError
     heard, sink = read(
         {"progress": 1, "total": 100},
         {"content": {"type": "image", "mimeType": "image/png", "data": PNG}},

@@ -11,14 +11,17 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from conftest import ToolBench, answer_of
+from conftest import ToolBench, answer_of, wait_for
 from docker import APIClient
 
 from runner.call.policy import Policy
@@ -232,6 +235,55 @@ def test_a_secret_file_reached_through_another_users_link_is_refused(
     assert not answer["success"] and answer["error"]["details"]["reason"] == "secret_unavailable", answer
     assert "a symbolic link of another user's" in answer["error"]["message"]
     assert "root only" not in json.dumps(answer) and str(shared) not in json.dumps(answer)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root, to swap links as another user")
+def test_a_link_swapped_between_the_check_and_the_open_never_yields_the_file_it_led_to() -> None:
+    # The walk approved the path, then the open looked it up again: another user swapping
+    # a link there in a loop had root read a root-only file about one time in ten.
+    from runner.secrets.sources import _read_file
+
+    if not Path("/usr/bin/python3").is_file():
+        pytest.skip("needs a python3 another uid can run")
+    base = Path(tempfile.mkdtemp(prefix="runner-swap-"))
+    base.chmod(0o711)  # the other user reaches its own folder in it
+    private = base / "private"
+    private.mkdir(mode=0o700)
+    (private / "key").write_text("ROOT ONLY")
+    shared = base / "shared"
+    shared.mkdir()
+    (shared / "mine").write_text("the user's own")
+    os.chown(shared, 65534, 65534)
+    os.chown(shared / "mine", 65534, 65534)
+    swapper = (
+        "import os, sys\n"
+        "folder, target = sys.argv[1], sys.argv[2]\n"
+        "evil, good, sec = (os.path.join(folder, name) for name in ('evil', 'good', 'sec'))\n"
+        "while True:\n"  # the link to the private file, then a file of the user's own, by turns
+        "    for path in (evil, good):\n"
+        "        try: os.unlink(path)\n"
+        "        except OSError: pass\n"
+        "    os.symlink(target, evil)\n"
+        "    os.replace(evil, sec)\n"
+        "    os.link(os.path.join(folder, 'mine'), good)\n"
+        "    os.replace(good, sec)\n"
+    )
+    argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", swapper]
+    values: list[str] = []
+    with subprocess.Popen([*argv, str(shared), str(private / "key")]) as process:
+        try:
+            wait_for((shared / "sec").exists, 30.0)
+            until = time.monotonic() + 3.0
+            while time.monotonic() < until:
+                try:
+                    values.append(_read_file(shared / "sec"))
+                except Exception as exc:  # refused, or caught mid-swap: never the value
+                    values.append(type(exc).__name__)
+        finally:
+            process.kill()
+            shutil.rmtree(base)
+    assert "ROOT ONLY" not in values
+    assert "the user's own" in values  # the swaps ran while the file was read
 
 
 # -- validation -----------------------------------------------------------------------
