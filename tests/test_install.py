@@ -193,14 +193,20 @@ def test_a_policy_or_tools_found_in_a_folder_of_another_users_are_not_used(
         if owned_by_root is not None:
             os.chown(owned_by_root, 0, 0)
         done = runner_command(*ADD, cwd=folder, home=home)
-        if owned_by_root != folder / "tools":
+        if owned_by_root != folder / "tools":  # skipped, with a warning, and none found after it
             assert done.returncode == 2 and "another user could have put it there" in done.stderr, done.stderr
-            assert "Traceback" not in done.stderr
+            assert "not found" in done.stderr and "Traceback" not in done.stderr
     assert done.returncode == 0 and answer_of(done)["result"] == 3  # all root's again
     os.chmod(folder / "tools", 0o777)
     done = runner_command(*ADD, cwd=folder, home=home)
     assert done.returncode == 2 and "writable by every user" in done.stderr, done.stderr
-    named = runner_command("--tools", str(folder / "tools"), *ADD, cwd=folder, home=home)
+    # Skipped, the search goes on: the user's own configuration answers.
+    init = runner_command("init", str(home / ".config" / "runner"), cwd=folder, home=home)
+    assert init.returncode == 0, init.stderr
+    own = runner_command(*ADD, cwd=folder, home=home)
+    assert own.returncode == 0 and answer_of(own)["result"] == 3, own.stderr
+    assert "skipped" in own.stderr
+    named = runner_command("--policies", str(folder / "policies.yaml"), *ADD, cwd=folder, home=home)
     assert named.returncode == 0 and answer_of(named)["result"] == 3  # named: the user's choice
 
 

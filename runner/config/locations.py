@@ -3,10 +3,11 @@
 A flag (or an argument of ``Runner.load``) wins, then ``RUNNER_POLICIES``/``RUNNER_TOOLS``,
 then the search: ``./policies.yaml``, ``$XDG_CONFIG_HOME/runner/`` (default
 ``~/.config/runner/``), ``/etc/runner/``. Tools default to ``tools/`` beside the policy file.
-A policy file the search finds, its folder, and the default ``tools/`` are used only when
-they are this user's or root's and not writable by every user (``untrusted``): a folder
-another user controls (``/tmp``, their checkout) must not configure this user's runner,
-least of all root's; naming one (a flag, a variable) is the way to use it anyway.
+A policy file the search finds is used only when it, its folder and the ``tools/`` beside
+it are this user's or root's and not writable by every user (``untrusted``); otherwise the
+search goes on past it, with a warning: a folder another user controls (``/tmp``, their
+checkout) must not configure this user's runner, least of all root's. Naming a file (a
+flag, a variable) is the way to use one anyway.
 
 The example tools, the starter policy and the image build contexts ship inside the
 package (``runner/_bundled/``, copied there when the wheel is built); ``examples_dir``
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -36,25 +38,24 @@ def search_dirs(env: Mapping[str, str] | None = None) -> list[Path]:
 
 
 def find_policy(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path:
-    """The policy file to load: ``explicit``, else ``RUNNER_POLICIES``, else the search.
+    """The policy file to load: ``explicit``, else ``RUNNER_POLICIES``, else the search
+    (which skips, with a warning on stderr, a file another user could have put there).
 
     Raises:
         ConfigError: none was given and the search found none.
     """
-    found = found_policy(explicit, env)
+    given = _given(explicit, env)
+    if given is not None:
+        return given
+    found, skipped = _search(env)
+    for why in skipped:
+        sys.stderr.write(f"runner: warning: {why}\n")
     if found is not None:
         return found
     # Imported here alone: runner exec's fast path reads this module, and runner.errors
     # brings in dataclasses and inspect, the costliest imports that path would have.
     from runner.errors import ConfigError
 
-    searched = _searched(env)
-    if searched is not None:
-        why = untrusted(searched) or untrusted(searched.parent)
-        raise ConfigError(
-            POLICY_FILE,
-            f"{why}: not used, another user could have put it there (--policies {searched} uses it)",
-        )
     looked = ", ".join(f"{folder}/" for folder in search_dirs(env))
     raise ConfigError(
         POLICY_FILE,
@@ -64,23 +65,29 @@ def find_policy(explicit: str | Path | None = None, env: Mapping[str, str] | Non
 
 
 def found_policy(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path | None:
-    """``find_policy``'s answer, None where it raises."""
-    env = os.environ if env is None else env
-    given = explicit or env.get("RUNNER_POLICIES")
-    if given:
-        return Path(given)
-    found = _searched(env)
-    if found is None or untrusted(found) or untrusted(found.parent):
-        return None
-    return found
+    """``find_policy``'s answer, None where it raises (and no warning)."""
+    given = _given(explicit, env)
+    return given if given is not None else _search(env)[0]
 
 
-def _searched(env: Mapping[str, str] | None) -> Path | None:
+def _given(explicit: str | Path | None, env: Mapping[str, str] | None) -> Path | None:
+    given = explicit or (os.environ if env is None else env).get("RUNNER_POLICIES")
+    return Path(given) if given else None
+
+
+def _search(env: Mapping[str, str] | None) -> tuple[Path | None, list[str]]:
+    """The first policy file of the search that may be used (``untrusted``: it, its folder
+    and the ``tools/`` beside it), and why each one found before it may not."""
+    skipped: list[str] = []
     for folder in search_dirs(env):
         candidate = folder / POLICY_FILE
-        if candidate.is_file():
-            return candidate
-    return None
+        if not candidate.is_file():
+            continue
+        why = untrusted(candidate) or untrusted(folder) or untrusted(folder / TOOLS_DIR)
+        if why is None:
+            return candidate, skipped
+        skipped.append(f"{candidate} skipped: {why}, so another user could have put it there")
+    return None, skipped
 
 
 def untrusted(path: Path) -> str | None:
@@ -101,22 +108,11 @@ def tool_dirs(
     explicit: str | Path | Iterable[str | Path] | None, policy: Path, env: Mapping[str, str] | None = None
 ) -> list[Path]:
     """The tool directories: ``explicit``, else ``RUNNER_TOOLS`` (``:``-joined), else ``tools/``
-    beside the policy file.
-
-    Raises:
-        ConfigError: the default ``tools/`` is not to be used (``untrusted``).
-    """
+    beside the policy file."""
     env = os.environ if env is None else env
     value = explicit if explicit is not None else env.get("RUNNER_TOOLS")
     if not value:
-        default = policy.parent / TOOLS_DIR
-        if why := untrusted(default):
-            from runner.errors import ConfigError
-
-            raise ConfigError(
-                TOOLS_DIR, f"{why}: not used, another user could have put it there (--tools uses it)"
-            )
-        return [default]
+        return [policy.parent / TOOLS_DIR]
     if isinstance(value, str):
         return [Path(part) for part in value.split(":") if part]
     if isinstance(value, Path):

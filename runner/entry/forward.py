@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from runner.config.locations import TOOLS_DIR, found_policy, tool_dirs, untrusted
+from runner.config.locations import found_policy, tool_dirs
 from runner.config.sockets import MAX_REQUEST_BYTES, SOCKET_ENV, default_socket, is_own_socket
 
 CONNECT_S = 1.0  # a server that cannot take a connection in this long is not used
@@ -141,8 +141,8 @@ def _params(value: str | None) -> tuple[object] | None:
 def _where() -> dict[str, Any] | None:
     """The policy file, tool folders and audit log this call would load."""
     policy = found_policy(None)
-    if policy is None or (not os.environ.get("RUNNER_TOOLS") and untrusted(policy.parent / TOOLS_DIR)):
-        return None  # the direct path says why
+    if policy is None:
+        return None
     audit_log = os.environ.get("RUNNER_AUDIT_LOG") or None
     # Resolved here: the server compares them with its own resolved paths as they are.
     return {
