@@ -6,10 +6,25 @@ file of another user's, never in a folder every user may write to (but a sticky 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 from pathlib import Path
+
+STANDARD_STREAMS = {"/dev/stdout": 1, "/dev/stderr": 2}
+
+
+def _make_folders(folder: Path) -> None:
+    """The missing folders of ``folder`` made ``0755`` each, whatever the umask (a umask of
+    000 made them open to every user, and so refused)."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for each in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            each.mkdir(0o755)
 
 
 def open_log_file(path: Path, flags: int, what: str, *, regular_only: bool = False) -> int:
@@ -20,7 +35,9 @@ def open_log_file(path: Path, flags: int, what: str, *, regular_only: bool = Fal
     Raises:
         OSError: it cannot be opened, or is not to be used (the message says why).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if str(path) in STANDARD_STREAMS:  # links to this process's own descriptors
+        return os.dup(STANDARD_STREAMS[str(path)])
+    _make_folders(path.parent)
     try:
         folder = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:

@@ -5,7 +5,8 @@ nodes, and every later walk over it (schema checks, validation) pays for all of 
 a file is read only if it is a regular file of at most ``MAX_YAML_BYTES``, its events are
 scanned before anything is built, and any alias, or nesting deeper than
 ``MAX_YAML_DEPTH``, refuses it. Anchors alone are harmless and allowed. So is a key given
-twice in one mapping refused, which YAML loaders resolve silently, the last one winning.
+twice in one mapping refused, which YAML loaders resolve silently, the last one winning,
+and a merge key (``<<``), whose keys the mapping's own override unseen.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import yaml
 
 MAX_YAML_BYTES = 256 * 1024
 MAX_YAML_DEPTH = 64
+MERGE_TAG = "tag:yaml.org,2002:merge"
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: the same result, faster
 
 
@@ -72,6 +74,10 @@ def _refuse_expansion(text: str) -> None:
         if isinstance(event, yaml.ScalarEvent):
             keys = open_[-1][0] if is_key() else None
             if keys is not None:
+                if event.value == "<<" and not event.style and event.tag in (None, MERGE_TAG):
+                    raise YamlFileError(
+                        "YAML merge keys (<<) are not allowed: a mapping's own keys win unseen"
+                    )
                 if event.value in keys:
                     mark = event.start_mark
                     where = f" (line {mark.line + 1})" if mark is not None else ""

@@ -337,3 +337,19 @@ def test_the_logs_are_never_opened_through_a_planted_link_fifo_or_open_folder(
         Runner.load(tools=bench.tools, policies=bench.write_policy(), audit_log=audit_log).close()
     assert victim.read_text() == "precious\n"
     assert not (logs / "elsewhere").exists()
+
+
+def test_standard_error_and_a_folder_made_under_umask_000_are_taken(bench: ToolBench, tmp_path: Path) -> None:
+    # /dev/stderr is a link (to this process's descriptor), and the opener that follows no
+    # link refused it; under umask 000 it refused the folder it had just made.
+    from runner import Runner
+
+    bench.tool("ok", OK)
+    Runner.load(tools=bench.tools, policies=bench.write_policy(), audit_log=Path("/dev/stderr")).close()
+    old = os.umask(0)
+    try:
+        deep = tmp_path / "new" / "sub" / "audit.log"
+        Runner.load(tools=bench.tools, policies=bench.write_policy(), audit_log=deep).close()
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new").stat().st_mode & 0o777 == 0o755

@@ -116,6 +116,10 @@ def test_a_key_given_twice_stops_the_runner_rather_than_drop_the_first(bench: To
         done = runner_cli(bench, *command)
         assert done.returncode == 2, done.stdout
         assert "'disabled' is given twice" in done.stderr and "Traceback" not in done.stderr
+    merged = text.replace("roles:", "<<: {disabled: [wipe]}\nroles:", 1) + "disabled: []\n"
+    policy.write_text(merged)  # a merge key's keys lose to the mapping's own, as unseen
+    done = runner_cli(bench, "exec", "wipe", "--params", "{}")
+    assert done.returncode == 2 and "merge keys" in done.stderr, done.stdout
     policy.write_text(text)
     manifest = bench.tools / "ok" / "tool.yaml"
     manifest.write_text(manifest.read_text() + "name: wipe\n")  # the same goes for a manifest
