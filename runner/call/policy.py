@@ -8,6 +8,7 @@ file that fails to load stops the runner; there is no fallback that allows.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -311,13 +312,14 @@ class Policy:
 
     def read_at_start_changed(self, old: Policy) -> list[str]:
         """The keys a runner reads only at its start (the audit trail, the backends, the
-        cluster) that differ from ``old``'s: a reload that took them silently would leave a
-        stricter setting unenforced."""
-        return [
-            key
-            for key in ("audit", "sandbox", "dispatch")
-            if getattr(self.model, key) != getattr(old.model, key)
-        ]
+        cluster, the server's bounds) that differ from ``old``'s: a reload that took them
+        silently would leave a stricter setting unenforced."""
+        keys = ("audit", "sandbox", "dispatch", "serve.max_concurrent", "serve.connections")
+
+        def at(model: PolicyModel, key: str) -> object:
+            return functools.reduce(getattr, key.split("."), model)
+
+        return [key for key in keys if at(self.model, key) != at(old.model, key)]
 
     def granted_secrets(self, tool: Tool) -> list[str]:
         """The secrets ``tool`` asks for that the policy grants it, in the manifest's order."""

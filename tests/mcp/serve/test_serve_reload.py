@@ -104,6 +104,7 @@ async def test_an_edit_of_what_only_a_start_reads_is_refused_not_taken_unenforce
         assert not (await client.call_tool("echo", {})).is_error
         bench.policy["audit"] = {"required": True}
         bench.policy["sandbox"] = {"backends": {"subprocess": {"allow_degraded": False}}}
+        bench.policy.setdefault("serve", {})["max_concurrent"] = 1
         bench.policy["roles"] = {"user": {"allow": []}}  # the rest of the edit waits too
         write_policy(bench)
         with anyio.fail_after(ANNOUNCED_WITHIN_S):
@@ -111,4 +112,4 @@ async def test_an_edit_of_what_only_a_start_reads_is_refused_not_taken_unenforce
                 await anyio.sleep(0.1)
         assert not (await client.call_tool("echo", {})).is_error  # the old policy still rules
     [refused] = audit_events(bench, event="serve.reload", accepted=False)
-    assert "audit, sandbox changed: restart" in refused["problem"], refused
+    assert "audit, sandbox, serve.max_concurrent changed: restart" in refused["problem"], refused
