@@ -92,14 +92,27 @@ def test_init_writes_nothing_through_a_planted_link_or_into_a_folder_others_cont
     folder.mkdir()
     target.mkdir(mode=0o700)
     (folder / "tools").symlink_to(target, target_is_directory=True)
-    linked = runner_command("init", cwd=folder, home=home)
-    assert linked.returncode != 0 and "symbolic link" in linked.stderr, linked.stderr
-    assert list(target.iterdir()) == [] and sorted(p.name for p in folder.iterdir()) == ["tools"]
-    (folder / "tools").unlink()
+    if os.getuid() == 0:
+        os.lchown(folder / "tools", 65534, 65534)
+        linked = runner_command("init", cwd=folder, home=home)
+        assert linked.returncode != 0 and "another user's symbolic link" in linked.stderr, linked.stderr
+        assert list(target.iterdir()) == [] and sorted(p.name for p in folder.iterdir()) == ["tools"]
+        assert "Traceback" not in linked.stderr
+        os.lchown(folder / "tools", 0, 0)
+    own = runner_command("init", cwd=folder, home=home)  # one's own link (dotfiles) is followed
+    assert own.returncode == 0 and (target / "add_numbers" / "tool.yaml").is_file(), own.stderr
     folder.chmod(0o777)
-    opened = runner_command("init", cwd=folder, home=home)
+    opened = runner_command("init", "--force", cwd=folder, home=home)
     assert opened.returncode != 0 and "writable by every user" in opened.stderr, opened.stderr
-    assert "Traceback" not in linked.stderr + opened.stderr
+    if os.getuid() == 0:  # a sticky folder: another user's tools/ in it
+        sticky = tmp_path / "sticky"
+        sticky.mkdir()
+        sticky.chmod(0o1777)
+        (sticky / "tools").mkdir()
+        os.chown(sticky / "tools", 65534, 65534)
+        theirs = runner_command("init", cwd=sticky, home=home)
+        assert theirs.returncode != 0 and "belongs to uid 65534" in theirs.stderr, theirs.stderr
+        assert list((sticky / "tools").iterdir()) == [] and not (sticky / "policies.yaml").exists()
 
 
 def test_the_policy_in_xdg_config_home_is_used_with_the_tools_beside_it(tmp_path: Path, home: Path) -> None:

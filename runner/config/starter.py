@@ -45,17 +45,19 @@ def _shipped_files(source: Path) -> list[Path]:
     return files
 
 
-def _no_linked_folder(directory: Path, relative: Path) -> None:
-    """Raises ``PermissionError`` when a folder between ``directory`` and the file is a
-    symbolic link: ``runner init`` as root in a folder another user could write to would
-    write the example tools where that link leads."""
+def _check_folders(directory: Path, relative: Path) -> None:
+    """Raises ``PermissionError`` when a folder between ``directory`` and ``relative`` is
+    another user's, open to every user, or another user's symbolic link: ``runner init`` as
+    root in a folder others can write to (a sticky ``/tmp``) would write where they chose."""
     folder = directory
-    for part in relative.parts[:-1]:
+    for part in relative.parts:
         folder = folder / part
-        if folder.is_symlink():
+        if folder.is_symlink() and folder.lstat().st_uid not in (0, os.getuid()):
             raise PermissionError(
-                errno.EPERM, f"{folder} is a symbolic link: runner init writes nothing through one"
+                errno.EPERM, f"{folder} is another user's symbolic link: runner init writes nothing there"
             )
+        if why := untrusted(folder):
+            raise PermissionError(errno.EPERM, f"{why}: runner init writes nothing there")
 
 
 def write_starter(directory: Path, *, force: bool = False) -> StarterFiles:
@@ -70,8 +72,8 @@ def write_starter(directory: Path, *, force: bool = False) -> StarterFiles:
     files = _shipped_files(source)
     if why := untrusted(directory):
         raise PermissionError(errno.EPERM, f"{why}: runner init writes nothing there")
-    for relative in files:  # all checked before anything is written
-        _no_linked_folder(directory, relative)
+    for relative in [*(path.parent for path in files), Path(WORKSPACE_DIR)]:  # before anything is written
+        _check_folders(directory, relative)
     existing = [relative for relative in files if (directory / relative).exists()]
     if existing and not force:
         raise StarterExists(directory, existing)
