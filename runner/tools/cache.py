@@ -89,7 +89,10 @@ class ManifestCache:
     def open(cls, directory: Path | None = None) -> ManifestCache:
         """The cache in ``directory`` (default ``cache_dir()``); empty when it cannot be used."""
         key = _code_key()
-        path = (directory or cache_dir()) / CACHE_FILE
+        folder = directory or cache_dir()
+        if directory is None and not _own_way(folder):
+            return cls.disabled()
+        path = folder / CACHE_FILE
         return cls(path, _read_entries(path, key), key)
 
     @classmethod
@@ -126,6 +129,21 @@ class ManifestCache:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             _write_in_own_folder(self.path, body)
         self._changed = False
+
+
+def _own_way(folder: Path) -> bool:
+    """Whether the nearest folder of ``folder``'s way that exists (it, or the one it would
+    be made in) is this user's: root with another user's ``$HOME`` (``su`` without ``-``)
+    would otherwise make and write its cache where that user's links lead."""
+    while True:
+        try:
+            return folder.lstat().st_uid == os.geteuid()
+        except FileNotFoundError:
+            if folder == folder.parent:
+                return False
+            folder = folder.parent
+        except OSError:
+            return False
 
 
 def _write_in_own_folder(path: Path, body: bytes) -> None:

@@ -106,6 +106,26 @@ def test_the_cache_is_never_written_through_a_link_or_in_a_folder_others_could_c
         assert not (cache_folder / CACHE_FILE).exists()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, with another user's HOME")
+def test_root_with_another_users_home_keeps_no_cache_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # su without -: ~/.cache a link of the user's to a folder of their choosing, where root
+    # made runner/ and wrote manifests.json.
+    home, target = tmp_path / "home", tmp_path / "target"
+    home.mkdir()
+    target.mkdir(mode=0o700)
+    (home / ".cache").symlink_to(target, target_is_directory=True)
+    for path in (home, home / ".cache"):
+        os.lchown(path, 65534, 65534)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    cache = ManifestCache.open()
+    load_tool(write_tool(tmp_path / "tools", "adder", "print(1)"), cache)
+    cache.save()
+    assert cache.path is None and list(target.iterdir()) == []
+
+
 def test_a_changed_manifest_is_checked_again(tmp_path: Path) -> None:
     folder = write_tool(tmp_path / "tools", "adder", "print(1)")
     cache = ManifestCache.open(tmp_path / "cache")
