@@ -65,8 +65,8 @@ def write_starter(directory: Path, *, force: bool = False) -> StarterFiles:
 
     Raises:
         StarterExists: a file to write is already there and ``force`` is false (nothing written).
-        OSError: the folder cannot be written, or is not to be written (another user's, open
-            to every user, or reached through a link of its own).
+        OSError: the folder cannot be written, or is not to be written (it or a folder in
+            it another user's or open to every user, or another user's symbolic link).
     """
     source = examples_dir()
     files = _shipped_files(source)

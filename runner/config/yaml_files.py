@@ -4,9 +4,9 @@ A few hundred bytes of YAML aliases ("billion laughs") describe a document of bi
 nodes, and every later walk over it (schema checks, validation) pays for all of them. So
 a file is read only if it is a regular file of at most ``MAX_YAML_BYTES``, its events are
 scanned before anything is built, and any alias, or nesting deeper than
-``MAX_YAML_DEPTH``, refuses it. Anchors alone are harmless and allowed. So is a key given
-twice in one mapping refused, which YAML loaders resolve silently, the last one winning,
-and a merge key (``<<``), whose keys the mapping's own override unseen.
+``MAX_YAML_DEPTH``, refuses it. Anchors alone are harmless and allowed. A key given twice
+in one mapping is refused too (YAML loaders keep the last, silently), and so is a merge
+key (``<<``), whose keys the mapping's own override unseen.
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ def read_bounded(path: Path, max_bytes: int = MAX_YAML_BYTES) -> bytes:
 
 
 def _refuse_expansion(text: str) -> None:
-    """Refuse aliases, nesting past ``MAX_YAML_DEPTH`` and a key given twice in one mapping
-    (the loader keeps the last: a later ``roles:`` would drop the deny rules of the first,
-    unseen by anyone reading the top of the file)."""
+    """Refuse aliases, nesting past ``MAX_YAML_DEPTH``, merge keys and a key given twice in
+    one mapping (the loader keeps the last: a later ``roles:`` would drop the deny rules of
+    the first, unseen by anyone reading the top of the file)."""
     # Per open collection: the keys seen (None: a sequence), and whether a key comes next.
     open_: list[tuple[set[str] | None, list[bool]]] = []
 
