@@ -430,6 +430,24 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.kill()
         process.wait()
+    for stream in (process.stdout, process.stderr):  # else left to a later test's collector
+        if stream is not None:
+            stream.close()
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _where_it_waits(pid: int) -> str:
+    """What a process that did not end is doing: its state and the kernel call it waits in."""
+    try:
+        state = next(
+            row for row in Path(f"/proc/{pid}/status").read_text().splitlines() if row.startswith("State")
+        )
+        return f"{state}, waiting in {Path(f'/proc/{pid}/wchan').read_text() or 'nothing'}"
+    except (OSError, StopIteration):
+        return "gone"
 
 
 def test_audit_follow_prints_appended_events_as_they_come_and_ends_on_ctrl_c(tmp_path: Path) -> None:
@@ -440,6 +458,9 @@ def test_audit_follow_prints_appended_events_as_they_come_and_ends_on_ctrl_c(tmp
         stderr=subprocess.PIPE,
         env=_env(None),
         start_new_session=True,
+        # Ctrl-C as a terminal delivers it, whatever the test's parent ignores: a process
+        # started with SIGINT ignored (a background job of a script) keeps ignoring it.
+        preexec_fn=_default_sigint,  # noqa: PLW1509 - one signal call
     )
     lines = Lines(process)
     try:
@@ -463,7 +484,10 @@ def test_audit_follow_prints_appended_events_as_they_come_and_ends_on_ctrl_c(tmp
             writer.write(json.dumps({**new, "requestId": "req_other", "toolName": "other"}) + "\n")
         assert json.loads(lines.next()) == new
         os.killpg(process.pid, signal.SIGINT)
-        rest, stderr = process.communicate(timeout=10)
+        try:
+            rest, stderr = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 10 s after SIGINT: {_where_it_waits(process.pid)}")
     finally:
         _stop(process)
     assert process.returncode == 0
