@@ -115,7 +115,7 @@ class ToolEvents:
         level = value["log"]
         if level not in LOG_LEVELS:
             return None
-        event: Event = {"log": level, "data": self._scrubber.scrub_document(value.get("data"))}
+        event: Event = {"log": level, "data": self._scrubber.scrub(value.get("data"), numbers=True)}
         logger = value.get("logger")
         if isinstance(logger, str):
             event["logger"] = self._scrubber.scrub_text(logger)

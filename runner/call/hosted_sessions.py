@@ -142,7 +142,7 @@ def run_settings(backend: Sandbox, spec: LaunchSpec, limits: Limits) -> str:
         str(spec.workspace),
         spec.workspace_mode,
         spec.egress is not None,
-        sorted(spec.secrets.items()),
+        secrets_digest(spec),
         dataclasses.replace(limits, timeout_ms=0, max_output_bytes=0),
     )
     return hashlib.sha256(repr(shape).encode()).hexdigest()

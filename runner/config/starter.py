@@ -72,7 +72,7 @@ def write_starter(directory: Path, *, force: bool = False) -> StarterFiles:
     files = _shipped_files(source)
     if why := untrusted(directory):
         raise PermissionError(errno.EPERM, f"{why}: runner init writes nothing there")
-    for relative in [*(path.parent for path in files), Path(WORKSPACE_DIR)]:  # before anything is written
+    for relative in sorted({*(path.parent for path in files), Path(WORKSPACE_DIR)}):  # before writing
         _check_folders(directory, relative)
     existing = [relative for relative in files if (directory / relative).exists()]
     if existing and not force:

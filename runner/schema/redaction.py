@@ -81,20 +81,22 @@ class Scrubber:
         head = REDACTED if cut else ""
         return head + self.scrub_text(text[cut:])
 
-    def scrub(self, value: Any) -> Any:
-        """``value`` with every string in it (mapping keys included) scrubbed; other values as is."""
+    def scrub(self, value: Any, *, numbers: bool = False) -> Any:
+        """``value`` with every string in it (mapping keys included) scrubbed; with
+        ``numbers`` (a document a tool wrote), a number that spells a secret is ``***`` too;
+        other values as is."""
         if not self.secrets:
             return value
         if isinstance(value, str):
             return self.scrub_text(value)
         if isinstance(value, Mapping):
             return {
-                (self.scrub_text(key) if isinstance(key, str) else key): self.scrub(item)
+                (self.scrub_text(key) if isinstance(key, str) else key): self.scrub(item, numbers=numbers)
                 for key, item in value.items()
             }
         if isinstance(value, list | tuple):
-            return [self.scrub(item) for item in value]
-        return value
+            return [self.scrub(item, numbers=numbers) for item in value]
+        return REDACTED if numbers and self.spelled_by(value) else value
 
     def found_in(self, text: str) -> bool:
         pattern = self._pattern
@@ -129,16 +131,6 @@ class Scrubber:
         decodes to? Only secrets of ``MIN_DATA_SECRET`` characters or more are looked for."""
         look = self._in_bytes
         return bool(look) and (look.found_in(data) or look.found_in(base64.b64decode(data).decode("latin-1")))
-
-    def scrub_document(self, value: Any) -> Any:
-        """``scrub`` for a document a tool wrote: a number that spells a secret is ``***`` too."""
-        if isinstance(value, str):
-            return self.scrub_text(value)
-        if isinstance(value, Mapping):
-            return {self.scrub_text(key): self.scrub_document(item) for key, item in value.items()}
-        if isinstance(value, list | tuple):
-            return [self.scrub_document(item) for item in value]
-        return REDACTED if self.spelled_by(value) else value
 
 
 NO_SECRETS = Scrubber()

@@ -58,4 +58,4 @@ def scrub_stdout(stdout: bytes, scrubber: Scrubber, output_format: Literal["json
     if scrubber.scrub_text(canonical) == canonical:
         return stdout
     # ASCII: a lone surrogate the tool wrote as \ud800 is written back the same way.
-    return json.dumps(scrubber.scrub_document(document), allow_nan=False).encode("ascii")
+    return json.dumps(scrubber.scrub(document, numbers=True), allow_nan=False).encode("ascii")

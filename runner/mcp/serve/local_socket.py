@@ -168,8 +168,7 @@ class SocketTransport:
         self._where = where
         self._stopped = asyncio.Event()
         self._connections: set[asyncio.Task[Any]] = set()
-        self._large = asyncio.Semaphore(1)
-        self._large_bytes = 0  # of the large lines parsed and not yet answered
+        self._serving_large = False  # a large line, from its parsing to its answer
         self._held: collections.Counter[int] = collections.Counter()  # by uid, the server's own not
         audit = service.runner.audit
         self._refusals = RefusalBudget(lambda **fields: audit.emit("serve.socket", decision="deny", **fields))
@@ -211,7 +210,7 @@ class SocketTransport:
             self._connections.add(task)
         settings = self._service.runner.policy.model.serve.socket  # read at each call: SIGHUP reloads it
         counted: int | None = None
-        large = 0
+        large = False
         try:
             uid = _peer_uid(writer)
             client = f"uid:{uid}"
@@ -245,7 +244,8 @@ class SocketTransport:
                 self._connections.discard(task)
             if counted is not None:
                 self._held[counted] -= 1
-            self._large_bytes -= large
+            if large:
+                self._serving_large = False
 
     def _share(self, uid: int, most: int, client: str) -> None:
         """Another uid may hold half of the connections, and all of them together three
@@ -270,8 +270,8 @@ class SocketTransport:
 
     async def _read(
         self, reader: asyncio.StreamReader, timeout_s: float, role: str | None
-    ) -> tuple[dict[str, Any], int]:
-        """The request, and the bytes of a large line counted as held until it is answered."""
+    ) -> tuple[dict[str, Any], bool]:
+        """The request, and whether it came on a large line (served alone until answered)."""
         try:
             async with asyncio.timeout(timeout_s):
                 line = await reader.readline()
@@ -282,18 +282,17 @@ class SocketTransport:
         if line.count(b"{") + line.count(b"[") > MAX_CONTAINERS:
             raise _Refused("too_large", f"a request line holds at most {MAX_CONTAINERS} objects and arrays")
         if len(line) <= LARGE_LINE:
-            return self._request(_parsed(line), role), 0
+            return self._request(_parsed(line), role), False
         # One at a time, from its parsing to its answer (parsed, it holds many times its
         # bytes), its size checked before it waits for a slot.
-        if self._large_bytes:
+        if self._serving_large:
             raise _Refused("busy", "the server is serving another large request")
-        self._large_bytes += len(line)
+        self._serving_large = True
         try:
-            async with self._large:
-                document = await asyncio.to_thread(_parsed, line, checked=True)
-            return self._request(document, role), len(line)
+            document = await asyncio.to_thread(_parsed, line, checked=True)
+            return self._request(document, role), True
         except BaseException:
-            self._large_bytes -= len(line)
+            self._serving_large = False
             raise
 
     def _request(self, document: Any, role: str | None) -> dict[str, Any]:
