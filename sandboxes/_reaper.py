@@ -63,14 +63,14 @@ def _sweep_docker(owner: int) -> None:
         from docker import APIClient
         from docker.utils import kwargs_from_env
 
-        from sandboxes.docker._client import LABEL_OWNER
+        from sandboxes.docker._client import owner_filter
     except ImportError:
         return
     try:
         client = APIClient(**kwargs_from_env(), timeout=10)
     except Exception:  # no daemon: nothing of ours can be running there
         return
-    label = f"{LABEL_OWNER}={owner}"
+    label = owner_filter(owner)  # this pid in this pid namespace, not another's
     for pause in DOCKER_SWEEPS_S:
         time.sleep(pause)
         with contextlib.suppress(Exception):

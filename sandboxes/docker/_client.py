@@ -12,6 +12,7 @@ import functools
 import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 from sandboxes.base import SandboxUnavailable
 
@@ -22,6 +23,9 @@ API_TIMEOUT_S = 15
 LABEL_MANAGED = "io.runner.managed"
 LABEL_REQUEST = "io.runner.request-id"
 LABEL_OWNER = "io.runner.owner-pid"
+# A pid names a process only within one pid namespace of one boot: a runner in a container
+# given the host's socket, or on another host sharing the daemon, sees other pids.
+LABEL_SPACE = "io.runner.owner-space"
 START_DOCKER_HINT = "start the Docker daemon (dockerd) or set DOCKER_HOST"
 JOIN_GROUP_HINT = (
     "add this user to the docker group (usermod -aG docker USER, then log in again), "
@@ -72,6 +76,30 @@ def api_client() -> APIClient:
         raise SandboxUnavailable(f"cannot reach the Docker daemon; {START_DOCKER_HINT}") from exc
     client.timeout = API_TIMEOUT_S
     return client
+
+
+@functools.cache
+def owner_space() -> str:
+    """This process's boot and pid namespace (``BOOT_ID:PIDNS_INODE``): where its owner
+    label's pid means what it says."""
+    boot = ""
+    with contextlib.suppress(OSError):
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    try:
+        space = Path("/proc/self/ns/pid").stat().st_ino
+    except OSError:
+        space = 0
+    return f"{boot}:{space}"
+
+
+def owner_labels() -> dict[str, str]:
+    """The labels that say which runner a container is, for the sweeps of leftovers."""
+    return {LABEL_MANAGED: "true", LABEL_OWNER: str(os.getpid()), LABEL_SPACE: owner_space()}
+
+
+def owner_filter(pid: int) -> list[str]:
+    """The label filter for runner ``pid``'s containers, in this process's pid space."""
+    return [f"{LABEL_OWNER}={pid}", f"{LABEL_SPACE}={owner_space()}"]
 
 
 _shared: dict[str, APIClient] = {}

@@ -9,7 +9,6 @@ sockets created after it is set.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -18,7 +17,7 @@ from sandboxes._exec_status import EXEC_GUARD
 from sandboxes._identity import IdentityLease
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import LaunchSpec, Limits, SandboxUnavailable
-from sandboxes.docker._client import LABEL_MANAGED, LABEL_OWNER, LABEL_REQUEST, daemon_failures
+from sandboxes.docker._client import LABEL_REQUEST, daemon_failures, owner_labels
 from sandboxes.docker._trailer import MARKER
 from sandboxes.view import LIBRARY_MOUNT, LIBRARY_SOURCE, SCRATCH_MOUNT, TOOL_MOUNT, WORKSPACE_MOUNT, tool_env
 
@@ -127,7 +126,7 @@ def create_container(
             user=f"{lease.uid}:{lease.gid}",  # a uid of its own, as in the subprocess backend
             working_dir=TOOL_MOUNT,
             environment=env,
-            labels={LABEL_MANAGED: "true", LABEL_REQUEST: spec.request_id, LABEL_OWNER: str(os.getpid())},
+            labels=owner_labels() | {LABEL_REQUEST: spec.request_id},
             network_disabled=not limits.network,
             host_config=host_config,
         )

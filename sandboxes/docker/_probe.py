@@ -4,12 +4,11 @@ one stopped container per image. Nothing is ever started."""
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
-from sandboxes.docker._client import LABEL_MANAGED, LABEL_OWNER, daemon_call, daemon_failures, image_exists
+from sandboxes.docker._client import daemon_call, daemon_failures, image_exists, owner_labels
 from sandboxes.docker._container import BUILD_HINT
 from sandboxes.view import TOOL_MOUNT, search_path
 
@@ -67,7 +66,7 @@ class DaemonImageProbe:
                 image,
                 command=["/bin/true"],
                 network_disabled=True,
-                labels={LABEL_MANAGED: "true", LABEL_OWNER: str(os.getpid())},  # swept if we die
+                labels=owner_labels(),  # swept if we die
             )
             self._containers[image] = str(created["Id"])
         return self._containers[image]

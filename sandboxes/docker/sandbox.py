@@ -42,9 +42,11 @@ from sandboxes.docker._checks import TCP_V1_PROBLEM
 from sandboxes.docker._client import (
     LABEL_MANAGED,
     LABEL_OWNER,
+    LABEL_SPACE,
     api_client,
     daemon_call,
     daemon_failures,
+    owner_space,
     shared_client,
 )
 from sandboxes.docker._container import create_container, gate_release
@@ -204,7 +206,9 @@ class DockerSandbox:
 
 
 def remove_leftovers(client: APIClient) -> int:
-    """Remove containers of ours whose runner process is gone (a killed runner).
+    """Remove containers of ours whose runner process is gone (a killed runner). Only
+    those labelled in this process's pid namespace and boot (or not labelled with one):
+    another's pids cannot be looked up from here.
 
     Raises:
         SandboxUnavailable: the daemon cannot list containers.
@@ -213,7 +217,10 @@ def remove_leftovers(client: APIClient) -> int:
     with daemon_call("list containers"):
         containers = client.containers(all=True, filters={"label": f"{LABEL_MANAGED}=true"})
     for container in containers:
-        owner = container.get("Labels", {}).get(LABEL_OWNER, "")
+        labels = container.get("Labels") or {}
+        owner = labels.get(LABEL_OWNER, "")
+        if labels.get(LABEL_SPACE, owner_space()) != owner_space():
+            continue  # another pid namespace's or boot's: its pid says nothing here
         if owner.isdigit() and pid_alive(int(owner)):
             continue
         # Best effort: another runner may be removing the same leftover right now.

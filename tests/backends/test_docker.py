@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -165,6 +166,29 @@ def test_containers_left_by_a_killed_runner_are_removed_on_start(docker_client: 
     docker_client.start(created["Id"])
     DockerSandbox().client()
     assert ours(docker_client, "req_leftover") == []
+
+
+def test_a_runner_in_another_pid_namespace_leaves_a_live_runners_container_alone(
+    bench: ToolBench, docker_client: APIClient
+) -> None:
+    # Its pids are not ours: the live runner's pid is not found from in there.
+    docker_tool(bench, "sleeper", "import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
+    proc = bench.spawn_runner("sleeper", "req_docker_other_space")
+    try:
+        deadline = time.monotonic() + 60  # generous: the first container of a quiet daemon is slow
+        while not ours(docker_client, "req_docker_other_space") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ours(docker_client, "req_docker_other_space"), "the container never appeared"
+        starting = "from sandboxes.docker import DockerSandbox; DockerSandbox().client()"
+        subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", starting],
+            check=True,
+            timeout=60,
+        )
+        assert ours(docker_client, "req_docker_other_space"), "another namespace's runner removed it"
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_gvisor_runs_a_tool_when_the_policy_names_it(bench: ToolBench, docker_client: APIClient) -> None:
