@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,7 @@ from sandboxes._exec_status import EXEC_GUARD
 from sandboxes._identity import IdentityLease
 from sandboxes._workspace import GrantedWorkspace
 from sandboxes.base import LaunchSpec, Limits, SandboxUnavailable
-from sandboxes.docker._client import LABEL_REQUEST, daemon_failures, owner_labels
+from sandboxes.docker._client import LABEL_MANAGED, LABEL_REQUEST, daemon_call, daemon_failures, owner_labels
 from sandboxes.docker._trailer import MARKER
 from sandboxes.view import LIBRARY_MOUNT, LIBRARY_SOURCE, SCRATCH_MOUNT, TOOL_MOUNT, WORKSPACE_MOUNT, tool_env
 
@@ -25,6 +26,12 @@ if TYPE_CHECKING:
     from docker import APIClient
 
 SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Networked tools' containers: a bridge of their own on which they cannot reach each other
+# (on Docker's default bridge one call could connect to another's, or a session's, ports).
+TOOL_NETWORK = "runner-tools"
+_NO_ICC = "com.docker.network.bridge.enable_icc"
+_networks_checked: set[str] = set()  # the daemons (base URLs) whose network was found right
+_networks_lock = threading.Lock()
 BUILD_HINT = "run `runner images build`"
 # Holds the tool until the runner writes its release on stdin, once the cgroup is
 # complete. The release is first the gate's own token (its trailer, ``_trailer``), then the
@@ -105,7 +112,7 @@ def create_container(
             binds=binds,
             tmpfs={SCRATCH_MOUNT: f"rw,nosuid,nodev,size={limits.disk_mb}m,mode=1777"},
             read_only=True,
-            network_mode="bridge" if limits.network else "none",
+            network_mode=tool_network(client) if limits.network else "none",
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             init=True,
@@ -138,6 +145,41 @@ def create_container(
     except daemon_failures() as exc:
         raise SandboxUnavailable(f"docker failed to create the container: {type(exc).__name__}") from exc
     return str(created["Id"])
+
+
+def tool_network(client: APIClient) -> str:
+    """The network of networked tools (made on first use), its containers cut off from
+    one another.
+
+    Raises:
+        SandboxUnavailable: the daemon failed, or a network of that name lets its
+            containers reach each other.
+    """
+    from docker.errors import APIError
+
+    with _networks_lock:
+        if client.base_url in _networks_checked:
+            return TOOL_NETWORK
+        with daemon_call("find the tools' network"):
+            found = [n for n in client.networks(names=[TOOL_NETWORK]) if n.get("Name") == TOOL_NETWORK]
+            if not found:
+                # Another runner may make it at the same moment: then take theirs.
+                with contextlib.suppress(APIError):
+                    client.create_network(
+                        TOOL_NETWORK,
+                        driver="bridge",
+                        options={_NO_ICC: "false"},
+                        labels={LABEL_MANAGED: "true"},
+                        check_duplicate=True,
+                    )
+                found = [n for n in client.networks(names=[TOOL_NETWORK]) if n.get("Name") == TOOL_NETWORK]
+        if len(found) != 1 or (found[0].get("Options") or {}).get(_NO_ICC) != "false":
+            raise SandboxUnavailable(
+                f"the Docker network {TOOL_NETWORK} lets its containers reach each other (or is"
+                f" missing); remove it (docker network rm {TOOL_NETWORK}) for the runner to make it again"
+            )
+        _networks_checked.add(client.base_url)
+    return TOOL_NETWORK
 
 
 def gate_release(secrets: Mapping[str, str]) -> bytes:

@@ -23,6 +23,7 @@ from conftest import ToolBench
 from docker import APIClient
 
 from runner.call.egress import EgressBounds
+from sandboxes.docker._container import TOOL_NETWORK, tool_network
 
 PROBE = """
 import json, os, socket, sys
@@ -290,7 +291,7 @@ def test_the_proxy_opens_at_most_its_bound_of_connections_per_call(
 def test_a_bridged_container_reaches_the_gateway_but_not_the_hosts_loopback(
     bench: ToolBench, docker_client: APIClient, loopback_server: Greeter
 ) -> None:
-    config = docker_client.inspect_network("bridge")["IPAM"]["Config"][0]
+    config = docker_client.inspect_network(tool_network(docker_client))["IPAM"]["Config"][0]
     gateway = config.get("Gateway") or str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
     exposed = Greeter(socket.create_server((gateway, 0)))  # a host service bound to the gateway
     try:
@@ -305,3 +306,56 @@ def test_a_bridged_container_reaches_the_gateway_but_not_the_hosts_loopback(
     assert loopback_server.connections == 0
     # What the README states: services the host binds to the gateway (or 0.0.0.0) are reachable.
     assert result[f"{gateway}:{exposed_port}"] == "hello"
+
+
+LISTENER = """
+import json, socket, sys
+sys.stdin.read()
+server = socket.create_server(("0.0.0.0", 8080))
+server.settimeout(8)  # for each connection: the host's, then (it must not come) the probe's
+peers = []
+try:
+    while len(peers) < 2:
+        conn, peer = server.accept()
+        peers.append(peer[0])
+        conn.sendall(b"hello")
+        conn.close()
+except TimeoutError:
+    pass
+print(json.dumps({"peers": peers}))
+"""
+
+
+def test_networked_containers_cannot_reach_each_other(bench: ToolBench, docker_client: APIClient) -> None:
+    # On Docker's default bridge one call reached another's listener (or a session's).
+    bench.tool("listener", LISTENER, network=True, sandbox="docker", image="runner/base:latest")
+    bench.policy["limits"]["network"] = True
+    bench.policy["defaults"]["deadline_ms"] = 60000
+    runner = bench.runner()
+    answers: list[dict[str, Any]] = []
+    request = {"toolName": "listener", "requestId": "req_listener", "options": {"timeout": 30000}}
+    serving = threading.Thread(target=lambda: answers.append(runner.handle(request)))
+    serving.start()
+    address = ""
+    for _ in range(300):
+        found = docker_client.containers(filters={"label": "io.runner.request-id=req_listener"})
+        if found:
+            networks = docker_client.inspect_container(found[0]["Id"])["NetworkSettings"]["Networks"]
+            address = networks.get(TOOL_NETWORK, {}).get("IPAddress", "")
+        if address:
+            break
+        threading.Event().wait(0.1)
+    assert address, "the listener's container never got an address on the tools' network"
+    target = f"{address}:8080"
+    for _ in range(100):  # until it listens: the host reaches it, so the probe's miss means something
+        with contextlib.suppress(OSError), socket.create_connection((address, 8080), timeout=2) as conn:
+            assert conn.recv(5) == b"hello"
+            break
+        threading.Event().wait(0.1)
+    else:
+        pytest.fail("the host never reached the listener")
+    result = probe(bench, [target], sandbox="docker", image="runner/base:latest")
+    serving.join(60)
+    assert result[target] != "hello"
+    assert answers and answers[0]["success"], answers
+    assert len(answers[0]["result"]["peers"]) == 1  # the host's connection alone
