@@ -82,7 +82,7 @@ def _sweep_docker(owner: int) -> None:
             for thread in killers:
                 thread.join()
             for cid in ids:
-                _quietly(lambda cid: client.remove_container(cid, force=True), cid)
+                _quietly(lambda cid: client.remove_container(cid, v=True, force=True), cid)
 
 
 def _sweep_marked(owner: int) -> None:

@@ -111,6 +111,7 @@ def create_container(
         host_config = client.create_host_config(
             binds=binds,
             tmpfs={SCRATCH_MOUNT: f"rw,nosuid,nodev,size={limits.disk_mb}m,mode=1777"},
+            shm_size=f"{limits.disk_mb}m",  # not Docker's 64 MB: /dev/shm is scratch too
             read_only=True,
             network_mode=tool_network(client) if limits.network else "none",
             cap_drop=["ALL"],
@@ -126,7 +127,9 @@ def create_container(
         )
         created = client.create_container(
             spec.image,
-            command=["/bin/sh", "-c", PLAIN_GATE if spec.runtime or runtime else GATE, "sh", *spec.command],
+            # The image's own ENTRYPOINT would get the gate as its arguments, and the release.
+            entrypoint=["/bin/sh", "-c", PLAIN_GATE if spec.runtime or runtime else GATE, "sh"],
+            command=list(spec.command),
             stdin_open=True,
             detach=False,  # with stdin_open: StdinOnce, so our half-close ends its input
             tty=False,
@@ -201,4 +204,4 @@ def remove_container(client: APIClient, container_id: str) -> None:
     # A daemon failure leaves the container to the watchdog, which removes this process's
     # containers when it exits, or to the next runner's sweep (remove_leftovers).
     with contextlib.suppress(*daemon_failures()):
-        client.remove_container(container_id, force=True)
+        client.remove_container(container_id, v=True, force=True)  # v: an image VOLUME's too

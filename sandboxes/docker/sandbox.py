@@ -225,6 +225,6 @@ def remove_leftovers(client: APIClient) -> int:
             continue
         # Best effort: another runner may be removing the same leftover right now.
         with contextlib.suppress(*daemon_failures()):
-            client.remove_container(container["Id"], force=True)
+            client.remove_container(container["Id"], v=True, force=True)
             removed += 1
     return removed

@@ -191,6 +191,38 @@ def test_a_runner_in_another_pid_namespace_leaves_a_live_runners_container_alone
         proc.wait()
 
 
+HOSTILE_IMAGE = "runner-test/entrypoint-and-volume:latest"
+SHM_AND_ANSWER = """
+import json, os, sys
+params = json.loads(sys.stdin.read())["params"]
+shm = os.statvfs("/dev/shm")
+print(json.dumps({"echo": params, "shm_mb": shm.f_blocks * shm.f_frsize // 2**20}))
+"""
+
+
+def test_an_images_entrypoint_never_runs_and_its_volume_goes_with_the_container(
+    bench: ToolBench, docker_client: APIClient
+) -> None:
+    # An image's ENTRYPOINT got the gate as arguments, and read the release (the secrets)
+    # on its stdin; a VOLUME outlived the container; /dev/shm was Docker's 64 MB.
+    dockerfile = (
+        b'FROM runner/base:latest\nVOLUME /data\nENTRYPOINT ["/bin/echo", "{\\"hijacked\\": true}"]\n'
+    )
+    import io
+
+    for _ in docker_client.build(fileobj=io.BytesIO(dockerfile), tag=HOSTILE_IMAGE, rm=True, pull=False):
+        pass
+    volumes_before = {v["Name"] for v in docker_client.volumes().get("Volumes") or []}
+    bench.tool("hostile_image", SHM_AND_ANSWER, sandbox="docker", image=HOSTILE_IMAGE, limits={"disk_mb": 16})
+    runner = bench.runner()
+    answer = runner.handle({"toolName": "hostile_image", "params": {"n": 1}})
+    runner.close()  # the container is removed after the answer: by the close at the latest
+    assert answer["success"], answer["error"]
+    assert answer["result"] == {"echo": {"n": 1}, "shm_mb": 16}
+    volumes_after = {v["Name"] for v in docker_client.volumes().get("Volumes") or []}
+    assert volumes_after <= volumes_before, "the image's VOLUME was left behind"
+
+
 def test_gvisor_runs_a_tool_when_the_policy_names_it(bench: ToolBench, docker_client: APIClient) -> None:
     if "runsc" not in docker_client.info().get("Runtimes", {}):
         pytest.fail("runsc is not registered with dockerd (scripts/setup.sh registers it)")
