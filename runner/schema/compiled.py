@@ -6,6 +6,7 @@ Validation uses ``runner.schema.keywords.SafeValidator`` (RE2 patterns, stoppabl
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -167,14 +168,21 @@ def check_params(
     the mark, plus those at the statically found ``sensitive`` paths (which also cover an
     ``anyOf`` branch the validation did not need to try).
     """
-    params = without_absent_nulls(validator, params)
+    stop_at = time.monotonic() + budget_s
     marked: list[object] = []
     expired = False
     errors: list[ValidationError] = []
     problem: dict[str, Any] | None = None
-    with validation_run(time.monotonic() + budget_s, marked):
+    # The nulls' walk too: a null can take as long as any value (an anyOf of $refs).
+    with validation_run(stop_at, None), contextlib.suppress(Unresolvable, RecursionError):
         try:
-            errors = _sorted_errors(validator, params)
+            params = without_absent_nulls(validator, params)
+        except ValidationExpired:
+            expired = True
+    with validation_run(stop_at, marked):
+        try:
+            if not expired:
+                errors = _sorted_errors(validator, params)
         except ValidationExpired:
             expired = True
         except Unresolvable as exc:

@@ -6,6 +6,7 @@ jsonschema's own keywords are kept, with these changes:
   ``unevaluatedProperties`` that look at patternProperties match with RE2
   (``runner.schema.patterns``): linear time, never a stall. ``format: regex`` means an RE2 regex.
 - ``uniqueItems`` runs in linear time (jsonschema falls back to comparing every pair).
+- ``multipleOf`` takes an integer too large for a float (jsonschema's divides it as one).
 - Every keyword first checks the validation's stop time (``validation_run``), so a
   validation running past the call's deadline ends at the next keyword with
   ``ValidationExpired`` instead of running on in its thread.
@@ -21,6 +22,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
+from fractions import Fraction
 from typing import Any
 
 from jsonschema import Draft202012Validator, FormatChecker
@@ -225,6 +227,14 @@ def x_sensitive(validator: Any, marked: Any, instance: Any, schema: Any) -> Iter
     return iter(())
 
 
+def multiple_of(validator: Any, divisor: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    try:
+        yield from list(Draft202012Validator.VALIDATORS["multipleOf"](validator, divisor, instance, schema))
+    except OverflowError:  # exact, as jsonschema's own fallback is once the quotient overflows
+        if (Fraction(instance) / Fraction(divisor)).denominator != 1:
+            yield ValidationError(f"{instance!r} is not a multiple of {divisor}")
+
+
 def _interruptible(keyword: Keyword) -> Keyword:
     def checked(validator: Any, value: Any, instance: Any, schema: Any) -> Iterable[ValidationError] | None:
         stop_at = _STOP_AT.get()
@@ -253,6 +263,7 @@ _OVERRIDES: dict[str, Keyword] = {
     "additionalProperties": additional_properties,
     "unevaluatedProperties": unevaluated_properties,
     "uniqueItems": unique_items,
+    "multipleOf": multiple_of,
     "x-sensitive": x_sensitive,
 }
 

@@ -398,3 +398,48 @@ def test_the_depth_of_params_counts_a_leaf_as_a_level_and_walks_containers_only(
     # Only containers are walked: a flat array of millions of numbers is checked quickly.
     assert depth(value) == expected
     assert depth([0] * 100_000 + [[[]]]) == 3
+
+
+def _exponential_for_null(levels: int) -> dict[str, Any]:
+    """A property whose schema takes null, but only after 2**levels failing branches."""
+
+    def refs(to: int) -> list[dict[str, str]]:
+        return [{"$ref": f"#/$defs/n{to}"} for _ in range(2)]
+
+    defs: dict[str, Any] = {f"n{i}": {"anyOf": refs(i + 1)} for i in range(1, levels)}
+    defs["n0"] = {"anyOf": [*refs(1), {"type": "null"}]}
+    defs[f"n{levels}"] = {"type": "string"}
+    return {"type": "object", "properties": {"a": {"$ref": "#/$defs/n0"}}, "$defs": defs}
+
+
+def test_a_null_slow_to_validate_answers_timeout_and_lets_the_runner_end(bench: ToolBench) -> None:
+    # A null for an optional property was first walked (is it to count as left out?) with
+    # no stop time: the call answered at its deadline, but its thread ran on, and
+    # `runner exec` waited for it at exit (2**24 branches: hours).
+    bench.tool("slowval", ECHO, parameters=_exponential_for_null(24))
+    policy = bench.write_policy()
+    argv = [sys.executable, "-m", "runner", "--policies", str(policy), "exec", "slowval"]
+    started = time.monotonic()
+    done = subprocess.run(
+        [*argv, "--deadline", "500", "--params", '{"a": null}'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=bench.root,
+    )
+    answer = json.loads(done.stdout)
+    assert answer["error"]["code"] == "TIMEOUT", answer
+    assert time.monotonic() - started < 60
+
+
+def test_a_huge_integer_against_a_fractional_multiple_of_is_judged_not_an_internal_error(
+    bench: ToolBench,
+) -> None:
+    # jsonschema divides it as a float: OverflowError, an internal error of the runner.
+    halves, tenths = {"multipleOf": 0.5}, {"multipleOf": 0.1}
+    bench.tool("mult", ECHO, parameters={"type": "object", "properties": {"half": halves, "tenth": tenths}})
+    runner = bench.runner()
+    huge = int("9" * 400)
+    assert runner.handle({"toolName": "mult", "params": {"half": huge}})["result"] == {"half": huge}
+    refused = runner.handle({"toolName": "mult", "params": {"tenth": huge}})  # 0.1 is not exact
+    assert refused["error"]["code"] == "INVALID_PARAMS", refused["error"]
