@@ -12,6 +12,7 @@ otherwise another user could put their own socket there and receive the calls.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
@@ -65,7 +66,13 @@ def prepare_folder(socket_path: Path, *, private: bool) -> None:
         pass
     except OSError as exc:
         raise SocketPlaceError(f"cannot create {folder}: {exc.strerror or exc}") from None
-    own_folder(folder, private=private)
+    own_folder(folder, private=False)
+    if private:
+        # Ours, and no one else may write in it: closing it to others takes nothing from
+        # anyone (an older runner left its state folder there 0755).
+        with contextlib.suppress(OSError):
+            folder.chmod(0o700)  # checked above: a real folder of ours, in one others cannot change
+        own_folder(folder, private=True)
 
 
 def is_own_socket(path: Path) -> bool:

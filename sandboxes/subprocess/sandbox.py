@@ -162,7 +162,9 @@ class SubprocessSandbox:
         if self.state_problem is None:  # else nothing is written there, and every sandbox refused
             try:
                 self.etc.write()
-                self.state_dir.chmod(0o755)
+                # Root's sandbox user passes through it; without root the sandbox is this
+                # user, and the folder is also where `runner serve --socket` listens (0700).
+                self.state_dir.chmod(0o755 if is_root else 0o700)
                 self.library_dir = publish_library(self.library_dir)
                 self._make_stage()
             except OSError as exc:  # a read-only or full file system, a file where a folder goes

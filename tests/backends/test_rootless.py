@@ -85,6 +85,38 @@ def test_init_then_exec_answers_3_and_writes_only_in_the_users_folders(
     assert made <= {"run", "cache", "config", "data"}, made
 
 
+def test_serve_socket_starts_in_the_runtime_folder_a_call_has_used(
+    user_dirs: dict[str, str], tmp_path: Path
+) -> None:
+    # Without root the state folder is the socket's folder: the first call made it 0755,
+    # and `runner serve --socket` then refused it for good (it must be 0700).
+    work = tmp_path / "work"
+    work.mkdir()
+    assert _cli(user_dirs, work, "init").returncode == 0
+    done = _cli(user_dirs, work, "exec", "add_numbers", "--params", '{"a": 1, "b": 2}')
+    assert json.loads(done.stdout)["result"] == 3, done.stdout
+    socket_path = Path(user_dirs["XDG_RUNTIME_DIR"]) / "runner" / "serve.sock"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "runner", "serve", "--socket"],
+        env=user_dirs,
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(600):
+            if socket_path.is_socket() or server.poll() is not None:
+                break
+            threading.Event().wait(0.1)
+        assert server.poll() is None, server.communicate(timeout=10)[1]
+        assert socket_path.is_socket()
+        assert (socket_path.parent.stat().st_mode & 0o777) == 0o700
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
+
+
 def test_doctor_says_rootless_names_the_fix_and_marks_nothing_ok_that_fails(
     user_dirs: dict[str, str], tmp_path: Path
 ) -> None:
