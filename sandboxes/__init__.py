@@ -42,12 +42,12 @@ if TYPE_CHECKING:
         StartsEarly,
         StopReason,
         ToolRequirements,
-        Waits,
         WarmSandbox,
         WorkspaceNotApplied,
     )
     from sandboxes.forking import Forks, ForkTemplate
     from sandboxes.session import HoldsSessions, SessionEnd, SessionSandbox
+    from sandboxes.waiting import Waits, WatchedWhileWaiting
 
 __all__ = [
     "BackendConfigError",
@@ -82,10 +82,12 @@ __all__ = [
     "ToolRequirements",
     "Waits",
     "WarmSandbox",
+    "WatchedWhileWaiting",
     "WorkspaceNotApplied",
 ]
 _SESSION_NAMES = frozenset({"HoldsSessions", "SessionEnd", "SessionSandbox"})
 _FORK_NAMES = frozenset({"ForkTemplate", "Forks"})
+_WAITING_NAMES = frozenset({"Waits", "WatchedWhileWaiting"})
 
 
 def __getattr__(name: str) -> object:
@@ -93,6 +95,8 @@ def __getattr__(name: str) -> object:
         return getattr(importlib.import_module("sandboxes.session"), name)
     if name in _FORK_NAMES:
         return getattr(importlib.import_module("sandboxes.forking"), name)
+    if name in _WAITING_NAMES:
+        return getattr(importlib.import_module("sandboxes.waiting"), name)
     if name in __all__:
         return getattr(importlib.import_module("sandboxes.base"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -224,24 +224,6 @@ class WarmSandbox(PreparedSandbox, Protocol):
         ...
 
 
-@runtime_checkable
-class Waits(Protocol):
-    """A warm sandbox that can tell whether its tool still waits for its call (warm pools):
-    one that ended before it (a limit killed it while it waited, it exited), or is burning
-    the CPU its call would need, can serve no call; its pool discards it and backs off."""
-
-    def ended(self) -> str | None:
-        """None while the tool started ahead still runs (or when that cannot be told at
-        once); else, for the operator, how it ended. Never blocks, never raises; only for
-        a sandbox no call has taken."""
-        ...
-
-    def used_cpu_seconds(self) -> float | None:
-        """CPU time its processes have used so far (the tool's start-up included); None
-        when it cannot be told. Never blocks, never raises."""
-        ...
-
-
 class OpeningFailed(Exception):
     """A warm sandbox's tool did not go through its ``Opening``: it answered wrongly or
     not in time, closed its output, or wrote past ``max_output_bytes``."""

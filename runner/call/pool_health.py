@@ -3,7 +3,7 @@ its sandboxes before their calls waits before its next refill."""
 
 from __future__ import annotations
 
-from sandboxes import Limits, Waits, WarmSandbox
+from sandboxes import Limits, Waits, WarmSandbox, WatchedWhileWaiting
 
 # After a tool's sandbox could not be made ready ahead, or ended before its call, its pool
 # waits this long before the next try, doubled for each further one lost in a row up to
@@ -56,8 +56,9 @@ class CpuReadings:
 
 
 def lost_why(warm: WarmSandbox, cpu: CpuReadings, limits: Limits, now: float) -> tuple[str, str] | None:
-    """Why an idle warm sandbox can serve no call: its tool ended (``ended``), or it has
-    used ``BUSY_SHARE`` of its CPU limit while it waits (``busy``), with what happened;
+    """Why an idle warm sandbox can serve no call: its tool ended (``ended``), its processes
+    together passed a limit no kernel holds for them (``limit``), or it has used
+    ``BUSY_SHARE`` of its CPU limit while it waits (``busy``), with what happened;
     None: it waits, or the backend cannot say. Notes its CPU time in ``cpu``."""
     if not isinstance(warm, Waits):
         return None
@@ -68,6 +69,8 @@ def lost_why(warm: WarmSandbox, cpu: CpuReadings, limits: Limits, now: float) ->
         return None
     if why is not None:
         return "ended", why
+    if isinstance(warm, WatchedWhileWaiting) and (broken := warm.limit_broken_while_waiting()) is not None:
+        return "limit", broken
     if used is None:
         return None
     cpu.add(now, used)

@@ -351,6 +351,15 @@ class PreparedSubprocess(OneRun):
             return None if self._popen is None else "it ended"
         return process_ended(self._popen.pid, not self._missing)
 
+    def limit_broken_while_waiting(self) -> str | None:
+        """``WatchedWhileWaiting``: rootless without a cgroup, the sums over its processes."""
+        if self._cgroup is not None or self._popen is None or self._popen.returncode is not None:
+            return None
+        tree = self._process_tree()
+        broken = tree.breached() if tree is not None else None
+        what = "memory" if broken is Ending.MEMORY_LIMIT else "CPU"
+        return None if broken is None else f"its processes together passed its {what} limit"
+
     def used_cpu_seconds(self) -> float | None:
         if self._cgroup is not None:
             return self._cgroup.cpu_seconds()

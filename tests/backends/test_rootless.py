@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ToolBench, call_cgroups
+from conftest import ToolBench, call_cgroups, wait_for
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() == 0, reason="about a runner that is not root: scripts/test-rootless.sh runs it as a user"
@@ -198,3 +198,35 @@ print(json.dumps({"children": len(pids)}))
             other.kill()
             other.wait()
     assert answer["result"] == {"children": 4}, answer
+
+
+WARM_HOG = """
+import json, os, sys, time
+for _ in range(3):  # before its input: while it waits in a pool
+    if os.fork() == 0:
+        held = bytearray(100 * 2**20)
+        time.sleep(120)
+        os._exit(0)
+time.sleep(1)
+sys.stdin.read()
+print(json.dumps("fine"))
+"""
+
+
+def test_a_warm_sandbox_whose_processes_pass_the_memory_limit_is_never_handed_out(bench: ToolBench) -> None:
+    # Without a cgroup only each process has its rlimit: the sums over the processes
+    # were looked at only while a call ran, so a warm sandbox held 300 MB of a 64 MB
+    # limit while it waited, and its call then answered a success.
+    bench.tool("warmhog", WARM_HOG, limits={"memory_mb": 64})
+    bench.policy["tools"] = {"warmhog": {"pool": 1}}
+
+    def discarded() -> list[dict[str, Any]]:
+        lines = bench.audit_log.read_text().splitlines() if bench.audit_log.exists() else []
+        return [event for line in lines if (event := json.loads(line))["event"] == "pool.discarded"]
+
+    with bench.runner() as runner:
+        wait_for(lambda: any(event["reason"] == "limit" for event in discarded()), 30.0)
+        answer = runner.handle({"toolName": "warmhog"})
+    assert not answer["success"], answer
+    assert answer["error"]["details"]["reason"] == "memory_limit", answer["error"]
+    assert "memory limit" in next(e["detail"] for e in discarded() if e["reason"] == "limit")
