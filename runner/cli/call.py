@@ -8,7 +8,30 @@ from pathlib import Path
 
 import click
 
+from runner.call.requests import MAX_PARAMS_BYTES
 from runner.cli._common import EXIT_FAILED, EXIT_OK, _fail_usage, _load, _location_options, _print_json
+from runner.config.sockets import MAX_REQUEST_BYTES
+
+
+def _read_input(what: str, path: str | None = None, limit: int = MAX_PARAMS_BYTES) -> str:
+    """The text of ``path``, else of stdin, read no further than ``limit`` bytes (from
+    ``/dev/zero`` too)."""
+    try:
+        if path is None:
+            if sys.stdin is None:
+                _fail_usage(f"cannot read {what}: stdin is closed")
+            data = sys.stdin.buffer.read(limit + 1)
+        else:
+            with Path(path).open("rb") as source:
+                data = source.read(limit + 1)
+    except OSError as exc:
+        _fail_usage(f"cannot read {what}: {exc.strerror or 'read failed'}")
+    if len(data) > limit:
+        _fail_usage(f"{what}: more than {limit} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        _fail_usage(f"{what}: not UTF-8 text (byte {exc.start})")
 
 
 def _params(value: str | None) -> object:
@@ -16,17 +39,9 @@ def _params(value: str | None) -> object:
         return {}
     text = value
     if value == "@-":
-        try:
-            text = sys.stdin.read()
-        except UnicodeDecodeError:
-            _fail_usage("the params on stdin are not UTF-8 text")
+        text = _read_input("the params on stdin")
     elif value.startswith("@"):
-        try:
-            text = Path(value[1:]).read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            _fail_usage(f"params file {value[1:]} is not UTF-8 text (byte {exc.start})")
-        except OSError as exc:
-            _fail_usage(f"cannot read params file {value[1:]}: {exc.strerror or 'read failed'}")
+        text = _read_input(f"the params in {value[1:]}", value[1:])
     try:
         # NaN and Infinity parse here; the runner then refuses them as INVALID_PARAMS.
         return json.loads(text)
@@ -132,7 +147,7 @@ def exec_command(
     request: object
     if tool == "-":
         try:
-            request = json.loads(sys.stdin.read())
+            request = json.loads(_read_input("the request on stdin", limit=MAX_REQUEST_BYTES))
         except (ValueError, RecursionError) as exc:
             _fail_usage(f"stdin is not a JSON request: {_json_problem(exc)}")
     else:

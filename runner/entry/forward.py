@@ -129,8 +129,12 @@ def _params(value: str | None) -> tuple[object] | None:
     text = value
     if value.startswith("@"):
         try:
-            text = Path(value[1:]).read_text(encoding="utf-8")
+            with Path(value[1:]).open("rb") as source:  # bounded: @/dev/zero
+                data = source.read(MAX_REQUEST_BYTES + 1)
+            text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError):
+            return None
+        if len(data) > MAX_REQUEST_BYTES:
             return None
     try:
         return (json.loads(text),)

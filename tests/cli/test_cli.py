@@ -63,6 +63,46 @@ def test_params_can_come_from_a_file(tmp_path: Path) -> None:
     assert json.loads(run("exec", "add_numbers", "--params", f"@{params}").stdout)["result"] == 42
 
 
+def test_params_from_a_closed_stdin_an_endless_file_or_bad_bytes_are_usage_errors(tmp_path: Path) -> None:
+    # A closed stdin was a traceback; @/dev/zero read until the memory ran out; bad bytes
+    # on stdin were INVALID_PARAMS (exit 1) where the same in a file were a usage error.
+    def closed(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "RUNNER_AUDIT_LOG": os.devnull}
+        argv = [*RUNNER, *args]
+        return subprocess.run(
+            argv,
+            stdin=None,
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=starter_dir(),
+            timeout=60,
+            preexec_fn=lambda: os.close(0),
+        )
+
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b'{"a": 1, "b": "\xff"}')
+    cases = {
+        "closed stdin, params": closed("exec", "add_numbers", "--params", "@-"),
+        "closed stdin, request": closed("exec", "-"),
+        "endless file": run("exec", "add_numbers", "--params", "@/dev/zero"),
+        "bad bytes in a file": run("exec", "add_numbers", "--params", f"@{bad}"),
+    }
+    for case, done in cases.items():
+        assert done.returncode == 2, (case, done.stdout, done.stderr)
+        assert done.stderr.startswith("runner: ") and "Traceback" not in done.stderr, (case, done.stderr)
+    on_stdin = subprocess.run(
+        [*RUNNER, "exec", "add_numbers", "--params", "@-"],
+        input=bad.read_bytes(),
+        capture_output=True,
+        env={**os.environ, "RUNNER_AUDIT_LOG": os.devnull},
+        cwd=starter_dir(),
+        timeout=60,
+    )
+    assert on_stdin.returncode == 2, on_stdin
+    assert b"not UTF-8 text (byte 15)" in on_stdin.stderr
+
+
 def test_exec_options_reach_the_call() -> None:
     done = run(
         "exec",
