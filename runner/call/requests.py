@@ -133,7 +133,9 @@ def peek(raw: object, *keys: str) -> str | None:
     for key in keys:
         value = raw.get(key)
         if isinstance(value, str):
-            return value[:MAX_ID_LENGTH]
+            # A lone surrogate (a JSON escape of half a pair) is no Unicode: U+FFFD in its
+            # place, or the audit trail and the answer would not be strict JSON text.
+            return value[:MAX_ID_LENGTH].encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return None
 
 

@@ -294,7 +294,8 @@ def _write_html(report: AuditReport, log: Path, target: Path) -> NoReturn:
         _fail_usage(f"cannot write {target}: {exc.strerror or exc}")
     temporary = Path(name)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
+        # errors: a log of an older runner may hold a lone surrogate (a request's tool name).
+        with os.fdopen(handle, "w", encoding="utf-8", errors="replace") as out:
             out.write(page)
         temporary.chmod(0o644)
         temporary.replace(target)

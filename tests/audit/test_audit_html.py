@@ -190,3 +190,19 @@ def test_the_page_renders_in_headless_chromium_with_no_network(bench: ToolBench,
     for colour in ("2e7d32", "ef6c00", "c62828", "1565c0", "6a1b9a"):  # each chart drew its bars
         assert bytes.fromhex(colour) in seen, colour
     assert sum(1 for p in pixels if p != b"\xff\xff\xff") > width * height // 50  # not a blank page
+
+
+def test_a_request_with_half_a_surrogate_pair_leaves_strict_json_and_a_page(
+    bench: ToolBench, tmp_path: Path
+) -> None:
+    # Echoed as it came, `\udcff` went into the answer and the audit trail (no Unicode:
+    # strict parsers refuse it), and `runner audit report --html` then failed on it.
+    runner = bench.runner()
+    answer = runner.handle({"toolName": "ech\udcff", "requestId": "req_\ud800", "role": "r\udfff"})
+    runner.close()
+    assert answer["error"]["code"] == "INVALID_PARAMS"  # the request is no Unicode text
+    json.dumps(answer, ensure_ascii=False).encode("utf-8")  # raises on a lone surrogate
+    for line in bench.audit_log.read_text(encoding="utf-8").splitlines():
+        json.dumps(json.loads(line), ensure_ascii=False).encode("utf-8")
+    page, _ = _report(bench.audit_log, tmp_path)
+    assert "ech\ufffd" in page.read_text(encoding="utf-8")
