@@ -136,6 +136,13 @@ def _read_folder(dir_fd: int, prefix: str, budget: _Budget, found: list[_Entry])
         budget.admit(relative)
         seen = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         executable = bool(seen.st_mode & stat.S_IXUSR)
+        if not stat.S_ISLNK(seen.st_mode) and _kept_from_others(seen.st_mode):
+            # The node makes every file readable (0644): a key the tool could not read here
+            # would be sent over the wire and read there.
+            raise SandboxUnavailable(
+                f"the tool folder holds {relative!r}, which not every user may read: dispatch"
+                " would make it readable on the node (chmod o+r it, or move it out of the folder)"
+            )
         if stat.S_ISLNK(seen.st_mode):
             target = _encoded(os.readlink(name, dir_fd=dir_fd))
             if len(target) > MAX_PATH_BYTES:
@@ -162,6 +169,12 @@ def _read_folder(dir_fd: int, prefix: str, budget: _Budget, found: list[_Entry])
             found.append(_Entry(relative, "file", executable, content))
         else:
             raise SandboxUnavailable(f"the tool folder holds {relative!r}, which is not a file")
+
+
+def _kept_from_others(mode: int) -> bool:
+    """Whether other users may not read a file (or list and enter a folder) of ``mode``."""
+    wanted = stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(mode) else 0)
+    return mode & wanted != wanted
 
 
 def _open_same(name: str, dir_fd: int, seen: os.stat_result, flags: int) -> int:

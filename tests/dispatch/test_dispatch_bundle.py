@@ -73,6 +73,26 @@ def test_a_packed_folder_unpacks_on_the_node_to_the_same_content_hash(tmp_path: 
     assert unpack(bundle, tmp_path / "cache") == unpacked  # cached by hash
 
 
+@pytest.mark.parametrize("what", [".env", "private"])
+def test_a_file_or_folder_others_may_not_read_is_refused_not_shipped_readable(
+    tmp_path: Path, what: str
+) -> None:
+    # The node makes every file 0644: a key its tool could not read here (0600, as root)
+    # went over the wire in the task, and was readable there.
+    folder = tool_folder(tmp_path / "tools")
+    hidden = folder / what
+    if what == "private":
+        hidden.mkdir(mode=0o700)
+        (hidden / "key").write_text("k")
+    else:
+        hidden.write_text("TOKEN=abc\n")
+        hidden.chmod(0o600)
+    with pytest.raises(SandboxUnavailable, match=f"'{what}', which not every user may read"):
+        pack(folder, 1 << 20)
+    hidden.chmod(0o755 if what == "private" else 0o644)
+    assert pack(folder, 1 << 20).sha256 == tree_hash(folder)
+
+
 def test_a_changed_folder_is_another_hash_so_a_node_never_runs_a_stale_copy(tmp_path: Path) -> None:
     folder = tool_folder(tmp_path / "tools")
     before = pack(folder, 1 << 20)
