@@ -15,26 +15,31 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import Limits
 
+WEEK_MS = 7 * 24 * 3600 * 1000
+
 
 class ResourceSettings(BaseModel):
     """What one attempt may use (unset: decided by a later layer)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    timeout_ms: int | None = Field(default=None, gt=0)
-    memory_mb: int | None = Field(default=None, gt=0)
-    cpu_seconds: int | None = Field(default=None, gt=0)
-    max_pids: int | None = Field(default=None, gt=0)
-    max_output_bytes: int | None = Field(default=None, gt=0)
-    disk_mb: int | None = Field(default=None, gt=0)
+    # The upper bounds are what the sandboxes can set (a cgroup's bytes, the kernel's pid
+    # range, the shell's numbers): past them a value passed validation and then failed
+    # every call with a message of the sandbox's.
+    timeout_ms: int | None = Field(default=None, gt=0, le=WEEK_MS)
+    memory_mb: int | None = Field(default=None, gt=0, le=1 << 30)
+    cpu_seconds: int | None = Field(default=None, gt=0, le=WEEK_MS // 1000)
+    max_pids: int | None = Field(default=None, gt=0, le=1 << 22)
+    max_output_bytes: int | None = Field(default=None, gt=0, le=1 << 40)
+    disk_mb: int | None = Field(default=None, gt=0, le=1 << 30)
 
 
 class CallSettings(ResourceSettings):
     """Resources, and how a call is retried within its deadline."""
 
     retries: int | None = Field(default=None, ge=0, le=10)
-    retry_delay_ms: int | None = Field(default=None, ge=0)
-    deadline_ms: int | None = Field(default=None, gt=0)
+    retry_delay_ms: int | None = Field(default=None, ge=0, le=WEEK_MS)
+    deadline_ms: int | None = Field(default=None, gt=0, le=WEEK_MS)
 
 
 RESOURCE_FIELDS = tuple(ResourceSettings.model_fields)

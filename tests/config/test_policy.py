@@ -149,3 +149,16 @@ def test_serve_socket_settings_are_checked(tools: ToolBench, socket: dict[str, A
 def test_serve_socket_admits_a_uid_with_a_defined_role(tools: ToolBench) -> None:
     tools.policy["serve"] = {"socket": {"uids": {1001: "user"}}}
     assert tools.runner().policy.model.serve.socket.uids == {1001: "user"}
+
+
+@pytest.mark.parametrize("name", ["cpu_seconds", "max_pids", "disk_mb", "memory_mb", "timeout_ms"])
+def test_a_limit_no_sandbox_can_set_is_refused_where_it_is_written(bench: ToolBench, name: str) -> None:
+    # 10**26 passed `runner validate`; every call then failed with the sandbox's own words
+    # ("Illegal number", "Numerical result out of range").
+    huge = 10**26
+    bench.tool("big", OK, limits={name: huge})
+    answer = bench.runner().handle({"toolName": "big"})
+    assert answer["error"]["details"]["reason"] == "invalid_manifest", answer["error"]
+    bench.policy["limits"][name] = huge
+    with pytest.raises(ConfigError, match=name):
+        bench.runner()
