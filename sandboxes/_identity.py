@@ -20,8 +20,9 @@ are in use (not one per uid ever used). The holder unlinks it while it still hol
 lock; a taker that opened the file just before may get the lock on that unlinked inode
 once it is closed, so every taker checks, holding the lock, that the path still names
 the inode it locked, and starts over when it does not. Only a holder ever unlinks, so the
-one lock on the inode the path names is the lease. A runner that died leaves its files;
-the next taker of each uid reuses and then removes it.
+one lock on the inode the path names is the lease. A runner that died leaves its files
+(round-robin from a random start, a taker seldom meets them): its watchdog then removes
+every file no one holds, each as a holder would (``sweep_unheld``).
 """
 
 from __future__ import annotations
@@ -136,6 +137,26 @@ def _names(name: str, directory: int, fd: int) -> bool:
         return False
     locked = os.fstat(fd)
     return (named.st_dev, named.st_ino) == (locked.st_dev, locked.st_ino)
+
+
+def sweep_unheld(lease_dir: Path) -> int:
+    """Remove the lease files in ``lease_dir`` that no one holds, each taken and removed
+    as its holder's release would; how many went."""
+    directory = open_own_folder(lease_dir)
+    removed = 0
+    try:
+        for name in os.listdir(directory):  # noqa: PTH208 - by descriptor
+            fd = _lock_file(name, directory) if name.isdigit() else None
+            if fd is None:
+                continue
+            try:
+                os.unlink(name, dir_fd=directory)
+                removed += 1
+            finally:
+                os.close(fd)
+    finally:
+        os.close(directory)
+    return removed
 
 
 # One lease directory per host, whatever state folder a runner uses, so runners agree.

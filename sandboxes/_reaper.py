@@ -227,4 +227,14 @@ def main(argv: list[str]) -> int:
     # Last: a staged workspace may be unmounted only once no sandbox of ours can use it.
     for root in staging:
         remove_stale(root, lambda name: name.startswith(f"{owner}-"))
+    if os.geteuid() == 0:
+        _sweep_leases()
     return 0
+
+
+def _sweep_leases() -> None:
+    """The uid lease files a killed runner left (its locks went with it), and any other's."""
+    from sandboxes._identity import LEASE_DIR, sweep_unheld
+
+    with contextlib.suppress(OSError):
+        sweep_unheld(LEASE_DIR)

@@ -5,6 +5,7 @@ names the file it locked)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
@@ -15,11 +16,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import ToolBench, wait_for
 
 from sandboxes import _identity
-from sandboxes._identity import IdentityPool, NoFreeIdentity
+from sandboxes._identity import LEASE_DIR, UID_BASE, UID_COUNT, IdentityPool, NoFreeIdentity
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="uids are leased only as root")
 
@@ -176,3 +178,29 @@ def test_after_many_calls_the_lease_folder_holds_only_the_uids_in_use(
             # The sandbox is torn down just after its answer, off the call's path.
             wait_for(lambda: _files(private_leases) == [], 5.0)
     assert seen_during == [1] * 20  # each call's sandbox did lease from this folder
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="uids are leased by a root runner only")
+def test_the_watchdog_of_a_killed_runner_removes_its_lease_files(bench: ToolBench) -> None:
+    # Its locks die with it, its files did not: a taker, starting round-robin from a
+    # random uid of 65,536, seldom meets one again, and the folder grew by each kill.
+    bench.tool("sleeper", "import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
+    proc = bench.spawn_runner("sleeper", "req_lease_kill")
+    try:
+        uid = None
+        for _ in range(300):
+            uids = set()
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    uids.add(child.uids().real)
+            leased = sorted(u for u in uids if UID_BASE <= u < UID_BASE + UID_COUNT)
+            if leased:
+                uid = leased[0]
+                break
+            time.sleep(0.1)
+        assert uid is not None, "the sleeper never ran under a leased uid"
+        assert (LEASE_DIR / str(uid)).exists()
+    finally:
+        proc.kill()
+        proc.wait()
+    wait_for(lambda: not (LEASE_DIR / str(uid)).exists(), 30.0)
