@@ -208,11 +208,18 @@ class SubprocessSandbox:
         """What the hardened sandbox lacks here, each with what to do about it."""
         missing = []
         if self.bwrap is None:
-            missing.append("bubblewrap is not installed (apt-get install bubblewrap)")
+            missing.append(
+                "bubblewrap is not installed (apt-get install bubblewrap): without it the tool has"
+                " no namespaces (it shares the host's network and processes, and reads what its"
+                " user may) and no seccomp filter"
+            )
         if os.geteuid() == 0 and (self.setpriv is None or self.unshare is None):
             missing.append("setpriv or unshare is not installed (apt-get install util-linux)")
         if self.cgroups is None and not self.rlimits_only:
             missing.append(f"cgroups unavailable: {self.cgroup_problem}")
+        if self.bwrap is None and self.rlimits_only:
+            # The process cap is set in the sandbox's user namespace, which it then lacks.
+            missing.append("no cgroup and no user namespace: max_pids is not enforced")
         return missing
 
     def refusals(self) -> list[str]:
