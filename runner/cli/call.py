@@ -8,14 +8,16 @@ from pathlib import Path
 
 import click
 
-from runner.call.requests import MAX_PARAMS_BYTES
 from runner.cli._common import EXIT_FAILED, EXIT_OK, _fail_usage, _load, _location_options, _print_json
-from runner.config.sockets import MAX_REQUEST_BYTES
 
 
-def _read_input(what: str, path: str | None = None, limit: int = MAX_PARAMS_BYTES) -> str:
-    """The text of ``path``, else of stdin, read no further than ``limit`` bytes (from
-    ``/dev/zero`` too)."""
+def _read_input(what: str, path: str | None = None, *, whole_request: bool = False) -> str:
+    """The text of ``path``, else of stdin, read no further than the bound of params (of
+    a request: ``whole_request``), from ``/dev/zero`` too."""
+    from runner.call.requests import MAX_PARAMS_BYTES  # pydantic: not for --help
+    from runner.config.sockets import MAX_REQUEST_BYTES
+
+    limit = MAX_REQUEST_BYTES if whole_request else MAX_PARAMS_BYTES
     try:
         if path is None:
             if sys.stdin is None:
@@ -147,7 +149,7 @@ def exec_command(
     request: object
     if tool == "-":
         try:
-            request = json.loads(_read_input("the request on stdin", limit=MAX_REQUEST_BYTES))
+            request = json.loads(_read_input("the request on stdin", whole_request=True))
         except (ValueError, RecursionError) as exc:
             _fail_usage(f"stdin is not a JSON request: {_json_problem(exc)}")
     else:
