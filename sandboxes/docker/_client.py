@@ -23,8 +23,9 @@ API_TIMEOUT_S = 15
 LABEL_MANAGED = "io.runner.managed"
 LABEL_REQUEST = "io.runner.request-id"
 LABEL_OWNER = "io.runner.owner-pid"
-# A pid names a process only within one pid namespace of one boot: a runner in a container
-# given the host's socket, or on another host sharing the daemon, sees other pids.
+# A pid names a process only within one pid namespace of one machine: a runner in a
+# container given the host's socket, or on another machine sharing the daemon, sees other
+# pids. (Not the boot: a leftover of a boot before must still be swept after it.)
 LABEL_SPACE = "io.runner.owner-space"
 START_DOCKER_HINT = "start the Docker daemon (dockerd) or set DOCKER_HOST"
 JOIN_GROUP_HINT = (
@@ -80,16 +81,17 @@ def api_client() -> APIClient:
 
 @functools.cache
 def owner_space() -> str:
-    """This process's boot and pid namespace (``BOOT_ID:PIDNS_INODE``): where its owner
-    label's pid means what it says."""
-    boot = ""
-    with contextlib.suppress(OSError):
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    """This process's machine and pid namespace (``MACHINE:PIDNS_INODE``): where its owner
+    label's pid means what it says. The machine is its machine id, else its host name."""
+    machine = ""
+    for source in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        with contextlib.suppress(OSError):
+            machine = machine or Path(source).read_text().strip()
     try:
         space = Path("/proc/self/ns/pid").stat().st_ino
     except OSError:
         space = 0
-    return f"{boot}:{space}"
+    return f"{machine or os.uname().nodename}:{space}"
 
 
 def owner_labels() -> dict[str, str]:

@@ -207,7 +207,7 @@ class DockerSandbox:
 
 def remove_leftovers(client: APIClient) -> int:
     """Remove containers of ours whose runner process is gone (a killed runner). Only
-    those labelled in this process's pid namespace and boot (or not labelled with one):
+    those labelled in this process's pid namespace and machine (or not labelled with one):
     another's pids cannot be looked up from here.
 
     Raises:
@@ -220,7 +220,7 @@ def remove_leftovers(client: APIClient) -> int:
         labels = container.get("Labels") or {}
         owner = labels.get(LABEL_OWNER, "")
         if labels.get(LABEL_SPACE, owner_space()) != owner_space():
-            continue  # another pid namespace's or boot's: its pid says nothing here
+            continue  # another pid namespace's or machine's: its pid says nothing here
         if owner.isdigit() and pid_alive(int(owner)):
             continue
         # Best effort: another runner may be removing the same leftover right now.
