@@ -30,7 +30,7 @@ from runner.call.requests import CallRequest
 from runner.clock import Clock
 from runner.errors import CallError, ErrorCode
 from runner.schema.inline import is_light
-from runner.schema.redaction import Scrubber, nodes_at, redact_nodes
+from runner.schema.redaction import REDACTED, Scrubber, nodes_at
 from runner.schema.suggest import did_you_mean
 from runner.secrets.sources import NO_SECRET_VALUES, SecretValues, Unavailable, read_secrets
 from runner.tools.manifest import Tool
@@ -147,7 +147,7 @@ class CallGuard:
                 expired=True,
                 scrubber=Scrubber.of(static),
                 params=params,
-                audit_params=redact_nodes(params, frozenset(id(node) for node in static)),
+                audit_params=REDACTED,  # the validation may not have reached every sensitive value
             )
 
     async def read_secrets(self, tool: Tool, policy: Policy) -> SecretValues:

@@ -19,7 +19,7 @@ from referencing.exceptions import NoSuchResource, Unresolvable
 
 from runner.schema.absent import without_absent_nulls
 from runner.schema.keywords import FORMAT_CHECKER, SafeValidator, ValidationExpired, validation_run
-from runner.schema.redaction import Scrubber, holds_marked, nodes_at, redact_nodes
+from runner.schema.redaction import REDACTED, Scrubber, holds_marked, nodes_at, redact_nodes
 from runner.schema.suggest import did_you_mean
 
 
@@ -210,7 +210,8 @@ def check_params(
         expired=expired,
         scrubber=scrubber,
         params=params,
-        audit_params=redact_nodes(params, marked_ids),
+        # Cut short, the validation may not have reached every sensitive value.
+        audit_params=REDACTED if expired else redact_nodes(params, marked_ids),
     )
 
 

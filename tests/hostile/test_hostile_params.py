@@ -443,3 +443,25 @@ def test_a_huge_integer_against_a_fractional_multiple_of_is_judged_not_an_intern
     assert runner.handle({"toolName": "mult", "params": {"half": huge}})["result"] == {"half": huge}
     refused = runner.handle({"toolName": "mult", "params": {"tenth": huge}})  # 0.1 is not exact
     assert refused["error"]["code"] == "INVALID_PARAMS", refused["error"]
+
+
+def test_a_sensitive_value_stays_out_of_the_audit_when_validation_is_cut_short(bench: ToolBench) -> None:
+    # Cut short, validation had not marked the token, and the schema's static walk gave up
+    # in the $refs first: the policy.decision event held the token in clear.
+    levels = 40  # an anyOf of two $refs each: a value of no branch's type is 2**40 steps
+    defs: dict[str, Any] = {
+        f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"} for _ in range(2)]} for i in range(levels)
+    }
+    defs[f"d{levels}"] = {"type": "string"}
+    token = {"type": "string", "x-sensitive": True}
+    # "z" after "token": the schema's static walk gives up in the $refs before it finds the mark.
+    schema = {"type": "object", "properties": {"token": token, "z": {"$ref": "#/$defs/d0"}}, "$defs": defs}
+    bench.tool("sens", ECHO, parameters=schema)
+    runner = bench.runner()
+    for z in (None, 5):  # the null's walk cut short; the validation cut short
+        answer = runner.handle(
+            {"toolName": "sens", "params": {"z": z, "token": "SECRET-abc-123"}, "options": {"deadline": 300}}
+        )
+        assert answer["error"]["code"] == "TIMEOUT", answer
+    runner.close()
+    assert "SECRET-abc-123" not in bench.audit_log.read_text()
