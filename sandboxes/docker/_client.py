@@ -94,6 +94,24 @@ def owner_space() -> str:
     return f"{machine or os.uname().nodename}:{space}"
 
 
+INIT_PID_NAMESPACE = 0xEFFFFFFC  # the kernel's inode of the first pid namespace (PROC_PID_INIT_INO)
+
+
+def gone_spaces(spaces: set[str]) -> set[str]:
+    """Of ``spaces`` (owner spaces of other pid namespaces), those of this machine whose
+    namespace has no process left, as seen from the first pid namespace, which sees every
+    process; none when this process is not there (it cannot tell)."""
+    machine, _, ours = owner_space().rpartition(":")
+    if ours != str(INIT_PID_NAMESPACE):
+        return set()
+    live: set[str] = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                live.add(f"{machine}:{(entry / 'ns' / 'pid').stat().st_ino}")
+    return {space for space in spaces if space.rpartition(":")[0] == machine and space not in live}
+
+
 def owner_labels() -> dict[str, str]:
     """The labels that say which runner a container is, for the sweeps of leftovers."""
     return {LABEL_MANAGED: "true", LABEL_OWNER: str(os.getpid()), LABEL_SPACE: owner_space()}

@@ -12,7 +12,7 @@ import contextlib
 import re
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sandboxes._exec_status import EXEC_GUARD
 from sandboxes._identity import IdentityLease
@@ -30,7 +30,7 @@ SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # (on Docker's default bridge one call could connect to another's, or a session's, ports).
 TOOL_NETWORK = "runner-tools"
 _NO_ICC = "com.docker.network.bridge.enable_icc"
-_networks_checked: set[str] = set()  # the daemons (base URLs) whose network was found right
+_MANAGED = {LABEL_MANAGED: "true"}
 _networks_lock = threading.Lock()
 BUILD_HINT = "run `runner images build`"
 # Holds the tool until the runner writes its release on stdin, once the cgroup is
@@ -151,38 +151,36 @@ def create_container(
 
 
 def tool_network(client: APIClient) -> str:
-    """The network of networked tools (made on first use), its containers cut off from
-    one another.
+    """The id of the network of networked tools (made when missing), its containers cut off
+    from one another. Looked up for each container: one removed meanwhile is made again.
 
     Raises:
         SandboxUnavailable: the daemon failed, or a network of that name lets its
             containers reach each other.
     """
-    from docker.errors import APIError
-
-    with _networks_lock:
-        if client.base_url in _networks_checked:
-            return TOOL_NETWORK
-        with daemon_call("find the tools' network"):
-            found = [n for n in client.networks(names=[TOOL_NETWORK]) if n.get("Name") == TOOL_NETWORK]
-            if not found:
-                # Another runner may make it at the same moment: then take theirs.
-                with contextlib.suppress(APIError):
-                    client.create_network(
-                        TOOL_NETWORK,
-                        driver="bridge",
-                        options={_NO_ICC: "false"},
-                        labels={LABEL_MANAGED: "true"},
-                        check_duplicate=True,
-                    )
-                found = [n for n in client.networks(names=[TOOL_NETWORK]) if n.get("Name") == TOOL_NETWORK]
-        if len(found) != 1 or (found[0].get("Options") or {}).get(_NO_ICC) != "false":
+    with _networks_lock, daemon_call("find or make the tools' network"):
+        found = _tool_networks(client)
+        if not found:
+            client.create_network(TOOL_NETWORK, driver="bridge", options={_NO_ICC: "false"}, labels=_MANAGED)
+            found = _tool_networks(client)
+        open_ones = [n for n in found if (n.get("Options") or {}).get(_NO_ICC) != "false"]
+        if open_ones or not found:
             raise SandboxUnavailable(
-                f"the Docker network {TOOL_NETWORK} lets its containers reach each other (or is"
-                f" missing); remove it (docker network rm {TOOL_NETWORK}) for the runner to make it again"
+                f"a Docker network {TOOL_NETWORK} lets its containers reach each other; remove it"
+                f" (docker network rm {open_ones[0]['Id'][:12] if open_ones else TOOL_NETWORK}) for"
+                " the runner to make its own"
             )
-        _networks_checked.add(client.base_url)
-    return TOOL_NETWORK
+        # Runners making it at once can make several (the daemon does not stop a second of
+        # the same name): all use the oldest, by id, and the others go when unused.
+        found.sort(key=lambda n: (str(n.get("Created", "")), str(n["Id"])))
+        for extra in found[1:]:
+            with contextlib.suppress(*daemon_failures()):
+                client.remove_network(extra["Id"])
+        return str(found[0]["Id"])
+
+
+def _tool_networks(client: APIClient) -> list[dict[str, Any]]:
+    return [n for n in client.networks(names=[TOOL_NETWORK]) if n.get("Name") == TOOL_NETWORK]
 
 
 def gate_release(secrets: Mapping[str, str]) -> bytes:

@@ -46,6 +46,7 @@ from sandboxes.docker._client import (
     api_client,
     daemon_call,
     daemon_failures,
+    gone_spaces,
     owner_space,
     shared_client,
 )
@@ -206,9 +207,9 @@ class DockerSandbox:
 
 
 def remove_leftovers(client: APIClient) -> int:
-    """Remove containers of ours whose runner process is gone (a killed runner). Only
-    those labelled in this process's pid namespace and machine (or not labelled with one):
-    another's pids cannot be looked up from here.
+    """Remove containers of ours whose runner process is gone (a killed runner): of this
+    process's pid namespace (or not labelled with one), when that pid is gone; of another
+    pid namespace of this machine, when no process is left in it.
 
     Raises:
         SandboxUnavailable: the daemon cannot list containers.
@@ -216,12 +217,16 @@ def remove_leftovers(client: APIClient) -> int:
     removed = 0
     with daemon_call("list containers"):
         containers = client.containers(all=True, filters={"label": f"{LABEL_MANAGED}=true"})
+    here = owner_space()
+    elsewhere = {(c.get("Labels") or {}).get(LABEL_SPACE, here) for c in containers} - {here}
+    gone = gone_spaces(elsewhere) if elsewhere else set()
     for container in containers:
         labels = container.get("Labels") or {}
         owner = labels.get(LABEL_OWNER, "")
-        if labels.get(LABEL_SPACE, owner_space()) != owner_space():
-            continue  # another pid namespace's or machine's: its pid says nothing here
-        if owner.isdigit() and pid_alive(int(owner)):
+        space = labels.get(LABEL_SPACE, here)
+        if space != here and space not in gone:
+            continue  # another pid namespace's (alive, or not seen from here), or machine's
+        if space == here and owner.isdigit() and pid_alive(int(owner)):
             continue
         # Best effort: another runner may be removing the same leftover right now.
         with contextlib.suppress(*daemon_failures()):

@@ -191,6 +191,40 @@ def test_a_runner_in_another_pid_namespace_leaves_a_live_runners_container_alone
         proc.wait()
 
 
+def test_a_container_of_a_pid_namespace_that_is_gone_is_removed_by_the_next_runner(
+    bench: ToolBench, docker_client: APIClient
+) -> None:
+    # Its runner and watchdog died with their namespace; the next runner, in another
+    # namespace, skipped the container for good.
+    import psutil
+
+    docker_tool(bench, "sleeper", "import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
+    spawned = bench.spawn_runner("sleeper", "req_docker_dead_space")
+    argv = spawned.args
+    spawned.kill()
+    spawned.wait()
+    for container in ours(docker_client, "req_docker_dead_space"):
+        docker_client.remove_container(container["Id"], force=True)
+    assert isinstance(argv, list)
+    unshared = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *argv], cwd=bench.root)
+    try:
+        deadline = time.monotonic() + 60
+        while not ours(docker_client, "req_docker_dead_space") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ours(docker_client, "req_docker_dead_space"), "the container never appeared"
+        inside = psutil.Process(unshared.pid).children(recursive=True)
+        inside[0].kill()  # the namespace's init: every process in it dies with it
+        psutil.wait_procs(inside, timeout=30)
+    finally:
+        unshared.kill()
+        unshared.wait()
+    assert ours(docker_client, "req_docker_dead_space"), "nothing was left to sweep"
+    from sandboxes.docker import DockerSandbox
+
+    DockerSandbox().client()  # what a starting runner does first
+    assert ours(docker_client, "req_docker_dead_space") == []
+
+
 HOSTILE_IMAGE = "runner-test/entrypoint-and-volume:latest"
 SHM_AND_ANSWER = """
 import json, os, sys

@@ -13,6 +13,8 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -359,3 +361,61 @@ def test_networked_containers_cannot_reach_each_other(bench: ToolBench, docker_c
     assert result[target] != "hello"
     assert answers and answers[0]["success"], answers
     assert len(answers[0]["result"]["peers"]) == 1  # the host's connection alone
+
+
+def _remove_tools_networks(client: APIClient) -> None:
+    """Once the last call's container is gone (it is removed after the answer)."""
+    from docker.errors import APIError
+
+    for _ in range(300):
+        try:
+            for network in client.networks(names=[TOOL_NETWORK]):
+                client.remove_network(network["Id"])
+            return
+        except APIError:
+            threading.Event().wait(0.1)
+    pytest.fail("the tools' network kept an endpoint for 30 s")
+
+
+RACER = """
+import sys
+from sandboxes.docker._client import api_client
+from sandboxes.docker._container import tool_network
+sys.stdin.read()  # all start, then all ask at once
+print(tool_network(api_client()))
+"""
+
+
+@pytest.mark.docker
+def test_the_tools_network_is_made_again_once_and_agreed_on_by_runners_making_it_at_once(
+    bench: ToolBench, docker_client: APIClient
+) -> None:
+    # Removed under a running runner, it was gone for good (the runner had cached it); made
+    # by four runners at once, the daemon made four of one name, and every call failed.
+    bench.tool("probe", PROBE, network=True, sandbox="docker", image="runner/base:latest")
+    bench.policy["limits"]["network"] = True
+    runner = bench.runner()
+    call = {"toolName": "probe", "params": {"targets": []}}
+    assert runner.handle(call)["success"]
+    _remove_tools_networks(docker_client)
+    assert runner.handle(call)["success"], "the network was not made again"
+    _remove_tools_networks(docker_client)
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    for racer in racers:
+        assert racer.stdin is not None
+        racer.stdin.close()
+    answers = []
+    for racer in racers:
+        assert racer.stdout is not None
+        with racer.stdout:
+            answers.append(racer.stdout.read().strip())
+        racer.wait(120)
+    assert len(set(answers)) == 1 and answers[0], answers
+    assert runner.handle(call)["success"]
+    left = [n["Id"] for n in docker_client.networks(names=[TOOL_NETWORK]) if n["Name"] == TOOL_NETWORK]
+    assert left == answers[:1], (left, answers)  # the extra ones made at once are gone
