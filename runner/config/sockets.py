@@ -69,9 +69,16 @@ def prepare_folder(socket_path: Path, *, private: bool) -> None:
     own_folder(folder, private=False)
     if private:
         # Ours, and no one else may write in it: closing it to others takes nothing from
-        # anyone (an older runner left its state folder there 0755).
+        # anyone (a user's state folder, made 0755, is this folder without root). Through
+        # a descriptor: the path may lead elsewhere by the time of a chmod.
         with contextlib.suppress(OSError):
-            folder.chmod(0o700)  # checked above: a real folder of ours, in one others cannot change
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                info = os.fstat(fd)
+                if info.st_uid == os.getuid() and not info.st_mode & 0o022:
+                    os.fchmod(fd, 0o700)
+            finally:
+                os.close(fd)
         own_folder(folder, private=True)
 
 

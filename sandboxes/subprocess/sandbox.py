@@ -86,6 +86,14 @@ class SubprocessConfig(BaseModel):
     state_dir: Path | None = None
 
 
+def _let_sandboxes_pass(state_dir: Path) -> None:
+    """As root, the sandbox user passes through the state folder. Without root the
+    sandbox is this user, and the folder is left as it is: it is also where `runner serve
+    --socket` listens, 0700, or as the user opened it to the uids it admits."""
+    if os.geteuid() == 0:
+        state_dir.chmod(0o755)
+
+
 def create(config: Mapping[str, Any]) -> SubprocessSandbox:
     """The entry point of ``subprocess`` in ``runner.sandboxes``.
 
@@ -162,9 +170,7 @@ class SubprocessSandbox:
         if self.state_problem is None:  # else nothing is written there, and every sandbox refused
             try:
                 self.etc.write()
-                # Root's sandbox user passes through it; without root the sandbox is this
-                # user, and the folder is also where `runner serve --socket` listens (0700).
-                self.state_dir.chmod(0o755 if is_root else 0o700)
+                _let_sandboxes_pass(self.state_dir)
                 self.library_dir = publish_library(self.library_dir)
                 self._make_stage()
             except OSError as exc:  # a read-only or full file system, a file where a folder goes

@@ -115,6 +115,12 @@ def test_serve_socket_starts_in_the_runtime_folder_a_call_has_used(
     finally:
         server.terminate()
         server.communicate(timeout=30)
+    # Opened to the uids a shared socket admits (serve.socket.uids), it stays so: a call
+    # made it 0700, and they could no longer reach the socket.
+    socket_path.parent.chmod(0o711)
+    done = _cli(user_dirs, work, "exec", "add_numbers", "--params", '{"a": 1, "b": 2}')
+    assert json.loads(done.stdout)["result"] == 3, done.stdout
+    assert (socket_path.parent.stat().st_mode & 0o777) == 0o711
 
 
 def test_doctor_says_rootless_names_the_fix_and_marks_nothing_ok_that_fails(
