@@ -74,6 +74,6 @@ class DaemonImageProbe:
     def close(self) -> None:
         for container in self._containers.values():
             with contextlib.suppress(*daemon_failures()):
-                self._client.remove_container(container, force=True)
+                self._client.remove_container(container, v=True, force=True)
         self._containers.clear()
         self._client.close()

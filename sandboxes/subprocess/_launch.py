@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,7 +209,10 @@ def started_shim_argv(shell: str, command: list[str], process_cap: int | None = 
     """The shim's argv; ``process_cap``: the rootless shim's, with that RLIMIT_NPROC."""
     if process_cap is None:
         return [shell, "-c", STARTED_SHIM, "runner-exec", *command]
-    return [shell, "-c", ROOTLESS_SHIM, "runner-exec", str(process_cap), *command]
+    # No higher than this user may go (the shim's `ulimit` would fail): stricter, never looser.
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    cap = process_cap if hard == resource.RLIM_INFINITY else min(process_cap, hard)
+    return [shell, "-c", ROOTLESS_SHIM, "runner-exec", str(cap), *command]
 
 
 def drop_privileges_argv(setpriv: str, uid: int, gid: int) -> list[str]:

@@ -236,3 +236,18 @@ def test_a_warm_sandbox_whose_processes_pass_the_memory_limit_is_never_handed_ou
     assert not answer["success"], answer
     assert answer["error"]["details"]["reason"] == "memory_limit", answer["error"]
     assert "memory limit" in next(e["detail"] for e in discarded() if e["reason"] == "limit")
+
+
+def test_a_max_pids_above_the_users_own_hard_limit_runs_under_that_limit(bench: ToolBench) -> None:
+    # The shim's `ulimit -p` failed past the hard limit: every call "could not be set up".
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    if hard == resource.RLIM_INFINITY or hard >= 1 << 22:
+        pytest.skip("this user's process limit has no hard bound below the runner's own")
+    reading = "import json, resource, sys\nsys.stdin.read()\nprint(json.dumps(resource.getrlimit(resource.RLIMIT_NPROC)))\n"
+    bench.tool("many", reading, limits={"max_pids": hard + 1})
+    bench.policy["limits"]["max_pids"] = hard + 1
+    answer = bench.runner().handle({"toolName": "many"})
+    assert answer["success"], answer["error"]
+    assert answer["result"][0] == hard
