@@ -11,13 +11,12 @@ import click
 from runner.cli._common import EXIT_FAILED, EXIT_OK, _fail_usage, _load, _location_options, _print_json
 
 
-def _read_input(what: str, path: str | None = None, *, whole_request: bool = False) -> str:
-    """The text of ``path``, else of stdin, read no further than the bound of params (of
-    a request: ``whole_request``), from ``/dev/zero`` too."""
-    from runner.call.requests import MAX_PARAMS_BYTES  # pydantic: not for --help
-    from runner.config.sockets import MAX_REQUEST_BYTES
+def _read_input(what: str, path: str | None = None) -> str:
+    """The text of ``path``, else of stdin, read no further than a request's bound (from
+    ``/dev/zero`` too). The params' own bound is the runner's, on their compact JSON: a
+    file may be indented, and ``runner exec``'s fast path reads as far."""
+    from runner.config.sockets import MAX_REQUEST_BYTES as limit
 
-    limit = MAX_REQUEST_BYTES if whole_request else MAX_PARAMS_BYTES
     try:
         if path is None:
             if sys.stdin is None:
@@ -149,7 +148,7 @@ def exec_command(
     request: object
     if tool == "-":
         try:
-            request = json.loads(_read_input("the request on stdin", whole_request=True))
+            request = json.loads(_read_input("the request on stdin"))
         except (ValueError, RecursionError) as exc:
             _fail_usage(f"stdin is not a JSON request: {_json_problem(exc)}")
     else:

@@ -103,6 +103,16 @@ def test_params_from_a_closed_stdin_an_endless_file_or_bad_bytes_are_usage_error
     assert b"not UTF-8 text (byte 15)" in on_stdin.stderr
 
 
+def test_params_in_a_file_are_bounded_as_json_not_as_its_spaces(tmp_path: Path) -> None:
+    # 10 MB of indentation around small params: the fast path through `runner serve
+    # --socket` took them, the direct path refused the file's size.
+    padded = tmp_path / "padded.json"
+    padded.write_text('{"message": "hi"' + " " * 10_000_000 + "}")
+    done = run("exec", "echo", "--params", f"@{padded}")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["result"]["message"] == "hi"
+
+
 def test_exec_options_reach_the_call() -> None:
     done = run(
         "exec",
