@@ -6,6 +6,7 @@ next to the tools, never used where it is installed.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -60,6 +61,17 @@ def _check_folders(directory: Path, relative: Path) -> None:
             raise PermissionError(errno.EPERM, f"{why}: runner init writes nothing there")
 
 
+def _make_folders(directory: Path, relative: Path) -> None:
+    """The folders of ``relative`` under ``directory``, each one made ``0755`` whatever the
+    umask: the sandbox's user reads the tools (and dispatch ships only what all may read)."""
+    folder = directory
+    for part in relative.parts:
+        folder /= part
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir()
+            folder.chmod(0o755)
+
+
 def write_starter(directory: Path, *, force: bool = False) -> StarterFiles:
     """Copy the starter policy and the example tools into ``directory`` and make its workspace.
 
@@ -79,7 +91,7 @@ def write_starter(directory: Path, *, force: bool = False) -> StarterFiles:
         raise StarterExists(directory, existing)
     for relative in files:
         target = directory / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
+        _make_folders(directory, relative.parent)
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
         elif target.exists() or target.is_symlink():

@@ -141,7 +141,7 @@ def _read_folder(dir_fd: int, prefix: str, budget: _Budget, found: list[_Entry])
             # would be sent over the wire and read there.
             raise SandboxUnavailable(
                 f"the tool folder holds {relative!r}, which not every user may read: dispatch"
-                " would make it readable on the node (chmod o+r it, or move it out of the folder)"
+                " would make it readable on the node (chmod o+rX it, or move it out of the folder)"
             )
         if stat.S_ISLNK(seen.st_mode):
             target = _encoded(os.readlink(name, dir_fd=dir_fd))

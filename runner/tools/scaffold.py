@@ -140,6 +140,7 @@ def new_tool(tools_dir: Path, name: str, *, lang: str = "python", docker: bool =
         }
     files[SAMPLE_FILE] = json.dumps(_SAMPLES[lang], indent=2) + "\n"
     folder.mkdir(parents=True)
+    folder.chmod(0o755)  # whatever the umask: the sandbox's user reads the tool
     written = []
     for filename, text in files.items():
         path = folder / filename

@@ -113,6 +113,28 @@ def test_params_in_a_file_are_bounded_as_json_not_as_its_spaces(tmp_path: Path) 
     assert json.loads(done.stdout)["result"]["message"] == "hi"
 
 
+def test_init_and_new_under_a_umask_of_077_make_tools_the_sandbox_can_read(tmp_path: Path) -> None:
+    # Their folders were 0700: bubblewrap could not enter them as the sandbox's user.
+    def private(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "RUNNER_AUDIT_LOG": os.devnull}
+        return subprocess.run(
+            [*RUNNER, *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+            preexec_fn=lambda: os.umask(0o077),
+        )
+
+    assert private("init").returncode == 0
+    assert private("new", "mine").returncode == 0, "runner new"
+    for folder in (tmp_path / "tools" / "add_numbers", tmp_path / "tools" / "mine"):
+        assert folder.stat().st_mode & 0o777 == 0o755, folder
+    done = private("exec", "add_numbers", "--params", '{"a": 1, "b": 2}')
+    assert json.loads(done.stdout)["result"] == 3, (done.stdout, done.stderr)
+
+
 def test_exec_options_reach_the_call() -> None:
     done = run(
         "exec",
