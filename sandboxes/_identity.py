@@ -146,7 +146,10 @@ def sweep_unheld(lease_dir: Path) -> int:
     removed = 0
     try:
         for name in os.listdir(directory):  # noqa: PTH208 - by descriptor
-            fd = _lock_file(name, directory) if name.isdigit() else None
+            try:
+                fd = _lock_file(name, directory) if name.isdigit() else None
+            except OSError:  # not a lease file (a folder, a link): not ours to remove
+                continue
             if fd is None:
                 continue
             try:

@@ -64,12 +64,14 @@ def lost_why(warm: WarmSandbox, cpu: CpuReadings, limits: Limits, now: float) ->
         return None
     try:
         why = warm.ended()
-        used = warm.used_cpu_seconds() if why is None else None
+        watched = warm if isinstance(warm, WatchedWhileWaiting) and why is None else None
+        broken = watched.limit_broken_while_waiting() if watched is not None else None
+        used = warm.used_cpu_seconds() if why is None and broken is None else None
     except Exception:  # a backend's bug must not stop the keeper: taken as still waiting
         return None
     if why is not None:
         return "ended", why
-    if isinstance(warm, WatchedWhileWaiting) and (broken := warm.limit_broken_while_waiting()) is not None:
+    if broken is not None:
         return "limit", broken
     if used is None:
         return None

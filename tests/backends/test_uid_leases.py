@@ -204,3 +204,15 @@ def test_the_watchdog_of_a_killed_runner_removes_its_lease_files(bench: ToolBenc
         proc.kill()
         proc.wait()
     wait_for(lambda: not (LEASE_DIR / str(uid)).exists(), 30.0)
+
+
+def test_the_sweep_leaves_held_leases_and_what_is_not_a_lease_file_and_goes_on(tmp_path: Path) -> None:
+    folder = tmp_path / "uids"
+    pool = IdentityPool(folder, base=BASE, count=4)
+    held = pool.lease()
+    (folder / str(BASE + 100)).mkdir()  # a folder with a lease's name: stopped the sweep
+    for uid in (BASE + 101, BASE + 102):
+        (folder / str(uid)).touch()  # left by a runner that died
+    assert _identity.sweep_unheld(folder) == 2
+    assert sorted(_files(folder)) == sorted([str(held.uid), str(BASE + 100)])
+    held.release()
