@@ -205,13 +205,15 @@ def check_params(
             problem["moreErrors"] = len(errors) - MAX_ERRORS
     elif problem is not None:  # the schema or the params could not be walked at all
         problem["errors"] = [{"path": problem["field"], "message": problem["problem"]}]
+    cut_short = expired or (problem is not None and not errors)
     return ParamsCheck(
         problem=scrubber.scrub(problem) if problem is not None else None,
         expired=expired,
         scrubber=scrubber,
         params=params,
-        # Cut short, the validation may not have reached every sensitive value.
-        audit_params=REDACTED if expired else redact_nodes(params, marked_ids),
+        # Cut short (out of time, a $ref it could not follow, too deep), the validation may
+        # not have reached every sensitive value.
+        audit_params=REDACTED if cut_short else redact_nodes(params, marked_ids),
     )
 
 

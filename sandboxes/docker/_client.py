@@ -99,14 +99,16 @@ INIT_PID_NAMESPACE = 0xEFFFFFFC  # the kernel's inode of the first pid namespace
 
 def gone_spaces(spaces: set[str]) -> set[str]:
     """Of ``spaces`` (owner spaces of other pid namespaces), those of this machine whose
-    namespace has no process left, as seen from the first pid namespace, which sees every
-    process; none when this process is not there (it cannot tell)."""
+    namespace has no process left, as root in the first pid namespace sees them; none when
+    not that (another user's processes' namespaces cannot be read: it cannot tell)."""
     machine, _, ours = owner_space().rpartition(":")
-    if ours != str(INIT_PID_NAMESPACE):
+    if ours != str(INIT_PID_NAMESPACE) or os.geteuid() != 0:
         return set()
     live: set[str] = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
+            # Gone meanwhile, or one root may not look into (this machine's own init, when
+            # it is itself a container's): not a runner's of this machine.
             with contextlib.suppress(OSError):
                 live.add(f"{machine}:{(entry / 'ns' / 'pid').stat().st_ino}")
     return {space for space in spaces if space.rpartition(":")[0] == machine and space not in live}

@@ -161,7 +161,13 @@ def tool_network(client: APIClient) -> str:
     with _networks_lock, daemon_call("find or make the tools' network"):
         found = _tool_networks(client)
         if not found:
-            client.create_network(TOOL_NETWORK, driver="bridge", options={_NO_ICC: "false"}, labels=_MANAGED)
+            client.create_network(
+                TOOL_NETWORK,
+                driver="bridge",
+                options={_NO_ICC: "false"},
+                labels=_MANAGED,
+                check_duplicate=True,
+            )
             found = _tool_networks(client)
         open_ones = [n for n in found if (n.get("Options") or {}).get(_NO_ICC) != "false"]
         if open_ones or not found:
@@ -171,12 +177,10 @@ def tool_network(client: APIClient) -> str:
                 " the runner to make its own"
             )
         # Runners making it at once can make several (the daemon does not stop a second of
-        # the same name): all use the oldest, by id, and the others go when unused.
-        found.sort(key=lambda n: (str(n.get("Created", "")), str(n["Id"])))
-        for extra in found[1:]:
-            with contextlib.suppress(*daemon_failures()):
-                client.remove_network(extra["Id"])
-        return str(found[0]["Id"])
+        # the same name, and a name then names none): each is cut off alike, and all use
+        # the first by id. None is removed: a container of another runner may be made on
+        # one, not yet started (its start would fail).
+        return min(str(n["Id"]) for n in found)
 
 
 def _tool_networks(client: APIClient) -> list[dict[str, Any]]:

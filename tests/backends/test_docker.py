@@ -225,6 +225,54 @@ def test_a_container_of_a_pid_namespace_that_is_gone_is_removed_by_the_next_runn
     assert ours(docker_client, "req_docker_dead_space") == []
 
 
+NOT_ROOT_SWEEP = """
+import grp, os
+import docker
+from sandboxes.docker._client import api_client
+from sandboxes.docker.sandbox import remove_leftovers
+os.setgroups([grp.getgrnam("docker").gr_gid])  # a user of the docker group, as documented
+os.setgid(65534)
+os.setuid(65534)
+print(remove_leftovers(api_client()))
+"""
+
+
+def test_a_runner_that_is_not_root_leaves_another_namespaces_live_container_alone(
+    bench: ToolBench, docker_client: APIClient
+) -> None:
+    import psutil
+
+    from sandboxes.docker import DockerSandbox
+
+    # Without root it could not read the namespaces of root's processes, took their pid
+    # namespace for one with no process left, and removed a live call's container.
+    docker_tool(bench, "sleeper", "import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
+    spawned = bench.spawn_runner("sleeper", "req_docker_root_space")
+    argv = spawned.args
+    spawned.kill()
+    spawned.wait()
+    for container in ours(docker_client, "req_docker_root_space"):
+        docker_client.remove_container(container["Id"], force=True)
+    assert isinstance(argv, list)
+    unshared = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *argv], cwd=bench.root)
+    try:
+        deadline = time.monotonic() + 60
+        while not ours(docker_client, "req_docker_root_space") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ours(docker_client, "req_docker_root_space"), "the container never appeared"
+        subprocess.run([sys.executable, "-c", NOT_ROOT_SWEEP], check=True, timeout=60)
+        assert ours(docker_client, "req_docker_root_space"), "a live call's container was removed"
+    finally:
+        inside = psutil.Process(unshared.pid).children(recursive=True)
+        if inside:
+            inside[0].kill()  # the namespace's init, and with it the runner and its watchdog
+        psutil.wait_procs(inside, timeout=30)
+        unshared.kill()
+        unshared.wait()
+    DockerSandbox().client()  # the namespace gone, its container is swept
+    assert ours(docker_client, "req_docker_root_space") == []
+
+
 HOSTILE_IMAGE = "runner-test/entrypoint-and-volume:latest"
 SHM_AND_ANSWER = """
 import json, os, sys

@@ -464,4 +464,11 @@ def test_a_sensitive_value_stays_out_of_the_audit_when_validation_is_cut_short(b
         )
         assert answer["error"]["code"] == "TIMEOUT", answer
     runner.close()
+    # Cut short by a $ref it cannot follow (one before the token, in the params' order).
+    schema["properties"] = {"a": {"$ref": "https://example.invalid/none.json"}, **schema["properties"]}
+    bench.tool("sens2", ECHO, parameters=schema)
+    runner = bench.runner()
+    answer = runner.handle({"toolName": "sens2", "params": {"a": 1, "token": "SECRET-abc-123"}})
+    assert answer["error"]["code"] == "INVALID_PARAMS", answer
+    runner.close()
     assert "SECRET-abc-123" not in bench.audit_log.read_text()
