@@ -455,7 +455,8 @@ def test_a_sensitive_value_stays_out_of_the_audit_when_validation_is_cut_short(b
     defs[f"d{levels}"] = {"type": "string"}
     token = {"type": "string", "x-sensitive": True}
     # "z" after "token": the schema's static walk gives up in the $refs before it finds the mark.
-    schema = {"type": "object", "properties": {"token": token, "z": {"$ref": "#/$defs/d0"}}, "$defs": defs}
+    properties: dict[str, Any] = {"token": token, "z": {"$ref": "#/$defs/d0"}}
+    schema = {"type": "object", "properties": properties, "$defs": defs}
     bench.tool("sens", ECHO, parameters=schema)
     runner = bench.runner()
     for z in (None, 5):  # the null's walk cut short; the validation cut short
@@ -465,7 +466,7 @@ def test_a_sensitive_value_stays_out_of_the_audit_when_validation_is_cut_short(b
         assert answer["error"]["code"] == "TIMEOUT", answer
     runner.close()
     # Cut short by a $ref it cannot follow (one before the token, in the params' order).
-    schema["properties"] = {"a": {"$ref": "https://example.invalid/none.json"}, **schema["properties"]}
+    schema["properties"] = {"a": {"$ref": "https://example.invalid/none.json"}, **properties}
     bench.tool("sens2", ECHO, parameters=schema)
     runner = bench.runner()
     answer = runner.handle({"toolName": "sens2", "params": {"a": 1, "token": "SECRET-abc-123"}})
