@@ -178,6 +178,10 @@ class ToolBench:
 
     def spawn_runner(self, tool: str, request_id: str) -> subprocess.Popen[bytes]:
         """A runner in a process of its own, calling ``tool`` with a 30 s timeout, to be killed."""
+        return subprocess.Popen(self.runner_argv(tool, request_id), cwd=self.root)
+
+    def runner_argv(self, tool: str, request_id: str) -> list[str]:
+        """The command line of ``spawn_runner``'s process."""
         self.write_policy()
         script = (
             "import sys\nfrom runner import Runner\n"
@@ -186,7 +190,7 @@ class ToolBench:
             " 'options': {'timeout': 30000, 'retries': 0}})\n"
         )
         argv = [sys.executable, "-c", script, str(self.tools), str(self.root / "policies.yaml")]
-        return subprocess.Popen([*argv, str(self.audit_log), tool, request_id], cwd=self.root)
+        return [*argv, str(self.audit_log), tool, request_id]
 
 
 @pytest.fixture

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -191,36 +193,42 @@ def test_a_runner_in_another_pid_namespace_leaves_a_live_runners_container_alone
         proc.wait()
 
 
+@contextlib.contextmanager
+def sleeping_in_a_pid_namespace(
+    bench: ToolBench, docker_client: APIClient, request_id: str
+) -> Iterator[None]:
+    """A runner in a pid namespace of its own, its docker call sleeping; at the end the
+    namespace's init is killed, and every process in it (the runner, its watchdog) with it."""
+    import psutil
+
+    docker_tool(bench, "sleeper", "import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", *bench.runner_argv("sleeper", request_id)]
+    unshared = subprocess.Popen(argv, cwd=bench.root)
+    try:
+        deadline = time.monotonic() + 60
+        while not ours(docker_client, request_id) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ours(docker_client, request_id), "the container never appeared"
+        yield
+    finally:
+        inside = psutil.Process(unshared.pid).children(recursive=True)
+        if inside:
+            inside[0].kill()
+        psutil.wait_procs(inside, timeout=30)
+        unshared.kill()
+        unshared.wait()
+
+
 def test_a_container_of_a_pid_namespace_that_is_gone_is_removed_by_the_next_runner(
     bench: ToolBench, docker_client: APIClient
 ) -> None:
     # Its runner and watchdog died with their namespace; the next runner, in another
     # namespace, skipped the container for good.
-    import psutil
-
-    docker_tool(bench, "sleeper", "import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
-    spawned = bench.spawn_runner("sleeper", "req_docker_dead_space")
-    argv = spawned.args
-    spawned.kill()
-    spawned.wait()
-    for container in ours(docker_client, "req_docker_dead_space"):
-        docker_client.remove_container(container["Id"], force=True)
-    assert isinstance(argv, list)
-    unshared = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *argv], cwd=bench.root)
-    try:
-        deadline = time.monotonic() + 60
-        while not ours(docker_client, "req_docker_dead_space") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert ours(docker_client, "req_docker_dead_space"), "the container never appeared"
-        inside = psutil.Process(unshared.pid).children(recursive=True)
-        inside[0].kill()  # the namespace's init: every process in it dies with it
-        psutil.wait_procs(inside, timeout=30)
-    finally:
-        unshared.kill()
-        unshared.wait()
-    assert ours(docker_client, "req_docker_dead_space"), "nothing was left to sweep"
     from sandboxes.docker import DockerSandbox
 
+    with sleeping_in_a_pid_namespace(bench, docker_client, "req_docker_dead_space"):
+        pass
+    assert ours(docker_client, "req_docker_dead_space"), "nothing was left to sweep"
     DockerSandbox().client()  # what a starting runner does first
     assert ours(docker_client, "req_docker_dead_space") == []
 
@@ -240,35 +248,13 @@ print(remove_leftovers(api_client()))
 def test_a_runner_that_is_not_root_leaves_another_namespaces_live_container_alone(
     bench: ToolBench, docker_client: APIClient
 ) -> None:
-    import psutil
-
-    from sandboxes.docker import DockerSandbox
-
     # Without root it could not read the namespaces of root's processes, took their pid
     # namespace for one with no process left, and removed a live call's container.
-    docker_tool(bench, "sleeper", "import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
-    spawned = bench.spawn_runner("sleeper", "req_docker_root_space")
-    argv = spawned.args
-    spawned.kill()
-    spawned.wait()
-    for container in ours(docker_client, "req_docker_root_space"):
-        docker_client.remove_container(container["Id"], force=True)
-    assert isinstance(argv, list)
-    unshared = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *argv], cwd=bench.root)
-    try:
-        deadline = time.monotonic() + 60
-        while not ours(docker_client, "req_docker_root_space") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert ours(docker_client, "req_docker_root_space"), "the container never appeared"
+    from sandboxes.docker import DockerSandbox
+
+    with sleeping_in_a_pid_namespace(bench, docker_client, "req_docker_root_space"):
         subprocess.run([sys.executable, "-c", NOT_ROOT_SWEEP], check=True, timeout=60)
         assert ours(docker_client, "req_docker_root_space"), "a live call's container was removed"
-    finally:
-        inside = psutil.Process(unshared.pid).children(recursive=True)
-        if inside:
-            inside[0].kill()  # the namespace's init, and with it the runner and its watchdog
-        psutil.wait_procs(inside, timeout=30)
-        unshared.kill()
-        unshared.wait()
     DockerSandbox().client()  # the namespace gone, its container is swept
     assert ours(docker_client, "req_docker_root_space") == []
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from conftest import starter_dir
@@ -15,7 +16,11 @@ RUNNER = [sys.executable, "-m", "runner"]
 
 
 def run(
-    *args: str, stdin: str | None = None, env: dict[str, str] | None = None, cwd: Path | None = None
+    *args: str,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    preexec_fn: Callable[[], object] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "RUNNER_AUDIT_LOG": os.devnull, **(env or {})}
     return subprocess.run(
@@ -26,6 +31,7 @@ def run(
         env=full_env,
         cwd=cwd or starter_dir(),
         timeout=60,
+        preexec_fn=preexec_fn,
     )
 
 
@@ -67,18 +73,7 @@ def test_params_from_a_closed_stdin_an_endless_file_or_bad_bytes_are_usage_error
     # A closed stdin was a traceback; @/dev/zero read until the memory ran out; bad bytes
     # on stdin were INVALID_PARAMS (exit 1) where the same in a file were a usage error.
     def closed(*args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "RUNNER_AUDIT_LOG": os.devnull}
-        argv = [*RUNNER, *args]
-        return subprocess.run(
-            argv,
-            stdin=None,
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=starter_dir(),
-            timeout=60,
-            preexec_fn=lambda: os.close(0),
-        )
+        return run(*args, preexec_fn=lambda: os.close(0))
 
     bad = tmp_path / "bad.json"
     bad.write_bytes(b'{"a": 1, "b": "\xff"}')
@@ -116,16 +111,7 @@ def test_params_in_a_file_are_bounded_as_json_not_as_its_spaces(tmp_path: Path) 
 def test_init_and_new_under_a_umask_of_077_make_tools_the_sandbox_can_read(tmp_path: Path) -> None:
     # Their folders were 0700: bubblewrap could not enter them as the sandbox's user.
     def private(*args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "RUNNER_AUDIT_LOG": os.devnull}
-        return subprocess.run(
-            [*RUNNER, *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            timeout=120,
-            preexec_fn=lambda: os.umask(0o077),
-        )
+        return run(*args, cwd=tmp_path, preexec_fn=lambda: os.umask(0o077))
 
     assert private("init").returncode == 0
     assert private("new", "mine").returncode == 0, "runner new"
