@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import secrets
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -28,9 +29,10 @@ if TYPE_CHECKING:
 SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Networked tools' containers: a bridge of their own on which they cannot reach each other
 # (on Docker's default bridge one call could connect to another's, or a session's, ports).
-TOOL_NETWORK = "runner-tools"
+TOOL_NETWORK = "runner-tools"  # the start of its name
+_TOOLS_LABEL = "io.runner.tools-network"
+_TOOLS_LABELS = {LABEL_MANAGED: "true", _TOOLS_LABEL: "true"}
 _NO_ICC = "com.docker.network.bridge.enable_icc"
-_MANAGED = {LABEL_MANAGED: "true"}
 _networks_lock = threading.Lock()
 BUILD_HINT = "run `runner images build`"
 # Holds the tool until the runner writes its release on stdin, once the cgroup is
@@ -151,40 +153,36 @@ def create_container(
 
 
 def tool_network(client: APIClient) -> str:
-    """The id of the network of networked tools (made when missing), its containers cut off
-    from one another. Looked up for each container: one removed meanwhile is made again.
+    """The name of the network of networked tools (made when missing), its containers cut
+    off from one another. Looked up for each container: one removed meanwhile is made again.
 
     Raises:
-        SandboxUnavailable: the daemon failed, or a network of that name lets its
+        SandboxUnavailable: the daemon failed, or a network labelled as the tools' lets its
             containers reach each other.
     """
     with _networks_lock, daemon_call("find or make the tools' network"):
         found = _tool_networks(client)
         if not found:
-            client.create_network(
-                TOOL_NETWORK,
-                driver="bridge",
-                options={_NO_ICC: "false"},
-                labels=_MANAGED,
-                check_duplicate=True,
-            )
+            # A name of its own: the daemon resolves a container's network by name when it
+            # starts it, and two networks of one name (made by runners at the same moment)
+            # would name neither.
+            name = f"{TOOL_NETWORK}-{secrets.token_hex(6)}"
+            client.create_network(name, "bridge", {_NO_ICC: "false"}, labels=_TOOLS_LABELS)
             found = _tool_networks(client)
         open_ones = [n for n in found if (n.get("Options") or {}).get(_NO_ICC) != "false"]
         if open_ones or not found:
             raise SandboxUnavailable(
-                f"a Docker network {TOOL_NETWORK} lets its containers reach each other; remove it"
-                f" (docker network rm {open_ones[0]['Id'][:12] if open_ones else TOOL_NETWORK}) for"
-                " the runner to make its own"
+                "a Docker network labelled as the tools' lets its containers reach each other;"
+                f" remove it (docker network rm {open_ones[0]['Name'] if open_ones else TOOL_NETWORK})"
             )
-        # Runners making it at once can make several (the daemon does not stop a second of
-        # the same name, and a name then names none): each is cut off alike, and all use
-        # the first by id. None is removed: a container of another runner may be made on
-        # one, not yet started (its start would fail).
-        return min(str(n["Id"]) for n in found)
+        # Several only when runners made one at the same moment: each is cut off alike, all
+        # use the first by id, and none is removed (a container made on one, not started
+        # yet, would fail).
+        return str(min(found, key=lambda n: str(n["Id"]))["Name"])
 
 
 def _tool_networks(client: APIClient) -> list[dict[str, Any]]:
-    return [n for n in client.networks(names=[TOOL_NETWORK]) if n.get("Name") == TOOL_NETWORK]
+    return list(client.networks(filters={"label": f"{_TOOLS_LABEL}=true"}))
 
 
 def gate_release(secrets: Mapping[str, str]) -> bytes:
