@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import re
-import secrets
 import threading
 from collections.abc import Mapping
+from secrets import token_hex
 from typing import TYPE_CHECKING, Any
 
 from sandboxes._exec_status import EXEC_GUARD
@@ -166,7 +166,7 @@ def tool_network(client: APIClient) -> str:
             # A name of its own: the daemon resolves a container's network by name when it
             # starts it, and two networks of one name (made by runners at the same moment)
             # would name neither.
-            name = f"{TOOL_NETWORK}-{secrets.token_hex(6)}"
+            name = f"{TOOL_NETWORK}-{token_hex(6)}"
             client.create_network(name, "bridge", {_NO_ICC: "false"}, labels=_TOOLS_LABELS)
             found = _tool_networks(client)
         open_ones = [n for n in found if (n.get("Options") or {}).get(_NO_ICC) != "false"]
@@ -175,9 +175,9 @@ def tool_network(client: APIClient) -> str:
                 "a Docker network labelled as the tools' lets its containers reach each other;"
                 f" remove it (docker network rm {open_ones[0]['Name'] if open_ones else TOOL_NETWORK})"
             )
-        # Several only when runners made one at the same moment: each is cut off alike, all
-        # use the first by id, and none is removed (a container made on one, not started
-        # yet, would fail).
+        # Several only when runners made one at the same moment (each that looked before the
+        # others' showed takes its own): each is cut off alike, later lookups take the first
+        # by id, and none is removed (a container made on one, not started yet, would fail).
         return str(min(found, key=lambda n: str(n["Id"]))["Name"])
 
 
