@@ -90,25 +90,40 @@ class HttpServer:
     with that soft RLIMIT_NOFILE (systemd's default is 1024)."""
 
     def __init__(self, bench: ToolBench, *args: str, soft_nofile: int | None = None) -> None:
+        # Unbuffered: a text stream's readline may take several lines into its own buffer,
+        # and select on the pipe then waits for more while the lines wait there.
         self.process = subprocess.Popen(
             server_argv(bench, "--http", "127.0.0.1:0", *args),
             stderr=subprocess.PIPE,
-            text=True,
+            bufsize=0,
             preexec_fn=None if soft_nofile is None else _soft_nofile(soft_nofile),  # noqa: PLW1509 - setrlimit only
         )
         assert self.process.stderr is not None
         self.stderr: list[str] = []
         urls: dict[str, str] = {}
         wanted = {"MCP", "metrics"} if "--metrics" in args else {"MCP"}
-        while set(urls) != wanted:
-            ready, _, _ = select.select([self.process.stderr], [], [], 30)
-            assert ready, f"the server did not start: {self.stderr}"
-            line = self.process.stderr.readline()
-            assert line, f"the server exited: {self.stderr}"
-            self.stderr.append(line)
-            for what in wanted:
-                if f"serving {what} at " in line:
-                    urls[what] = line.split(" at ", 1)[1].strip()
+        pending = b""
+        try:
+            while set(urls) != wanted:
+                if b"\n" not in pending:
+                    ready, _, _ = select.select([self.process.stderr], [], [], 30)
+                    assert ready, f"the server did not start: {self.stderr}"
+                    chunk = os.read(self.process.stderr.fileno(), 65536)
+                    assert chunk, f"the server exited: {self.stderr}"
+                    pending += chunk
+                    continue
+                raw, pending = pending.split(b"\n", 1)
+                line = raw.decode() + "\n"
+                self.stderr.append(line)
+                for what in wanted:
+                    if f"serving {what} at " in line:
+                        urls[what] = line.split(" at ", 1)[1].strip()
+        except BaseException:
+            self.process.kill()  # a server that did not start leaves no process or pipe
+            self.stop()
+            raise
+        if pending:
+            self.stderr.append(pending.decode(errors="replace"))
         self.url = urls["MCP"]
         self.metrics_url = urls.get("metrics", "")
 
@@ -130,7 +145,7 @@ class HttpServer:
         status = self.process.wait(timeout=30)
         assert self.process.stderr is not None
         if not self.process.stderr.closed:
-            self.stderr.append(self.process.stderr.read())
+            self.stderr.append(self.process.stderr.read().decode(errors="replace"))
             self.process.stderr.close()
         return status
 
