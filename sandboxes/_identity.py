@@ -150,13 +150,9 @@ def sweep_unheld(lease_dir: Path) -> int:
                 fd = _lock_file(name, directory) if name.isdigit() else None
             except OSError:  # not a lease file (a folder, a link): not ours to remove
                 continue
-            if fd is None:
-                continue
-            try:
-                os.unlink(name, dir_fd=directory)
+            if fd is not None:
+                IdentityLease(int(name), fd, directory).release()
                 removed += 1
-            finally:
-                os.close(fd)
     finally:
         os.close(directory)
     return removed
